@@ -1,0 +1,14 @@
+"""rocs_compiler: request-oriented compute sharing for recommendation models.
+
+``rocs.compile(model, request_inputs=[...], example_inputs=..., example_kwargs=...)`` returns a
+:class:`CompiledModel` whose request-only computation runs once per request and whose outputs
+equal the original model's for every batch.
+"""
+
+from .api import compile
+from .errors import CompileError, InputError
+from .roles import Role
+from .runtime import CompiledModel
+
+__all__ = ["compile", "CompileError", "InputError", "Role", "CompiledModel"]
+__version__ = "0.1.0"

@@ -1,0 +1,146 @@
+"""Role analysis: the driver that assigns every node a role.
+
+The driver walks the graph once in topological order. Inputs get their roles from the request
+declaration; weights are CONST. For an op it joins the input roles: all CONST gives CONST, any
+CANDIDATE gives CANDIDATE, and otherwise the op's rule (``role_rules``) decides whether the op is
+row-wise and may stay REQUEST. Sizes are values too: an int that involves the batch symbol is a
+*batch size* and is REQUEST (the rewrite evaluates it to R or N by its consumer's role).
+
+Only this driver writes ``node.meta["rocs_role"]`` and ``node.meta["rocs_reason"]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional
+
+import sympy
+import torch
+from torch import fx
+
+from . import role_rules
+from .errors import CompileError
+from .roles import Role
+from .symbolic import expr_of, is_batched
+
+ROLE = "rocs_role"
+REASON = "rocs_reason"
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """A node that saw only request-side inputs but had to run per candidate."""
+
+    node: str
+    op: str
+    reason: str
+    module: str
+
+
+@dataclass
+class Analysis:
+    roles: dict[fx.Node, Role]
+    fallbacks: list[Fallback] = field(default_factory=list)
+
+    def role(self, node: fx.Node) -> Role:
+        return self.roles[node]
+
+
+def op_name(target: Any) -> str:
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target)
+    return getattr(target, "__name__", str(target))
+
+
+def source_module(node: fx.Node) -> str:
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    path = list(stack.values())[-1][0]
+    for prefix in ("L['self'].model.", "model.", "L['self']."):
+        if path.startswith(prefix):
+            path = path[len(prefix):]
+    return "" if path in ("model", "L['self'].model") else path
+
+
+def _node_args(node: fx.Node) -> Iterable[fx.Node]:
+    return node.all_input_nodes
+
+
+def _tensor_outputs(val: Any) -> list[torch.Tensor]:
+    if isinstance(val, torch.Tensor):
+        return [val]
+    if isinstance(val, (list, tuple)):
+        return [v for v in val if isinstance(v, torch.Tensor)]
+    return []
+
+
+def _is_scalar_value(val: Any) -> bool:
+    return isinstance(val, (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
+def analyze(gm: fx.GraphModule, request_placeholders: set[str], symbol: sympy.Symbol) -> Analysis:
+    roles: dict[fx.Node, Role] = {}
+    result = Analysis(roles)
+    for node in gm.graph.nodes:
+        role, reason = _infer(node, roles, request_placeholders, symbol)
+        roles[node] = role
+        node.meta[ROLE] = role
+        node.meta[REASON] = reason
+        if reason is not None and node.op == "call_function":
+            result.fallbacks.append(
+                Fallback(node.name, op_name(node.target), reason, source_module(node))
+            )
+    return result
+
+
+def _infer(node, roles, request_placeholders, symbol) -> tuple[Role, Optional[str]]:
+    """(role, fallback reason); a reason is set only where request-side sharing was lost."""
+    val = node.meta.get("val")
+    if node.op == "placeholder":
+        if node.name in request_placeholders:
+            return Role.REQUEST, None
+        return (Role.CANDIDATE if is_batched(val, symbol) else Role.CONST), None
+    if node.op == "get_attr":
+        return Role.CONST, None
+    if node.op == "output":
+        return Role.join_all(roles[a] for a in _node_args(node)), None
+    inputs = Role.join_all(roles[a] for a in _node_args(node))
+    if _is_scalar_value(val):
+        return _scalar_role(node, val, inputs, symbol)
+    target = node.target
+    if role_rules.is_random(target):
+        return Role.CANDIDATE, ("random op" if inputs == Role.REQUEST else None)
+    if role_rules.is_mutating(target):
+        return Role.CANDIDATE, ("mutates its input" if inputs == Role.REQUEST else None)
+    if inputs == Role.CONST:
+        return Role.CONST, None
+    if inputs == Role.CANDIDATE:
+        return Role.CANDIDATE, None
+    rule = role_rules.lookup(target)
+    if rule is None:
+        return Role.CANDIDATE, f"no role rule for {op_name(target)}"
+    ctx = role_rules.RuleContext(node, symbol, roles, role_rules.bind_arguments(node))
+    try:
+        reason = rule(ctx)
+    except Exception as err:  # noqa: BLE001 - re-raised with the node and its input roles
+        detail = ", ".join(f"{a.name}={roles[a].name}" for a in _node_args(node))
+        raise CompileError(
+            f"role rule for {op_name(target)} failed at node {node.name} ({detail}): {err}"
+        ) from err
+    if reason is not None:
+        return Role.CANDIDATE, reason
+    outputs = _tensor_outputs(val)
+    if not outputs or not all(is_batched(t, symbol) for t in outputs):
+        return Role.CANDIDATE, "output does not keep the batch dim first"
+    return Role.REQUEST, None
+
+
+def _scalar_role(node, val, inputs, symbol) -> tuple[Role, Optional[str]]:
+    expr = expr_of(val)
+    free = expr.free_symbols if expr is not None else set()
+    if free - {symbol}:
+        if inputs == Role.CONST:
+            return Role.CONST, None
+        return Role.CANDIDATE, ("data-dependent scalar" if inputs == Role.REQUEST else None)
+    return (Role.REQUEST if symbol in free else Role.CONST), None

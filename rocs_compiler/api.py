@@ -1,0 +1,87 @@
+"""``rocs.compile``: the library entry point."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Mapping, Optional, Sequence
+
+from torch import nn
+
+from .errors import CompileError
+from .pipeline import compile_graph
+from .runtime import CompiledModel, InputContract
+
+
+def compile(  # noqa: A001 - mirrors torch.compile
+    model: nn.Module,
+    request_inputs: Sequence[str] | str,
+    example_inputs: Sequence[Any] = (),
+    example_kwargs: Optional[Mapping[str, Any]] = None,
+    *,
+    fallback: str = "error",
+    options: Optional[Mapping[str, Any]] = None,
+) -> CompiledModel:
+    """Compile ``model`` so its request-only computation runs once per request.
+
+    Args:
+        model: an ``nn.Module`` in eval mode, written for replicated inputs.
+        request_inputs: names of the request-side inputs (argument names, or dotted
+            ``"arg.key"`` names for tensors inside dicts or lists).
+        example_inputs, example_kwargs: one example batch in replicated layout.
+        fallback: ``"error"`` raises :class:`CompileError` when the model cannot be captured;
+            ``"eager"`` returns a wrapper that runs the original model and warns once.
+        options: pass switches, e.g. ``{"defer": False, "ikbo": False}``.
+    """
+    if isinstance(request_inputs, str):
+        request_inputs = [request_inputs]
+    if fallback not in ("error", "eager"):
+        raise ValueError(f"fallback must be 'error' or 'eager', got {fallback!r}")
+    example_kwargs = dict(example_kwargs or {})
+    try:
+        result = compile_graph(model, list(request_inputs), tuple(example_inputs), example_kwargs, options)
+    except CompileError as err:
+        if fallback == "error":
+            raise
+        return _eager_fallback(model, list(request_inputs), tuple(example_inputs), example_kwargs, err)
+    captured = result.captured
+    contract = InputContract(
+        captured.signature,
+        captured.input_names,
+        captured.request_inputs,
+        captured.batched,
+        captured.constant_inputs,
+        captured.out_spec,
+        captured.out_constants,
+    )
+    def report_builder(num_candidates: int, num_requests: int):
+        from .report import build_report
+
+        return build_report(result, num_candidates, num_requests)
+
+    return CompiledModel(result.shared_graph, contract, captured.placeholder_of, report_builder, model)
+
+
+def _eager_fallback(model, request_inputs, example_args, example_kwargs, err) -> CompiledModel:
+    import inspect
+
+    import torch
+    from torch.utils import _pytree as pytree
+
+    from .inputs import bind_inputs, is_tensor, match_names, named_leaves
+
+    warnings.warn(f"rocs: compilation failed, the model will run eagerly: {err}", stacklevel=3)
+    signature = inspect.signature(model.forward)
+    leaves = named_leaves(bind_inputs(signature, example_args, example_kwargs))
+    tensors = [n for n, v in leaves.items() if is_tensor(v)]
+    requests = [leaf for hits in match_names(request_inputs, tensors).values() for leaf in hits]
+    rows = max(leaves[n].shape[0] for n in tensors if leaves[n].dim())
+    batched = {n: leaves[n].dim() > 0 and leaves[n].shape[0] == rows for n in tensors}
+    with torch.no_grad():
+        out = model(*example_args, **example_kwargs)
+    flat, spec = pytree.tree_flatten(out)
+    contract = InputContract(
+        signature, tensors, requests, batched,
+        {n: v for n, v in leaves.items() if not is_tensor(v)},
+        spec, [None if is_tensor(v) else v for v in flat],
+    )
+    return CompiledModel(None, contract, {}, None, model, fallback_reason=str(err).splitlines()[0])

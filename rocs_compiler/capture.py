@@ -1,0 +1,247 @@
+"""Capture: an eval-mode model plus one example batch -> an ATen-level FX graph.
+
+The model is exported with ``torch.export`` (non-strict first, strict second) with one dynamic
+batch symbol shared by every batched input, so node sizes are sympy expressions in that symbol.
+Parameters and buffers become ``get_attr`` nodes with known values (the analysis may read
+weights); every tensor input becomes a placeholder named by its dotted input name.
+"""
+
+from __future__ import annotations
+
+import collections
+import inspect
+import re
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import sympy
+import torch
+from torch import fx, nn
+from torch.export import Dim
+from torch.export.graph_signature import InputKind
+from torch.utils import _pytree as pytree
+
+from .errors import CompileError, InputError
+from .inputs import bind_inputs, is_tensor, match_names, named_leaves, rebuild_call
+
+_ASSERTION_OPS = {
+    torch.ops.aten._assert_scalar.default,
+    torch.ops.aten.sym_constrain_range_for_size.default,
+    torch.ops.aten.sym_constrain_range.default,
+    torch.ops.aten._assert_tensor_metadata.default,
+    torch.ops.aten._assert_async.msg,
+}
+
+# Sizes 0 and 1 are special-cased by PyTorch's shape system; an example with fewer rows is
+# grown to this many by repeating rows (a replicated batch is a valid batch for any model).
+MIN_CAPTURE_ROWS = 2
+
+
+@dataclass
+class CapturedGraph:
+    """The result of capture; every field is plain data the later stages read."""
+
+    graph_module: fx.GraphModule
+    signature: inspect.Signature
+    input_names: list[str]  # tensor leaves in placeholder order
+    placeholder_of: dict[str, str]  # input name -> placeholder node name
+    batched: dict[str, bool]  # input name -> carries the batch dim
+    request_inputs: list[str]  # input names (leaves) declared request-side
+    constant_inputs: dict[str, Any]  # non-tensor leaves baked in at capture
+    out_spec: pytree.TreeSpec
+    out_constants: list[Any]  # output leaves; None where a tensor goes
+    batch_symbol: sympy.Symbol
+    route: str
+    param_names: dict[str, str] = field(default_factory=dict)  # attr target -> model FQN
+
+
+class _FlatForward(nn.Module):
+    """Calls the model from a flat list of tensors; everything else is fixed at capture."""
+
+    def __init__(self, model, signature, template, treespec, tensor_positions):
+        super().__init__()
+        self.model = model
+        self._signature = signature
+        self._template = template
+        self._treespec = treespec
+        self._tensor_positions = tensor_positions
+
+    def forward(self, tensors: list[torch.Tensor]):
+        leaves = list(self._template)
+        for pos, tensor in zip(self._tensor_positions, tensors):
+            leaves[pos] = tensor
+        bound = pytree.tree_unflatten(leaves, self._treespec)
+        args, kwargs = rebuild_call(self._signature, bound)
+        out = self.model(*args, **kwargs)
+        return tuple(x for x in pytree.tree_leaves(out) if is_tensor(x))
+
+
+def _identifier(name: str, taken: set[str]) -> str:
+    base = re.sub(r"\W", "_", name)
+    if not base or base[0].isdigit():
+        base = "_" + base
+    out, i = base, 1
+    while out in taken:
+        out, i = f"{base}_{i}", i + 1
+    taken.add(out)
+    return out
+
+
+def _grow_rows(value: torch.Tensor, rows: int) -> torch.Tensor:
+    reps = -(-rows // value.shape[0])
+    return value.repeat(reps, *([1] * (value.dim() - 1)))[:rows]
+
+
+def _first_error_lines(err: BaseException, limit: int = 12) -> str:
+    text = f"{type(err).__name__}: {err}".strip().splitlines()
+    keep = text[:limit]
+    if len(text) > limit:
+        keep.append(f"... ({len(text) - limit} more lines)")
+    return "\n    ".join(keep)
+
+
+def capture(
+    model: nn.Module,
+    example_args: tuple,
+    example_kwargs: Mapping[str, Any],
+    request_inputs: list[str],
+) -> CapturedGraph:
+    if model.training:
+        raise InputError("rocs compiles models for inference: call model.eval() first")
+    signature = inspect.signature(model.forward)
+    bound = bind_inputs(signature, tuple(example_args), dict(example_kwargs))
+    leaves = named_leaves(bound)
+    tensor_names = [n for n, v in leaves.items() if is_tensor(v)]
+    if not tensor_names:
+        raise InputError("the example inputs contain no tensors")
+    covered = match_names(request_inputs, tensor_names)
+    request_leaves = [leaf for hits in covered.values() for leaf in hits]
+    candidate_leaves = [n for n in tensor_names if n not in request_leaves]
+
+    batch_rows = _batch_rows(leaves, candidate_leaves or request_leaves)
+    batched = {n: leaves[n].dim() > 0 and leaves[n].shape[0] == batch_rows for n in tensor_names}
+    for name in request_leaves:
+        if not batched[name]:
+            raise InputError(
+                f"request input {name!r} has shape {tuple(leaves[name].shape)}; request inputs "
+                f"need the batch dim first ({batch_rows} rows in the example)"
+            )
+
+    flat, treespec = pytree.tree_flatten(bound)
+    flat_names = list(leaves)
+    tensor_positions = [i for i, v in enumerate(flat) if is_tensor(v)]
+    template = [None if is_tensor(v) else v for v in flat]
+    rows = max(batch_rows, MIN_CAPTURE_ROWS)
+    example = [
+        _grow_rows(leaves[n], rows) if batched[n] and rows != batch_rows else leaves[n]
+        for n in tensor_names
+    ]
+
+    with torch.no_grad():
+        eager_out = model(*rebuild_call(signature, bound)[0], **rebuild_call(signature, bound)[1])
+    out_flat, out_spec = pytree.tree_flatten(eager_out)
+    out_constants = [None if is_tensor(v) else v for v in out_flat]
+
+    wrapper = _FlatForward(model, signature, template, treespec, tensor_positions).eval()
+    batch = Dim("batch")
+    dynamic = ([{0: batch} if batched[n] else None for n in tensor_names],)
+    failures = []
+    for route, strict in (("export (non-strict)", False), ("export (strict)", True)):
+        try:
+            with torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                program = torch.export.export(
+                    wrapper, (example,), dynamic_shapes=dynamic, strict=strict
+                )
+            break
+        except Exception as err:  # noqa: BLE001 - every failure is reported with its route
+            failures.append(f"{route}: {_first_error_lines(err)}")
+    else:
+        raise CompileError(
+            "could not capture the model with a dynamic batch dimension:\n  "
+            + "\n  ".join(failures)
+        )
+
+    gm, placeholder_of, param_names = _lift_to_attrs(program, tensor_names)
+    symbol = _batch_symbol(gm, placeholder_of, batched)
+    del flat_names
+    return CapturedGraph(
+        graph_module=gm,
+        signature=signature,
+        input_names=tensor_names,
+        placeholder_of=placeholder_of,
+        batched=batched,
+        request_inputs=request_leaves,
+        constant_inputs={n: v for n, v in leaves.items() if not is_tensor(v)},
+        out_spec=out_spec,
+        out_constants=out_constants,
+        batch_symbol=symbol,
+        route=route,
+        param_names=param_names,
+    )
+
+
+def _batch_rows(leaves: dict, names: list[str]) -> int:
+    counts = collections.Counter(leaves[n].shape[0] for n in names if leaves[n].dim() > 0)
+    if not counts:
+        raise InputError("no input has a batch dimension")
+    return counts.most_common(1)[0][0]
+
+
+def _lift_to_attrs(program, tensor_names):
+    """Copy the exported graph, turning parameter/buffer/constant inputs into get_attr nodes."""
+    src = program.graph_module.graph
+    specs = program.graph_signature.input_specs
+    if program.graph_signature.buffers_to_mutate or program.graph_signature.user_inputs_to_mutate:
+        raise CompileError("the model mutates a buffer or an input in forward; rocs needs a pure forward")
+    root = nn.Module()
+    graph = fx.Graph()
+    env: dict[fx.Node, Any] = {}
+    taken: set[str] = set()
+    placeholder_of, param_names = {}, {}
+    user_index = 0
+    placeholders = [n for n in src.nodes if n.op == "placeholder"]
+    state = {**program.state_dict, **program.constants}
+    attr_nodes = []
+    for node, spec in zip(placeholders, specs):
+        if spec.kind == InputKind.USER_INPUT:
+            name = tensor_names[user_index]
+            user_index += 1
+            new = graph.placeholder(_identifier(name, taken))
+            new.meta.update(node.meta)
+            placeholder_of[name] = new.name
+            env[node] = new
+        else:
+            attr_nodes.append((node, spec))
+    for node, spec in attr_nodes:
+        fqn = spec.target.removeprefix("model.")
+        attr = _identifier(fqn, taken)
+        value = state[spec.target]
+        root.register_buffer(attr, value.detach() if isinstance(value, torch.Tensor) else value)
+        new = graph.get_attr(attr)
+        new.meta.update(node.meta)
+        param_names[attr] = fqn
+        env[node] = new
+    for node in src.nodes:
+        if node.op == "placeholder":
+            continue
+        if node.op == "call_function" and node.target in _ASSERTION_OPS:
+            continue
+        env[node] = graph.node_copy(node, lambda n: env[n])
+    gm = fx.GraphModule(root, graph)
+    gm.graph.lint()
+    return gm, placeholder_of, param_names
+
+
+def _batch_symbol(gm, placeholder_of, batched) -> sympy.Symbol:
+    nodes = {n.name: n for n in gm.graph.nodes if n.op == "placeholder"}
+    for name, is_batched in batched.items():
+        if is_batched:
+            size = nodes[placeholder_of[name]].meta["val"].shape[0]
+            if isinstance(size, torch.SymInt) and isinstance(size.node.expr, sympy.Symbol):
+                return size.node.expr
+    raise CompileError(
+        "export specialized the batch dimension to a constant; the model's forward depends on "
+        "the exact batch size"
+    )

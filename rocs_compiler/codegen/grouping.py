@@ -1,0 +1,80 @@
+"""Group candidates by request for the torch paths of the per-request ops.
+
+Attention and interaction compute, for every candidate n, something against the request
+tensor at row ``candidate_to_request[n]``. Doing that per candidate would replicate the
+request tensor; instead, candidates of one request are stacked and processed with one
+batched matmul against that request's rows, so each request row is read once.
+
+Requests are bucketed by candidate count: all requests with ``c`` candidates form one
+group of shape ``[G, c, ...]``, so a batch where every request has the same count is a
+single group (no Python loop over requests), and a ragged batch costs one batched call per
+distinct count (at most about ``sqrt(2 N)`` of them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class RequestGroup:
+    """All requests that have ``count`` candidates.
+
+    ``requests`` is [G] request ids, ``candidates`` is [G, count] candidate rows (each row in
+    the original candidate order). ``all_requests`` means ``requests == arange(R)``;
+    ``contiguous`` means ``candidates == arange(N).view(R, count)``.
+    """
+
+    count: int
+    requests: torch.Tensor
+    candidates: torch.Tensor
+    all_requests: bool
+    contiguous: bool
+
+    def gather_requests(self, x: torch.Tensor) -> torch.Tensor:
+        """[R, ...] -> [G, ...]."""
+        return x if self.all_requests else x.index_select(0, self.requests)
+
+    def gather_candidates(self, x: torch.Tensor) -> torch.Tensor:
+        """[N, ...] -> [G, count, ...]."""
+        shape = (self.candidates.shape[0], self.count, *x.shape[1:])
+        if self.contiguous:
+            return x.view(shape)
+        return x.index_select(0, self.candidates.reshape(-1)).view(shape)
+
+    def scatter_candidates(self, out: torch.Tensor, values: torch.Tensor) -> None:
+        """Write [G, count, ...] ``values`` into the rows of ``out`` [N, ...]."""
+        flat = values.reshape(-1, *out.shape[1:])
+        if self.contiguous:
+            out.copy_(flat)
+        else:
+            out.index_copy_(0, self.candidates.reshape(-1), flat)
+
+
+def group_by_request(idx: torch.Tensor, num_requests: int) -> list[RequestGroup]:
+    """Bucket candidates by request, requests by candidate count; ``idx`` is int64 [N]."""
+    num_candidates = idx.shape[0]
+    if num_candidates == 0:
+        return []
+    counts = torch.bincount(idx, minlength=num_requests)
+    distinct = [c for c in torch.unique(counts).tolist() if c > 0]
+    is_sorted = bool((idx[1:] >= idx[:-1]).all()) if num_candidates > 1 else True
+
+    if len(distinct) == 1 and distinct[0] * num_requests == num_candidates and is_sorted:
+        # Fast path: every request has the same count and candidates are already grouped.
+        count = distinct[0]
+        arange = torch.arange(num_candidates, device=idx.device)
+        requests = torch.arange(num_requests, device=idx.device)
+        return [RequestGroup(count, requests, arange.view(num_requests, count), True, True)]
+
+    order = torch.argsort(idx, stable=True)
+    starts = torch.cumsum(counts, 0) - counts
+    groups = []
+    for count in distinct:
+        requests = torch.nonzero(counts == count).squeeze(1)
+        positions = starts[requests].unsqueeze(1) + torch.arange(count, device=idx.device)
+        all_requests = requests.shape[0] == num_requests
+        groups.append(RequestGroup(count, requests, order[positions], all_requests, False))
+    return groups

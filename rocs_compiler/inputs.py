@@ -1,0 +1,80 @@
+"""Naming the leaves of a model's inputs.
+
+Every tensor a model receives is named by its argument and the keys that lead to it:
+``user_ids`` for a plain argument, ``features.user_age`` inside a dict, ``history.0`` inside a
+list. Capture and the runtime both go through :func:`named_leaves`, so a name means the same
+leaf whether the input came positionally, by keyword, or nested.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Iterable, Mapping
+
+import torch
+from torch.utils import _pytree as pytree
+
+from .errors import InputError
+
+
+def bind_inputs(signature: inspect.Signature, args: tuple, kwargs: Mapping[str, Any]) -> dict:
+    """Arguments by parameter name, as the model would see them."""
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError as err:
+        raise InputError(f"inputs do not match the model's forward{signature}: {err}") from None
+    return dict(bound.arguments)
+
+
+def _key_name(key: Any) -> str:
+    for attr in ("key", "idx", "name"):
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)
+
+
+def named_leaves(bound: Mapping[str, Any]) -> dict[str, Any]:
+    """Flatten bound arguments into ``{dotted name: leaf}`` in a stable order."""
+    leaves, _ = pytree.tree_flatten_with_path(dict(bound))
+    return {".".join(_key_name(k) for k in path): leaf for path, leaf in leaves}
+
+
+def rebuild_call(signature: inspect.Signature, bound: Mapping[str, Any]) -> tuple[tuple, dict]:
+    """Positional and keyword arguments that reproduce ``bound``."""
+    call = inspect.BoundArguments(signature, dict(bound))
+    return call.args, call.kwargs
+
+
+def match_names(requested: Iterable[str], available: Iterable[str]) -> dict[str, list[str]]:
+    """Map each requested name to the leaves it covers (a name may cover a whole dict).
+
+    Raises :class:`InputError` for a name that matches no leaf, listing the valid names.
+    """
+    available = list(available)
+    out = {}
+    for name in requested:
+        hits = [leaf for leaf in available if leaf == name or leaf.startswith(name + ".")]
+        if not hits:
+            raise InputError(
+                f"unknown input name {name!r}; the model's tensor inputs are: "
+                + ", ".join(available)
+            )
+        out[name] = hits
+    return out
+
+
+def is_tensor(value: Any) -> bool:
+    return isinstance(value, torch.Tensor)
+
+
+def replace_leaves(
+    signature: inspect.Signature, args: tuple, kwargs: Mapping[str, Any], values: Mapping[str, Any]
+) -> tuple[tuple, dict]:
+    """The call ``(args, kwargs)`` with the named leaves replaced by ``values``."""
+    bound = bind_inputs(signature, args, kwargs)
+    flat, spec = pytree.tree_flatten_with_path(bound)
+    leaves = []
+    for path, leaf in flat:
+        name = ".".join(_key_name(k) for k in path)
+        leaves.append(values.get(name, leaf))
+    return rebuild_call(signature, pytree.tree_unflatten(leaves, spec))

@@ -1,0 +1,1 @@
+"""Rewrite passes, one module each. Every pass is a function GraphModule -> GraphModule."""

@@ -1,0 +1,116 @@
+"""cleanup: constant folding, common subexpressions, dead code.
+
+Identities: a node whose inputs are all weights (no input reaches it) has the same value on every
+call, so it is evaluated once at compile time and stored as a buffer; two pure nodes with the
+same op and the same arguments have the same value; a pure node nobody uses can go.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import fx
+
+from ..role_rules import is_mutating, is_random
+from .share import DOMAIN
+
+_FOLD_LIMIT_ELEMENTS = 1 << 24  # never fold a constant into something larger than this
+
+
+def cleanup(gm: fx.GraphModule) -> fx.GraphModule:
+    fold_constants(gm)
+    eliminate_common_subexpressions(gm)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return gm
+
+
+def _pure(node: fx.Node) -> bool:
+    return node.op == "call_function" and not is_random(node.target) and not is_mutating(node.target)
+
+
+def fold_constants(gm: fx.GraphModule) -> int:
+    """Evaluate weight-only tensor nodes (slices and concatenations of weights, mostly)."""
+    values: dict[fx.Node, Any] = {}
+    folded = 0
+    for node in list(gm.graph.nodes):
+        if node.op == "get_attr":
+            values[node] = _fetch_attr(gm, node.target)
+            continue
+        if not _pure(node) or not node.all_input_nodes:
+            continue
+        if not all(a in values for a in node.all_input_nodes):
+            continue
+        args, kwargs = fx.map_arg((node.args, node.kwargs), lambda a: values[a])
+        value = node.target(*args, **kwargs)
+        values[node] = value
+        if not isinstance(value, torch.Tensor) or value.numel() > _FOLD_LIMIT_ELEMENTS:
+            continue
+        if all(_foldable_user(u, values, node) for u in node.users):
+            continue  # an intermediate: its users fold too
+        name = _fresh_attr(gm, f"_folded_{node.name}")
+        gm.register_buffer(name, value.contiguous(), persistent=False)
+        with gm.graph.inserting_before(node):
+            new = gm.graph.get_attr(name)
+        new.meta.update(node.meta)
+        new.meta[DOMAIN] = "C"
+        node.replace_all_uses_with(new)
+        values[new] = values[node]
+        folded += 1
+    gm.graph.eliminate_dead_code()
+    return folded
+
+
+def _foldable_user(user: fx.Node, values: dict, node: fx.Node) -> bool:
+    return _pure(user) and all(a in values or a is node for a in user.all_input_nodes)
+
+
+def _fetch_attr(gm: fx.GraphModule, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _fresh_attr(gm: fx.GraphModule, base: str) -> str:
+    name, i = base, 0
+    while hasattr(gm, name):
+        i += 1
+        name = f"{base}_{i}"
+    return name
+
+
+def _key(value: Any) -> Any:
+    if isinstance(value, fx.Node):
+        return ("node", value)
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_key(v) for v in value))
+    if isinstance(value, dict):
+        return ("dict", tuple(sorted((k, _key(v)) for k, v in value.items())))
+    if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
+        return ("lit", str(value))
+    try:
+        hash(value)
+    except TypeError:
+        return ("id", id(value))
+    return ("lit", type(value).__name__, value)
+
+
+def eliminate_common_subexpressions(gm: fx.GraphModule) -> int:
+    seen: dict[Any, fx.Node] = {}
+    removed = 0
+    for node in list(gm.graph.nodes):
+        if node.op == "get_attr":
+            key = ("get_attr", node.target)
+        elif _pure(node):
+            key = (node.target, _key(node.args), _key(node.kwargs))
+        else:
+            continue
+        if key in seen:
+            node.replace_all_uses_with(seen[key])
+            gm.graph.erase_node(node)
+            removed += 1
+        else:
+            seen[key] = node
+    return removed

@@ -1,0 +1,77 @@
+"""The compilation pipeline as one readable function.
+
+capture -> analyze -> defer (re-analyzes) -> cost -> share -> ikbo -> cleanup -> verify.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from torch import fx, nn
+
+from .analysis import Analysis, analyze
+from .capture import CapturedGraph, capture
+from .passes.share import share
+
+
+@dataclass
+class PipelineResult:
+    captured: CapturedGraph
+    analysis: Analysis  # roles of the deferred graph, before sharing
+    logical_graph: fx.GraphModule  # after defer: every node at batch size (the cost model's view)
+    shared_graph: fx.GraphModule  # what the runtime executes
+    pass_counts: dict[str, int] = field(default_factory=dict)
+
+
+def _debug_print(stage: str, gm: fx.GraphModule) -> None:
+    if os.environ.get("ROCS_PRINT_GRAPHS"):
+        from .graph_text import graph_table
+
+        print(f"==== rocs: after {stage} ====")
+        print(graph_table(gm))
+
+
+def compile_graph(
+    model: nn.Module,
+    request_inputs: list[str],
+    example_args: tuple,
+    example_kwargs: Mapping[str, Any],
+    options: Mapping[str, Any] | None = None,
+) -> PipelineResult:
+    options = dict(options or {})
+    captured = capture(model, example_args, example_kwargs, request_inputs)
+    symbol = captured.batch_symbol
+    request_placeholders = {captured.placeholder_of[n] for n in captured.request_inputs}
+    gm = captured.graph_module
+    analysis = analyze(gm, request_placeholders, symbol)
+    _debug_print("capture", gm)
+    counts: dict[str, int] = {}
+
+    if options.get("defer", True):
+        from .passes.defer import defer
+
+        gm, fired = defer(gm, request_placeholders, symbol)
+        counts.update(fired)
+        analysis = analyze(gm, request_placeholders, symbol)
+        _debug_print("defer", gm)
+
+    shared = share(gm, symbol)
+    _debug_print("share", shared)
+
+    if options.get("ikbo", True):
+        from .passes.ikbo import ikbo
+
+        shared, fired = ikbo(shared)
+        counts.update(fired)
+        _debug_print("ikbo", shared)
+
+    from .passes.cleanup import cleanup
+
+    shared = cleanup(shared)
+    _debug_print("cleanup", shared)
+    from .verify import verify_shared
+
+    verify_shared(shared)
+    return PipelineResult(captured, analysis, gm, shared, counts)

@@ -1,0 +1,211 @@
+"""CompiledModel: validates inputs, builds ``candidate_to_request``, runs the shared graph.
+
+Two calling conventions:
+
+- shared layout: request inputs with R rows, candidate inputs with N rows, and
+  ``candidate_to_request`` (int64 [N], values in [0, R));
+- drop-in: the original call with replicated inputs; consecutive rows with equal request inputs
+  form one request.
+
+The module holds no per-call state, so concurrent calls are safe; it has no shape
+specialization, so any R and N run without recompiling.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from typing import Any, Callable, Optional
+
+import torch
+from torch import fx, nn
+from torch.utils import _pytree as pytree
+
+from .errors import InputError
+from .grouping import group_requests, rows_consistent
+from .inputs import bind_inputs, is_tensor, named_leaves, replace_leaves
+
+
+class InputContract:
+    """What a compiled model expects: names, which leaves are request-side or batched."""
+
+    def __init__(self, signature, input_names, request_inputs, batched, constant_inputs, out_spec, out_constants):
+        self.signature: inspect.Signature = signature
+        self.input_names: list[str] = list(input_names)
+        self.request_inputs: list[str] = list(request_inputs)
+        self.batched: dict[str, bool] = dict(batched)
+        self.constant_inputs: dict[str, Any] = dict(constant_inputs)
+        self.out_spec = out_spec
+        self.out_constants = list(out_constants)
+
+    @property
+    def candidate_inputs(self) -> list[str]:
+        return [n for n in self.input_names if self.batched[n] and n not in self.request_inputs]
+
+    def leaves(self, args: tuple, kwargs: dict) -> dict[str, Any]:
+        leaves = named_leaves(bind_inputs(self.signature, args, kwargs))
+        tensors = {n for n, v in leaves.items() if is_tensor(v)}
+        missing = [n for n in self.input_names if n not in tensors]
+        extra = sorted(tensors - set(self.input_names))
+        if missing:
+            raise InputError(f"missing input(s): {', '.join(missing)}")
+        if extra:
+            raise InputError(
+                f"unknown input(s): {', '.join(extra)}; expected: {', '.join(self.input_names)}"
+            )
+        for name, expected in self.constant_inputs.items():
+            if name in leaves and not _same_constant(leaves[name], expected):
+                raise InputError(
+                    f"non-tensor input {name}={leaves[name]!r} differs from the value it had at "
+                    f"compile time ({expected!r}); compile again for another value"
+                )
+        return leaves
+
+    def outputs(self, tensors: list[torch.Tensor]) -> Any:
+        it = iter(tensors)
+        flat = [next(it) if c is None else c for c in self.out_constants]
+        return pytree.tree_unflatten(flat, self.out_spec)
+
+
+def _same_constant(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - incomparable values count as different
+        return False
+
+
+class CompiledModel(nn.Module):
+    """A model whose request-only computation runs once per request.
+
+    Call it like the original model (drop-in), or in shared layout with the keyword argument
+    ``candidate_to_request``. ``validate=True`` additionally accepts request inputs passed with N
+    rows in shared layout and checks that they are constant within every request.
+    """
+
+    def __init__(
+        self,
+        graph_module: Optional[fx.GraphModule],
+        contract: InputContract,
+        placeholder_of: dict[str, str],
+        report_builder: Optional[Callable] = None,
+        original: Optional[nn.Module] = None,
+        fallback_reason: Optional[str] = None,
+    ):
+        super().__init__()
+        self.graph_module = graph_module
+        self.contract = contract
+        self._placeholder_of = dict(placeholder_of)
+        self._report_builder = report_builder
+        self._fallback_reason = fallback_reason
+        self._warned = False
+        # Not a submodule: the compiled graph owns its own copy of the weights' references.
+        object.__setattr__(self, "_original", original)
+
+    @property
+    def is_fallback(self) -> bool:
+        return self.graph_module is None
+
+    def report(self, num_candidates: int = 1024, num_requests: int = 1):
+        """Structured report: roles, FLOPs per request / per candidate, fallbacks, ideal speedup."""
+        from .report import Report
+
+        if self._report_builder is None:
+            return Report.for_fallback(self._fallback_reason or "eager fallback")
+        return self._report_builder(num_candidates, num_requests)
+
+    def forward(self, *args, candidate_to_request: Optional[torch.Tensor] = None, validate: bool = False, **kwargs):
+        leaves = self.contract.leaves(args, kwargs)
+        if candidate_to_request is None:
+            requests, candidates, index = self._group(leaves)
+        else:
+            requests, candidates, index = self._check_shared(leaves, candidate_to_request, validate)
+        with torch.no_grad():
+            if self.graph_module is None:
+                return self._run_eager(args, kwargs, requests, index)
+            inputs = []
+            for name in self.contract.input_names:
+                inputs.append(requests[name] if name in requests else candidates.get(name, leaves[name]))
+            outputs = self.graph_module(*inputs, index)
+        return self.contract.outputs(list(outputs))
+
+    # -- conventions ---------------------------------------------------------------------------
+
+    def _batch_rows(self, leaves: dict, names: list[str]) -> int:
+        rows = {n: leaves[n].shape[0] if leaves[n].dim() else None for n in names}
+        distinct = set(rows.values())
+        if None in distinct or len(distinct) > 1:
+            detail = ", ".join(f"{n}: {r}" for n, r in rows.items())
+            raise InputError(f"batched inputs disagree on the number of rows ({detail})")
+        return distinct.pop()
+
+    def _group(self, leaves: dict):
+        contract = self.contract
+        batched = [n for n in contract.input_names if contract.batched[n]]
+        rows = self._batch_rows(leaves, batched)
+        request_leaves = [leaves[n] for n in contract.request_inputs]
+        starts, index = group_requests(request_leaves, rows)
+        requests = {n: leaves[n].index_select(0, starts) for n in contract.request_inputs}
+        candidates = {n: leaves[n] for n in contract.candidate_inputs}
+        return requests, candidates, index
+
+    def _check_shared(self, leaves: dict, index: Any, validate: bool):
+        contract = self.contract
+        if not isinstance(index, torch.Tensor):
+            raise InputError("candidate_to_request must be a torch.Tensor (int64 [N])")
+        if index.dtype != torch.int64:
+            raise InputError(f"candidate_to_request must have dtype torch.int64, got {index.dtype}")
+        if index.dim() != 1:
+            raise InputError(f"candidate_to_request must be 1-D [N], got shape {tuple(index.shape)}")
+        num_candidates = index.shape[0]
+        candidates = {n: leaves[n] for n in contract.candidate_inputs}
+        if candidates:
+            rows = self._batch_rows(leaves, list(candidates))
+            if rows != num_candidates:
+                raise InputError(
+                    f"candidate_to_request has {num_candidates} entries but candidate inputs have "
+                    f"{rows} rows"
+                )
+        if validate:
+            num_requests = int(index.max()) + 1 if num_candidates else 0
+        elif contract.request_inputs:
+            num_requests = self._batch_rows(leaves, contract.request_inputs)
+        else:
+            num_requests = num_candidates
+        if num_candidates:
+            low, high = int(index.min()), int(index.max())
+            if low < 0 or high >= num_requests:
+                raise InputError(
+                    f"candidate_to_request values must lie in [0, {num_requests}) (R = rows of the "
+                    f"request inputs); got values in [{low}, {high}]"
+                )
+        requests = {}
+        for name in contract.request_inputs:
+            value = leaves[name]
+            rows = value.shape[0] if value.dim() else None
+            if validate and rows == num_candidates and rows != num_requests:
+                value = _reduce_replicated(name, value, index, num_requests)
+            elif rows != num_requests:
+                raise InputError(
+                    f"request input {name!r} has {rows} rows; shared layout needs R = "
+                    f"{num_requests} (pass validate=True to give request inputs replicated)"
+                )
+            requests[name] = value
+        return requests, candidates, index
+
+    def _run_eager(self, args, kwargs, requests, index):
+        if not self._warned:
+            warnings.warn(
+                f"rocs: running the original model eagerly ({self._fallback_reason})", stacklevel=3
+            )
+            self._warned = True
+        gathered = {name: value.index_select(0, index) for name, value in requests.items()}
+        call_args, call_kwargs = replace_leaves(self.contract.signature, args, kwargs, gathered)
+        return self._original(*call_args, **call_kwargs)
+
+
+def _reduce_replicated(name: str, value: torch.Tensor, index: torch.Tensor, num_requests: int):
+    shared = value.new_zeros((num_requests, *value.shape[1:]))
+    shared.index_copy_(0, index, value)
+    if not rows_consistent(value, shared, index):
+        raise InputError(f"request input {name!r} varies within a request")
+    return shared

@@ -1,0 +1,64 @@
+"""Executable invariants of the graphs the pipeline produces."""
+
+from __future__ import annotations
+
+import torch
+from torch import fx
+
+from .analysis import ROLE
+from .errors import CompileError
+from .passes.share import BROADCAST, DOMAIN, INDEX_NAME
+
+_ORDER = {"C": 0, "R": 1, "N": 2}
+
+
+def verify_roles(gm: fx.GraphModule) -> None:
+    """Every node has a role; roles never decrease along edges (except into row-count-free
+    scalars); nothing REQUEST depends on a candidate input."""
+    for node in gm.graph.nodes:
+        if ROLE not in node.meta:
+            raise CompileError(f"node {node.name} has no role")
+        if node.op == "output":
+            continue
+        role = node.meta[ROLE]
+        for arg in node.all_input_nodes:
+            if arg.meta[ROLE] > role:
+                raise CompileError(
+                    f"role decreases along {arg.name} ({arg.meta[ROLE].name}) -> "
+                    f"{node.name} ({role.name})"
+                )
+
+
+def verify_shared(gm: fx.GraphModule) -> None:
+    """In the shared graph: R-domain nodes never read N-domain values, every edge from R into N
+    passes through a broadcast or a fused op that takes the index, and every fused op has a
+    reference implementation."""
+    for node in gm.graph.nodes:
+        if node.op == "output":
+            continue
+        domain = node.meta.get(DOMAIN)
+        if domain is None:
+            raise CompileError(f"node {node.name} has no domain after sharing")
+        for arg in node.all_input_nodes:
+            arg_domain = arg.meta.get(DOMAIN)
+            if _ORDER[arg_domain] > _ORDER[domain]:
+                raise CompileError(f"{domain}-node {node.name} reads {arg_domain}-node {arg.name}")
+            if (domain, arg_domain) == ("N", "R") and not _takes_index(node):
+                raise CompileError(f"{node.name} reads request value {arg.name} without broadcast")
+        if _is_fused(node):
+            from .codegen import OPS
+
+            name = node.target._opname
+            if name not in OPS:
+                raise CompileError(f"fused op rocs::{name} has no reference implementation")
+    names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    if names[-1] != INDEX_NAME:
+        raise CompileError(f"the shared graph's last input must be {INDEX_NAME}")
+
+
+def _is_fused(node: fx.Node) -> bool:
+    return isinstance(node.target, torch._ops.OpOverload) and node.target.namespace == "rocs"
+
+
+def _takes_index(node: fx.Node) -> bool:
+    return node.meta.get(BROADCAST, False) or _is_fused(node)
