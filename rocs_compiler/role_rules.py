@@ -496,3 +496,12 @@ def is_random(target: Any) -> bool:
 
 def is_mutating(target: Any) -> bool:
     return isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable
+
+
+def _register_rocs_rules() -> None:
+    from . import ops  # noqa: F401 - defines rocs::embedding_bag_rows
+
+    register(torch.ops.rocs.embedding_bag_rows)(_embedding)
+
+
+_register_rocs_rules()

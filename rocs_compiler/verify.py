@@ -46,14 +46,19 @@ def verify_shared(gm: fx.GraphModule) -> None:
             if (domain, arg_domain) == ("N", "R") and not _takes_index(node):
                 raise CompileError(f"{node.name} reads request value {arg.name} without broadcast")
         if _is_fused(node):
-            from .codegen import OPS
-
             name = node.target._opname
-            if name not in OPS:
+            if name not in _references():
                 raise CompileError(f"fused op rocs::{name} has no reference implementation")
     names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     if names[-1] != INDEX_NAME:
         raise CompileError(f"the shared graph's last input must be {INDEX_NAME}")
+
+
+def _references() -> dict:
+    from . import ops
+    from .codegen import OPS
+
+    return {**OPS, **ops.REFERENCES}
 
 
 def _is_fused(node: fx.Node) -> bool:

@@ -1,0 +1,87 @@
+"""FLOP counts per node, split into a per-row part and a fixed part.
+
+Every node of the logical graph is run on fake tensors at two concrete batch sizes under
+``FlopCounterMode``; since a node's cost is affine in the batch size, the difference gives the
+cost per row (per request for REQUEST nodes, per candidate for CANDIDATE nodes) and the rest is
+the fixed cost. PyTorch counts matmuls, convolutions and (with the formulas registered here)
+attention; elementwise work is not counted, as is customary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+import torch
+from torch import fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils import flop_counter
+from torch.utils.flop_counter import FlopCounterMode
+
+_BATCHES = (2, 4)
+
+
+def _register_missing_formulas() -> None:
+    """CPU attention kernels have no formula in PyTorch's counter; use the standard one."""
+    aten = torch.ops.aten
+    op = aten._scaled_dot_product_flash_attention_for_cpu
+    if op in flop_counter.flop_registry or op.default in flop_counter.flop_registry:
+        return
+
+    @flop_counter.register_flop_formula(op)
+    def _sdpa_cpu(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+        return flop_counter.sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+_register_missing_formulas()
+
+
+@dataclass(frozen=True)
+class NodeCost:
+    per_row: float
+    fixed: float
+
+
+def _concrete(value: Any, symbol: sympy.Symbol, batch: int) -> Any:
+    if isinstance(value, torch.SymInt):
+        return int(value.node.expr.subs(symbol, batch))
+    return value
+
+
+def _fake_input(val: torch.Tensor, symbol, batch: int, mode: FakeTensorMode) -> torch.Tensor:
+    shape = [_concrete(s, symbol, batch) for s in val.shape]
+    with mode:
+        return torch.zeros(shape, dtype=val.dtype, device=val.device)
+
+
+def _flops_at(gm: fx.GraphModule, symbol: sympy.Symbol, batch: int) -> dict[str, int]:
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    env: dict[fx.Node, Any] = {}
+    counts: dict[str, int] = {}
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            val = node.meta.get("val")
+            env[node] = _fake_input(val, symbol, batch, mode) if isinstance(val, torch.Tensor) else val
+        elif node.op == "get_attr":
+            obj: Any = gm
+            for part in node.target.split("."):
+                obj = getattr(obj, part)
+            env[node] = mode.from_tensor(obj) if isinstance(obj, torch.Tensor) else obj
+        elif node.op == "call_function":
+            args, kwargs = fx.map_arg((node.args, node.kwargs), lambda a: env[a])
+            with mode, FlopCounterMode(display=False) as counter:
+                env[node] = node.target(*args, **kwargs)
+            counts[node.name] = counter.get_total_flops()
+    return counts
+
+
+def node_costs(gm: fx.GraphModule, symbol: sympy.Symbol) -> dict[str, NodeCost]:
+    """Per-node cost as ``per_row * batch + fixed``."""
+    low, high = (_flops_at(gm, symbol, b) for b in _BATCHES)
+    span = _BATCHES[1] - _BATCHES[0]
+    out = {}
+    for name, f_low in low.items():
+        per_row = (high[name] - f_low) / span
+        out[name] = NodeCost(per_row=per_row, fixed=f_low - per_row * _BATCHES[0])
+    return out

@@ -1,0 +1,378 @@
+"""defer: push request-candidate interactions as late as algebra allows.
+
+A concatenation of request and candidate pieces is where the two sides meet. Two identities
+move that meeting point later, so that more of the graph stays request-only:
+
+1. *Contraction over the concatenated axis splits into a sum.* For a weight W whose columns
+   are split like the pieces, ``linear(cat(u, c), W, b) == linear(u, W_u) + linear(c, W_c, b)``;
+   the same holds for ``matmul(W, cat(u, c, dim=-2))`` (linear compression), einsum contracting
+   the concatenated letter, and ``sum`` over the concatenated dim. ``linear(u, W_u)`` is
+   request-only and runs once per request.
+2. *Ops independent along the concatenated axis distribute over it.*
+   ``f(cat(u, c, d)) == cat(f(u), f(c), d')`` for elementwise ops (other operands sliced along
+   d), linear maps and matmuls on other dims, norms and softmaxes over other dims, reductions
+   over other dims, and reshapes/permutes that keep the axis intact. ``f(u)`` is request-only.
+   Applied repeatedly this computes K/V projections of a request history once per request, and
+   turns a pairwise interaction ``bmm(T, T^T)`` over a stacked request/candidate feature set
+   into blocks whose request-request block runs once per request.
+
+Both rules fire only on *mixed* concatenations (at least one request piece and one that is
+not); the re-association of sums they introduce is the only numerical difference.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import sympy
+import torch
+from torch import fx
+
+from ..analysis import analyze
+from ..roles import Role
+from .concat import Concat, as_concat, mixed_concat, role_of, val_of
+from .engine import Builder, Rewrite, rewrite_to_fixpoint
+from .normalize import normalize_rewrites
+
+aten = torch.ops.aten
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. Contractions over the concatenated axis
+
+
+def _select_columns(b: Builder, weight: fx.Node, dim: int, ranges: list[tuple[int, int]]) -> fx.Node:
+    parts = [b.call(aten.slice.Tensor, weight, dim, lo, hi) for lo, hi in ranges]
+    return parts[0] if len(parts) == 1 else b.call(aten.cat.default, parts, dim)
+
+
+def _join(b: Builder, pieces: list[fx.Node], dim: int) -> fx.Node:
+    return pieces[0] if len(pieces) == 1 else b.call(aten.cat.default, pieces, dim)
+
+
+def _split_by_role(info: Concat) -> list[tuple[list[fx.Node], list[tuple[int, int]]]]:
+    """Pieces and their ranges, request pieces first, then the rest."""
+    groups: dict[bool, tuple[list, list]] = {True: ([], []), False: ([], [])}
+    for piece, span in zip(info.pieces, info.offsets):
+        group = groups[role_of(piece) == Role.REQUEST]
+        group[0].append(piece)
+        group[1].append(span)
+    return [groups[True], groups[False]]
+
+
+def _split_linear(b: Builder, node: fx.Node) -> Optional[fx.Node]:
+    x, weight = node.args[0], node.args[1]
+    bias = node.args[2] if len(node.args) > 2 else None
+    info = mixed_concat(x)
+    if info is None or info.dim != info.ndim - 1 or role_of(weight) != Role.CONST:
+        return None
+    (req, req_spans), (rest, rest_spans) = _split_by_role(info)
+    y_req = b.call(aten.linear.default, _join(b, req, info.dim), _select_columns(b, weight, 1, req_spans))
+    y_rest = b.call(
+        aten.linear.default, _join(b, rest, info.dim), _select_columns(b, weight, 1, rest_spans), bias
+    )
+    return b.call(aten.add.Tensor, y_rest, y_req)
+
+
+def _split_matmul(b: Builder, node: fx.Node) -> Optional[fx.Node]:
+    """``matmul(W, cat(..., dim=-2))`` with a constant W [M, K]: the linear-compression form."""
+    a, x = node.args[0], node.args[1]
+    info = mixed_concat(x)
+    if info is None or info.dim != info.ndim - 2 or role_of(a) != Role.CONST:
+        return None
+    if val_of(a).dim() != 2:
+        return None
+    (req, req_spans), (rest, rest_spans) = _split_by_role(info)
+    y_req = b.call(aten.matmul.default, _select_columns(b, a, 1, req_spans), _join(b, req, info.dim))
+    y_rest = b.call(aten.matmul.default, _select_columns(b, a, 1, rest_spans), _join(b, rest, info.dim))
+    return b.call(aten.add.Tensor, y_rest, y_req)
+
+
+def _split_einsum(b: Builder, node: fx.Node) -> Optional[fx.Node]:
+    equation, operands = node.args[0], list(node.args[1])
+    equation = equation.replace(" ", "")
+    if "..." in equation or "->" not in equation or len(operands) != 2:
+        return None
+    lhs, out = equation.split("->")
+    specs = lhs.split(",")
+    for pos in range(2):
+        info = mixed_concat(operands[pos])
+        other = operands[1 - pos]
+        if info is None or role_of(other) != Role.CONST:
+            continue
+        letter = specs[pos][info.dim]
+        if letter in out or specs[pos].count(letter) != 1 or specs[1 - pos].count(letter) != 1:
+            continue
+        other_dim = specs[1 - pos].index(letter)
+        terms = []
+        for pieces, spans in _split_by_role(info):
+            new_ops = [None, None]
+            new_ops[pos] = _join(b, pieces, info.dim)
+            new_ops[1 - pos] = _select_columns(b, other, other_dim, spans)
+            terms.append(b.call(aten.einsum.default, equation, new_ops))
+        return b.call(aten.add.Tensor, terms[1], terms[0])
+    return None
+
+
+def _split_sum(b: Builder, node: fx.Node) -> Optional[fx.Node]:
+    x, dims = node.args[0], node.args[1] if len(node.args) > 1 else None
+    keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+    info = mixed_concat(x)
+    if info is None or dims is None or len(dims) != 1 or dims[0] % info.ndim != info.dim:
+        return None
+    if node.kwargs.get("dtype") is not None:
+        return None
+    terms = [
+        b.call(aten.sum.dim_IntList, _join(b, pieces, info.dim), [info.dim], keepdim)
+        for pieces, _ in _split_by_role(info)
+    ]
+    return b.call(aten.add.Tensor, terms[1], terms[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. Distribution over the concatenated axis
+
+
+def _cat_pieces(b: Builder, pieces: list[fx.Node], dim: int) -> fx.Node:
+    return b.call(aten.cat.default, pieces, dim)
+
+
+def _slice_operand(b, operand, operand_dim, spans):
+    """An operand split like the pieces (or reused whole where it broadcasts)."""
+    val = val_of(operand)
+    if not isinstance(val, torch.Tensor) or operand_dim < 0 or val.shape[operand_dim] == 1:
+        return [operand] * len(spans)
+    return [b.call(aten.slice.Tensor, operand, operand_dim, lo, hi) for lo, hi in spans]
+
+
+def _distribute_pointwise(b: Builder, node: fx.Node) -> Optional[fx.Node]:
+    out_val = node.meta.get("val")
+    if not isinstance(out_val, torch.Tensor):
+        return None
+    args = list(node.args)
+    primary = next((i for i, a in enumerate(args) if mixed_concat(a) is not None), None)
+    if primary is None:
+        return None
+    info = mixed_concat(args[primary])
+    out_dim = info.dim + out_val.dim() - info.ndim
+    per_arg = []
+    for i, arg in enumerate(args):
+        if i == primary:
+            per_arg.append(list(info.pieces))
+        elif isinstance(arg, fx.Node) and isinstance(val_of(arg), torch.Tensor):
+            val = val_of(arg)
+            dim = out_dim - (out_val.dim() - val.dim())
+            if dim >= 0 and val.shape[dim] != 1 and val.shape[dim] != sum(info.sizes):
+                return None
+            per_arg.append(_slice_operand(b, arg, dim, info.offsets))
+        else:
+            per_arg.append([arg] * len(info.pieces))
+    outs = [
+        b.call(node.target, *[per_arg[i][k] for i in range(len(args))], **node.kwargs)
+        for k in range(len(info.pieces))
+    ]
+    return _cat_pieces(b, outs, out_dim)
+
+
+def _distribute_first_arg(new_dim_fn):
+    """Ops whose first argument is the concatenation; ``new_dim_fn(node, info)`` gives the cat
+    dim of the result, or None when the op touches the concatenated axis."""
+
+    def apply(b: Builder, node: fx.Node) -> Optional[fx.Node]:
+        info = mixed_concat(node.args[0])
+        if info is None:
+            return None
+        new_dim = new_dim_fn(node, info)
+        if new_dim is None:
+            return None
+        rest = node.args[1:]
+        outs = [b.call(node.target, piece, *rest, **node.kwargs) for piece in info.pieces]
+        return _cat_pieces(b, outs, new_dim)
+
+    return apply
+
+
+def _same_dim_unless(*touched_dims_fn):
+    def new_dim(node, info):
+        for fn in touched_dims_fn:
+            if info.dim in fn(node, info):
+                return None
+        return info.dim
+
+    return new_dim
+
+
+def _linear_dims(node, info):
+    return {info.ndim - 1}
+
+
+def _norm_dims(node, info):
+    count = len(node.args[1])
+    return set(range(info.ndim - count, info.ndim))
+
+
+def _arg_dim(index, default=None):
+    def dims(node, info):
+        d = node.args[index] if len(node.args) > index else node.kwargs.get("dim", default)
+        return {d % info.ndim} if d is not None else set(range(info.ndim))
+
+    return dims
+
+
+def _reduction_new_dim(node, info):
+    dims = node.args[1] if len(node.args) > 1 else None
+    if not dims:
+        return None
+    keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+    dims = {d % info.ndim for d in dims}
+    if info.dim in dims:
+        return None
+    return info.dim if keepdim else info.dim - sum(d < info.dim for d in dims)
+
+
+def _permute_new_dim(node, info):
+    order = [d % info.ndim for d in node.args[1]]
+    return order.index(info.dim)
+
+
+def _transpose_new_dim(node, info):
+    a, c = (d % info.ndim for d in node.args[1:3])
+    return {a: c, c: a}.get(info.dim, info.dim)
+
+
+def _unsqueeze_new_dim(node, info):
+    d = node.args[1] % (info.ndim + 1)
+    return info.dim + 1 if d <= info.dim else info.dim
+
+
+def _select_new_dim(node, info):
+    d = node.args[1] % info.ndim
+    if d == info.dim:
+        return None
+    return info.dim - (d < info.dim)
+
+
+def _slice_new_dim(node, info):
+    d = node.args[1] % info.ndim if len(node.args) > 1 else 0
+    return None if d == info.dim else info.dim
+
+
+def _embedding_new_dim(node, info):
+    return info.dim
+
+
+def _distribute_reshape(b: Builder, node: fx.Node) -> Optional[fx.Node]:
+    """Reshapes that keep every dim before the axis and the axis as the major dim of its group."""
+    info = mixed_concat(node.args[0])
+    if info is None:
+        return None
+    in_shape = list(val_of(node.args[0]).shape)
+    out_shape = list(node.meta["val"].shape)
+    d = info.dim
+    if len(out_shape) <= d or not _same_prefix(in_shape[:d], out_shape[:d]):
+        return None
+    inner = in_shape[d + 1:]
+    if not all(isinstance(s, int) for s in inner):
+        return None
+    group_end = None
+    for end in range(d + 1, len(in_shape) + 1):
+        if _same_size(math.prod(in_shape[d:end]) if end > d else 1, out_shape[d]):
+            if _same_prefix(in_shape[end:], out_shape[d + 1:]) or end == d + 1:
+                group_end = end
+                break
+    if group_end is None:
+        return None
+    merged = math.prod(in_shape[d + 1:group_end])
+    if group_end == d + 1 and not _same_size(in_shape[d], out_shape[d]):
+        return None
+    outs = []
+    for piece, size in zip(info.pieces, info.sizes):
+        shape = [_size_arg(s) for s in node.args[1]] if node.target != aten.flatten.using_ints else None
+        if shape is None:
+            outs.append(b.call(node.target, piece, *node.args[1:]))
+            continue
+        shape[d] = size * merged
+        outs.append(b.call(node.target, piece, shape))
+    return _cat_pieces(b, outs, d)
+
+
+def _size_arg(s: Any) -> Any:
+    return s
+
+
+def _same_size(a: Any, b: Any) -> bool:
+    ea = a.node.expr if isinstance(a, torch.SymInt) else sympy.Integer(a)
+    eb = b.node.expr if isinstance(b, torch.SymInt) else sympy.Integer(b)
+    return sympy.simplify(ea - eb) == 0
+
+
+def _same_prefix(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(_same_size(x, y) for x, y in zip(a, b))
+
+
+def _distribute_matmul(b: Builder, node: fx.Node) -> Optional[fx.Node]:
+    """Rows of the left operand or columns of the right operand are independent."""
+    left, right = node.args[0], node.args[1]
+    out_ndim = node.meta["val"].dim()
+    info = mixed_concat(left)
+    if info is not None and info.ndim >= 2 and info.dim == info.ndim - 2:
+        outs = [b.call(node.target, piece, right) for piece in info.pieces]
+        return _cat_pieces(b, outs, out_ndim - 2)
+    info = mixed_concat(right)
+    if info is not None and info.ndim >= 2 and info.dim == info.ndim - 1:
+        outs = [b.call(node.target, left, piece) for piece in info.pieces]
+        return _cat_pieces(b, outs, out_ndim - 1)
+    return None
+
+
+_POINTWISE = frozenset(
+    {
+        aten.add, aten.sub, aten.mul, aten.div, aten.neg, aten.relu, aten.gelu, aten.silu,
+        aten.sigmoid, aten.tanh, aten.exp, aten.log, aten.sqrt, aten.rsqrt, aten.abs, aten.pow,
+        aten.where, aten.masked_fill, aten.clamp, aten.clamp_min, aten.clamp_max, aten.maximum,
+        aten.minimum, aten.leaky_relu, aten.elu, aten.mish, aten.softplus, aten.hardtanh,
+        aten.dropout, aten._to_copy, aten.to, aten.clone, aten.contiguous, aten.alias,
+        aten.square, aten.reciprocal, aten.erf, aten.rsub, aten.prelu,
+        aten.eq, aten.ne, aten.lt, aten.le, aten.gt, aten.ge,
+    }
+)
+
+
+def defer_rewrites() -> list[Rewrite]:
+    distribute = [
+        ("distribute_pointwise", _POINTWISE, _distribute_pointwise),
+        ("distribute_linear", {aten.linear}, _distribute_first_arg(_same_dim_unless(_linear_dims))),
+        ("distribute_norm", {aten.layer_norm, aten.rms_norm},
+         _distribute_first_arg(_same_dim_unless(_norm_dims))),
+        ("distribute_softmax", {aten.softmax, aten._softmax, aten.log_softmax, aten.cumsum},
+         _distribute_first_arg(_same_dim_unless(_arg_dim(1)))),
+        ("distribute_reduction", {aten.sum, aten.mean, aten.amax, aten.amin},
+         _distribute_first_arg(_reduction_new_dim)),
+        ("distribute_permute", {aten.permute}, _distribute_first_arg(_permute_new_dim)),
+        ("distribute_transpose", {aten.transpose}, _distribute_first_arg(_transpose_new_dim)),
+        ("distribute_unsqueeze", {aten.unsqueeze}, _distribute_first_arg(_unsqueeze_new_dim)),
+        ("distribute_select", {aten.select}, _distribute_first_arg(_select_new_dim)),
+        ("distribute_slice", {aten.slice}, _distribute_first_arg(_slice_new_dim)),
+        ("distribute_reshape", {aten.view, aten.reshape, aten._unsafe_view, aten.flatten},
+         _distribute_reshape),
+        ("distribute_matmul", {aten.matmul, aten.bmm}, _distribute_matmul),
+    ]
+    contract = [
+        Rewrite("split_linear", frozenset({aten.linear}), _split_linear),
+        Rewrite("split_matmul", frozenset({aten.matmul}), _split_matmul),
+        Rewrite("split_einsum", frozenset({aten.einsum}), _split_einsum),
+        Rewrite("split_sum", frozenset({aten.sum}), _split_sum),
+    ]
+    return contract + [Rewrite(name, frozenset(ops), fn) for name, ops, fn in distribute]
+
+
+def defer(gm: fx.GraphModule, request_placeholders: set[str], symbol: sympy.Symbol):
+    """Normalize, then apply the defer identities to a fixpoint. Returns (graph, counts)."""
+
+    def reanalyze(g: fx.GraphModule) -> None:
+        analyze(g, request_placeholders, symbol)
+
+    rewrites = normalize_rewrites() + defer_rewrites()
+    counts = rewrite_to_fixpoint(gm, rewrites, reanalyze)
+    return gm, counts

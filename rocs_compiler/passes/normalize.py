@@ -1,0 +1,121 @@
+"""normalize: one spelling per meaning, so that each defer rule has one pattern.
+
+Identities:
+
+- ``stack(xs, d) == cat([unsqueeze(x, d) for x in xs], d)``;
+- ``cat([a, b, c, d], k) == cat([cat([a, b], k), cat([c, d], k)], k)``: adjacent pieces of the
+  same role are grouped, so a concatenation alternates between request and candidate runs;
+- ``slice(cat(xs, k), k, start, end) == x_i`` when the slice covers exactly piece ``x_i``;
+- ``embedding_bag(W, reshape(x, [-1]), arange(0, numel(x), L))`` over a ``[B, L]`` index matrix
+  pools each row into one bag: it is the row-wise op ``rocs::embedding_bag_rows(W, x)``,
+  computed by the very same kernel call.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Optional
+
+import torch
+from torch import fx
+
+from .concat import as_concat, role_of, val_of
+from .engine import Builder, Rewrite
+
+aten = torch.ops.aten
+
+
+def _stack_to_cat(b: Builder, node: fx.Node) -> Optional[fx.Node]:
+    tensors = list(node.args[0])
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    dim %= node.meta["val"].dim()
+    pieces = [b.call(aten.unsqueeze.default, t, dim) for t in tensors]
+    return b.call(aten.cat.default, pieces, dim)
+
+
+def _group_role_runs(b: Builder, node: fx.Node) -> Optional[fx.Node]:
+    info = as_concat(node)
+    if info is None or not info.mixed:
+        return None
+    roles = info.roles
+    runs: list[list[fx.Node]] = []
+    for piece, role in zip(info.pieces, roles):
+        if runs and role_of(runs[-1][0]) == role:
+            runs[-1].append(piece)
+        else:
+            runs.append([piece])
+    if all(len(run) == 1 for run in runs):
+        return None
+    grouped = [run[0] if len(run) == 1 else b.call(aten.cat.default, run, info.dim) for run in runs]
+    return b.call(aten.cat.default, grouped, info.dim)
+
+
+def _slice_of_cat(b: Builder, node: fx.Node) -> Optional[fx.Node]:
+    source, dim, start, end = (list(node.args) + [0, None, None])[:4]
+    step = node.args[4] if len(node.args) > 4 else 1
+    info = as_concat(source)
+    if info is None or step != 1:
+        return None
+    dim %= info.ndim
+    if dim != info.dim:
+        return None
+    start = 0 if start is None else start
+    for piece, (lo, hi) in zip(info.pieces, info.offsets):
+        if start == lo and end is not None and min(end, sum(info.sizes)) == hi:
+            return piece
+    return None
+
+
+def _embedding_bag_rows(b: Builder, node: fx.Node) -> Optional[fx.Node]:
+    """Anchored at ``getitem(embedding_bag(...), 0)``, the pooled output."""
+    bag = node.args[0]
+    if node.args[1] != 0 or not isinstance(bag, fx.Node):
+        return None
+    if bag.target not in (aten.embedding_bag.padding_idx, aten.embedding_bag.default):
+        return None
+    args = list(bag.args)
+    weight, flat, offsets = args[:3]
+    mode = args[4] if len(args) > 4 else 0
+    per_sample = args[6] if len(args) > 6 else None
+    include_last = args[7] if len(args) > 7 else False
+    padding_idx = args[8] if len(args) > 8 else None
+    if include_last or per_sample is not None or not _is_reshape_to_flat(flat):
+        return None
+    rows = flat.args[0]
+    rows_val = val_of(rows)
+    if rows_val.dim() != 2 or not isinstance(rows_val.shape[1], int):
+        return None
+    if not _is_regular_offsets(offsets, rows, rows_val.shape[1]):
+        return None
+    if any(u is not node and u.users for u in bag.users):
+        return None
+    from .. import ops  # noqa: F401 - registers rocs::embedding_bag_rows
+
+    return b.call(torch.ops.rocs.embedding_bag_rows.default, weight, rows, mode, padding_idx)
+
+
+def _is_reshape_to_flat(node) -> bool:
+    return (
+        isinstance(node, fx.Node)
+        and node.target in (aten.reshape.default, aten.view.default, aten.flatten.using_ints)
+        and val_of(node).dim() == 1
+    )
+
+
+def _is_regular_offsets(node, rows, width: int) -> bool:
+    if not isinstance(node, fx.Node) or node.target != aten.arange.start_step:
+        return False
+    start, end, step = node.args[:3]
+    if start != 0 or step != width:
+        return False
+    return isinstance(end, fx.Node) and end.target == aten.sym_numel.default and end.args[0] is rows
+
+
+def normalize_rewrites() -> list[Rewrite]:
+    return [
+        Rewrite("stack_to_cat", frozenset({aten.stack}), _stack_to_cat, "stack -> cat of unsqueeze"),
+        Rewrite("group_role_runs", frozenset({aten.cat}), _group_role_runs, "group same-role pieces"),
+        Rewrite("slice_of_cat", frozenset({aten.slice}), _slice_of_cat, "slice of a cat -> piece"),
+        Rewrite("embedding_bag_rows", frozenset({operator.getitem}), _embedding_bag_rows,
+                "fixed-length bags -> row-wise bag op"),
+    ]
