@@ -63,7 +63,8 @@ def compile_graph(
     if options.get("ikbo", True):
         from .passes.ikbo import ikbo
 
-        shared, fired = ikbo(shared)
+        on_gpu = any(t.is_cuda for t in model.parameters())
+        shared, fired = ikbo(shared, pointwise=options.get("ikbo_pointwise", on_gpu))
         counts.update(fired)
         _debug_print("ikbo", shared)
 

@@ -39,7 +39,11 @@ def interpreting() -> bool:
 
 @functools.cache
 def triton_available() -> bool:
-    return importlib.util.find_spec("triton") is not None
+    # find_spec does not import triton (slow); a blocked or broken entry counts as absent.
+    try:
+        return importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 @functools.cache
@@ -81,11 +85,17 @@ def check_launch_device(*tensors: torch.Tensor) -> None:
 
 
 def check_candidate_index(
-    idx: torch.Tensor, num_candidates: int, num_requests: int, op: str, *, in_launcher: bool = False
+    idx: torch.Tensor,
+    num_candidates: int,
+    num_requests: int | None,
+    op: str,
+    *,
+    in_launcher: bool = False,
 ) -> None:
-    """Check ``candidate_to_request``: int64 [N] on the data's device, values in [0, R).
+    """Check ``candidate_to_request``: int64 [N], values in [0, R).
 
-    The range check needs the values, so on CUDA it only runs under ``ROCS_DEBUG_CHECKS=1``.
+    The range check needs the values, so on CUDA it only runs under ``ROCS_DEBUG_CHECKS=1``;
+    ``num_requests=None`` skips it (an op that reads no request tensor).
     """
     if idx.dtype != torch.int64:
         raise TypeError(f"rocs::{op}: candidate_to_request must be int64, got {idx.dtype}")
@@ -96,7 +106,7 @@ def check_candidate_index(
         )
     if in_launcher and not idx.is_contiguous():
         raise ValueError(f"rocs::{op}: candidate_to_request must be contiguous")
-    if num_candidates == 0:
+    if num_candidates == 0 or num_requests is None:
         return
     if idx.is_cuda and not debug_checks():
         return

@@ -226,14 +226,18 @@ def check_program(program: Union[str, Node], num_candidate: int, num_request: in
 # ---------------------------------------------------------------------------------------
 
 
-def evaluate(program: Union[str, Node], env: dict[str, torch.Tensor]) -> torch.Tensor:
+def evaluate(
+    program: Union[str, Node], env: dict[str, torch.Tensor], like: torch.Tensor | None = None
+) -> Union[torch.Tensor, float]:
     """Evaluate with torch ops on row-aligned tensors ``env = {"c0": ..., "r0": ...}``.
 
     Every op runs in the inputs' dtype, exactly as the unfused eager chain would. Shared
-    subexpressions are evaluated once. The result may be a 0-dim tensor or a Python float
-    for constant programs; callers broadcast it into their output.
+    subexpressions are evaluated once. Literals become tensors of ``like``'s dtype and
+    device (default: any tensor of ``env``) where an op needs tensors. The result of a
+    program that reads no input is a 0-dim tensor or a float; callers broadcast it.
     """
-    like = next(iter(env.values()), None)
+    if like is None:
+        like = next(iter(env.values()), None)
     memo: dict[str, object] = {}
 
     def ev(node: Node):
@@ -305,6 +309,7 @@ def kernel_source(
 
     names: dict[str, str] = {}
     helpers: set[str] = set()
+    num_temps = 0
 
     def name_of(n: Node, position: int) -> str:
         if isinstance(n, Const):
@@ -325,7 +330,8 @@ def kernel_source(
             if n.op in _TRITON_HELPERS:
                 helpers.add(_TRITON_HELPERS[n.op])
             args = [name_of(a, i) for i, a in enumerate(n.args)]
-            temp = f"t{sum(1 for v in names.values() if v.startswith('t'))}"
+            temp = f"t{num_temps}"
+            num_temps += 1
             body.append(f"{temp} = {PRIMITIVES[n.op].triton.format(*args)}")
             names[key] = temp
     result = name_of(node, 0)

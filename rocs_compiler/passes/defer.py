@@ -258,8 +258,14 @@ def _slice_new_dim(node, info):
     return None if d == info.dim else info.dim
 
 
-def _embedding_new_dim(node, info):
-    return info.dim
+def _distribute_embedding(b: Builder, node: fx.Node) -> Optional[fx.Node]:
+    """``embedding(W, cat(ids, d)) == cat(embedding(W, ids_i), d)``."""
+    weight, ids = node.args[0], node.args[1]
+    info = mixed_concat(ids)
+    if info is None:
+        return None
+    outs = [b.call(node.target, weight, piece, *node.args[2:]) for piece in info.pieces]
+    return _cat_pieces(b, outs, info.dim)
 
 
 def _distribute_reshape(b: Builder, node: fx.Node) -> Optional[fx.Node]:
@@ -357,6 +363,7 @@ def defer_rewrites() -> list[Rewrite]:
         ("distribute_reshape", {aten.view, aten.reshape, aten._unsafe_view, aten.flatten},
          _distribute_reshape),
         ("distribute_matmul", {aten.matmul, aten.bmm}, _distribute_matmul),
+        ("distribute_embedding", {aten.embedding}, _distribute_embedding),
     ]
     contract = [
         Rewrite("split_linear", frozenset({aten.linear}), _split_linear),

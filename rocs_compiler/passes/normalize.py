@@ -6,6 +6,9 @@ Identities:
 - ``cat([a, b, c, d], k) == cat([cat([a, b], k), cat([c, d], k)], k)``: adjacent pieces of the
   same role are grouped, so a concatenation alternates between request and candidate runs;
 - ``slice(cat(xs, k), k, start, end) == x_i`` when the slice covers exactly piece ``x_i``;
+- ``unbind(x, d)[i] == select(x, d, i)`` and
+  ``select(permute(x, p), d, i) == permute(select(x, p[d], i), p')``: a fused QKV projection
+  split by permute + unbind keeps the batch dim where the analysis can see it;
 - ``embedding_bag(W, reshape(x, [-1]), arange(0, numel(x), L))`` over a ``[B, L]`` index matrix
   pools each row into one bag: it is the row-wise op ``rocs::embedding_bag_rows(W, x)``,
   computed by the very same kernel call.
@@ -94,6 +97,26 @@ def _embedding_bag_rows(b: Builder, node: fx.Node) -> Optional[fx.Node]:
     return b.call(torch.ops.rocs.embedding_bag_rows.default, weight, rows, mode, padding_idx)
 
 
+def _unbind_to_select(b: Builder, node: fx.Node) -> Optional[fx.Node]:
+    source, index = node.args
+    if not isinstance(source, fx.Node) or source.target != aten.unbind.int:
+        return None
+    dim = source.args[1] if len(source.args) > 1 else source.kwargs.get("dim", 0)
+    return b.call(aten.select.int, source.args[0], dim, index)
+
+
+def _select_of_permute(b: Builder, node: fx.Node) -> Optional[fx.Node]:
+    source, dim, index = node.args
+    if not isinstance(source, fx.Node) or source.target != aten.permute.default:
+        return None
+    x, order = source.args
+    ndim = len(order)
+    order = [o % ndim for o in order]
+    picked = order[dim % ndim]
+    rest = [o - (o > picked) for o in order if o != picked]
+    return b.call(aten.permute.default, b.call(aten.select.int, x, picked, index), rest)
+
+
 def _is_reshape_to_flat(node) -> bool:
     return (
         isinstance(node, fx.Node)
@@ -116,6 +139,10 @@ def normalize_rewrites() -> list[Rewrite]:
         Rewrite("stack_to_cat", frozenset({aten.stack}), _stack_to_cat, "stack -> cat of unsqueeze"),
         Rewrite("group_role_runs", frozenset({aten.cat}), _group_role_runs, "group same-role pieces"),
         Rewrite("slice_of_cat", frozenset({aten.slice}), _slice_of_cat, "slice of a cat -> piece"),
+        Rewrite("unbind_to_select", frozenset({operator.getitem}), _unbind_to_select,
+                "unbind + getitem -> select"),
+        Rewrite("select_of_permute", frozenset({aten.select}), _select_of_permute,
+                "select of a permute -> permute of a select"),
         Rewrite("embedding_bag_rows", frozenset({operator.getitem}), _embedding_bag_rows,
                 "fixed-length bags -> row-wise bag op"),
     ]

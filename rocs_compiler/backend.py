@@ -1,0 +1,574 @@
+"""The ``torch.compile`` backend: ``torch.compile(model, backend="rocs", options={...})``.
+
+The backend is registered only through the ``torch_dynamo_backends`` entry point declared in
+``pyproject.toml``, so ``backend="rocs"`` works after ``pip install`` without importing this
+package; ``rocs.backend(request_inputs=...)`` returns the same backend as an object.
+
+Dynamo hands the backend one FX graph per frame (several when the model has graph breaks) whose
+placeholders are the frame's tensors, module state and symbolic sizes. Each placeholder's
+``grapharg.source`` says where the value came from:
+
+- ``L['user_ids']``, ``L['features']['user_age']``: a model input, named ``user_ids`` and
+  ``features.user_age`` exactly as ``rocs.compile`` names inputs;
+- ``L['self']._modules[...]._parameters['weight']``, globals, closures: module state, a constant
+  read at compile time (a later in-place update or a swapped tensor triggers a rebuild);
+- ``L['user_ids'].size()[0]``: a size, recomputed from the input at every call.
+
+The graph is wrapped in an ``nn.Module`` whose forward takes the named inputs and compiled with the
+ordinary pipeline (``rocs.compile``); the rewritten graph is then lowered with Inductor unless
+``options={"inductor": False}``. A subgraph that sees no request input has nothing to share and
+is lowered as it is.
+
+Layouts. Calls through ``torch.compile`` are drop-in (replicated layout) and exact. Dynamo traces
+the original Python code, which cannot run on shared-layout inputs, so shared-layout calls go
+through :func:`shared_call`, which gathers the request inputs once for dynamo's guards and hands
+the compiled graphs the R-row tensors plus ``candidate_to_request``.
+
+Batch sizes. The returned callables accept any batch. Dynamo decides when to retrace: with
+``dynamic=True`` the first graph is already dynamic (a batch of 1 is still specialized by dynamo's
+0/1 rule unless ``torch.fx.experimental._config.backed_size_oblivious`` is set); with the default
+``dynamic=None`` the second batch size retraces once with a dynamic batch (automatic dynamic
+shapes) and no later size does.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import torch
+from torch import fx, nn
+
+from .errors import CompileError, InputError
+from .inputs import bind_inputs, is_tensor, named_leaves, replace_leaves
+
+__all__ = ["RocsBackend", "backend", "rocs_backend", "shared_call"]
+
+# Options the backend itself reads; every other key goes to the pipeline (e.g. "defer", "ikbo").
+_BACKEND_KEYS = ("request_inputs", "inductor")
+_MODULE_STATE_KEYS = {"_modules", "_parameters", "_buffers"}
+
+
+# -- where a placeholder came from ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """One dynamo placeholder: a model input, module state, a size/stride of an input, or other."""
+
+    kind: str  # "input" | "const" | "size" | "stride" | "unsupported"
+    name: str  # dotted input name, a label for constants, or the source text
+    path: tuple = ()  # input: (argument, key, key, ...)
+    dim: Optional[int] = None
+
+
+def _source_chain(source) -> tuple[Any, list]:
+    """(root source, [step sources from the root outwards])."""
+    steps = []
+    while getattr(source, "base", None) is not None:
+        steps.append(source)
+        source = source.base
+    return source, steps[::-1]
+
+
+def _step_key(step) -> Any:
+    from torch._dynamo import source as S
+
+    if isinstance(step, S.AttrSource):
+        return step.member
+    if isinstance(step, (S.DictGetItemSource, S.GetItemSource)):
+        index = step.index
+        if isinstance(index, S.ConstDictKeySource):
+            return None  # a key known only by position: not nameable
+        return index
+    return None
+
+
+def _path_of(source) -> Optional[tuple]:
+    """(local name, key, ...) for a value reached from a frame local by item/attr access."""
+    from torch._dynamo import source as S
+
+    root, steps = _source_chain(source)
+    if not isinstance(root, S.LocalSource):
+        return None
+    path = [root.local_name]
+    for step in steps:
+        key = _step_key(step)
+        if key is None or not isinstance(key, (str, int)):
+            return None
+        path.append(key)
+    return tuple(path)
+
+
+def _classify(node: fx.Node) -> _Slot:
+    from torch._dynamo import source as S
+
+    grapharg = node.meta.get("grapharg")
+    source = getattr(grapharg, "source", None)
+    example = node.meta.get("example_value")
+    label = source.name if source is not None else node.name
+    if callable(label):  # older torch: Source.name() is a method
+        label = label()
+    if source is None:
+        return _Slot("unsupported", label)
+    if isinstance(source, S.TensorPropertySource):
+        path = _path_of(source.base)
+        kind = {S.TensorProperty.SIZE: "size", S.TensorProperty.STRIDE: "stride"}.get(source.prop)
+        if path is None or kind is None:
+            return _Slot("unsupported", label)
+        return _Slot(kind, _dotted(path), path, source.idx)
+    if not isinstance(example, torch.Tensor):
+        return _Slot("unsupported", label)
+    path = _path_of(source)
+    is_state = (
+        path is None
+        or path[0] == "self"
+        or any(k in _MODULE_STATE_KEYS for k in path[1:])
+        or isinstance(example, nn.Parameter)
+    )
+    if is_state:
+        return _Slot("const", label)
+    return _Slot("input", _dotted(path), path)
+
+
+def _dotted(path: tuple) -> str:
+    return ".".join(str(k) for k in path)
+
+
+def _nest(values: Mapping[tuple, Any]) -> dict:
+    """Nested dicts from {(argument, key, ...): value}."""
+    out: dict = {}
+    for path, value in values.items():
+        node = out
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value
+    return out
+
+
+# -- the dynamo graph as a model ------------------------------------------------------------------
+
+
+class _GraphModel(nn.Module):
+    """Runs a dynamo graph from named inputs; module state is held as buffers.
+
+    The graph runs under ``fx.Interpreter`` with node metadata preserved, so the ATen graph that
+    capture exports from it keeps each node's ``nn_module_stack`` (reports name the source module).
+    """
+
+    def __init__(self, gm: fx.GraphModule, slots: list[_Slot], values: list[Any]):
+        super().__init__()
+        self.gm = gm
+        self._slots = slots
+        self._const_attrs: dict[int, str] = {}
+        for i, (slot, value) in enumerate(zip(slots, values)):
+            if slot.kind == "const":
+                attr = f"_state_{len(self._const_attrs)}"
+                self.register_buffer(attr, value.detach())
+                self._const_attrs[i] = attr
+        self.eval()
+
+    def _run(self, args: tuple, kwargs: dict):
+        from torch.fx import traceback as fx_traceback
+
+        leaves = named_leaves(bind_inputs(inspect.signature(self.forward), args, kwargs))
+        graph_args = []
+        for i, slot in enumerate(self._slots):
+            if slot.kind == "const":
+                graph_args.append(getattr(self, self._const_attrs[i]))
+            elif slot.kind == "input":
+                graph_args.append(leaves[slot.name])
+            elif slot.kind == "size":
+                graph_args.append(leaves[slot.name].size(slot.dim))
+            else:
+                graph_args.append(leaves[slot.name].stride(slot.dim))
+        with fx_traceback.preserve_node_meta():
+            out = fx.Interpreter(self.gm).run(*graph_args)
+        return tuple(out) if isinstance(out, (list, tuple)) else (out,)
+
+
+def _graph_model(gm: fx.GraphModule, slots: list[_Slot], values: list[Any]) -> _GraphModel:
+    """A ``_GraphModel`` whose forward has one parameter per top-level input argument."""
+    arguments = list(dict.fromkeys(s.path[0] for s in slots if s.kind == "input"))
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    signature = inspect.Signature(
+        [inspect.Parameter("self", kind), *(inspect.Parameter(a, kind) for a in arguments)]
+    )
+
+    def forward(self, *args, **kwargs):
+        return self._run(args, kwargs)
+
+    forward.__signature__ = signature
+    cls = type("DynamoSubgraph", (_GraphModel,), {"forward": forward})
+    return cls(gm, slots, values)
+
+
+# -- lowering -------------------------------------------------------------------------------------
+
+
+class _Lowered(nn.Module):
+    """Runs an FX graph through Inductor, falling back to the FX graph (with a warning) if the
+    Inductor compile or run fails. The graph is compiled lazily on the first call, dynamic in every
+    batch size; ``backed_size_oblivious`` keeps batch sizes of 1 from being specialized."""
+
+    def __init__(self, gm: fx.GraphModule, use_inductor: bool):
+        super().__init__()
+        self.gm = gm
+        self._compiled: Optional[Callable] = None
+        if use_inductor:
+            self._compiled = torch.compile(gm, backend="inductor", dynamic=True)
+
+    @property
+    def uses_inductor(self) -> bool:
+        return self._compiled is not None
+
+    def forward(self, *args):
+        if self._compiled is not None:
+            try:
+                with torch.fx.experimental._config.patch(backed_size_oblivious=True):
+                    return self._compiled(*args)
+            except Exception as err:  # noqa: BLE001 - reported, and the FX graph is exact
+                warnings.warn(
+                    f"rocs: Inductor failed on the rewritten graph, running it as an FX graph "
+                    f"instead: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}",
+                    stacklevel=2,
+                )
+                self._compiled = None
+        return self.gm(*args)
+
+
+def _lower_plain(gm: fx.GraphModule, example_inputs: Sequence[Any], use_inductor: bool) -> Callable:
+    """Lower a dynamo graph that rocs does not rewrite (Inductor, or the graph itself)."""
+    if use_inductor:
+        try:
+            from torch._inductor.compile_fx import compile_fx
+
+            return compile_fx(gm, list(example_inputs))
+        except Exception as err:  # noqa: BLE001 - reported, and the FX graph is exact
+            warnings.warn(
+                f"rocs: Inductor failed, running the FX graph instead: {type(err).__name__}: {err}",
+                stacklevel=2,
+            )
+    return gm.forward
+
+
+# -- shared-layout calls --------------------------------------------------------------------------
+
+
+@dataclass
+class _SharedCall:
+    index: torch.Tensor
+    shared: dict[str, torch.Tensor]  # request leaf name -> R-row tensor
+    replicated: dict[str, torch.Tensor]  # request leaf name -> the N-row tensor handed to dynamo
+    graphs_shared: int = 0
+
+
+_SHARED: contextvars.ContextVar[Optional[_SharedCall]] = contextvars.ContextVar(
+    "rocs_shared_call", default=None
+)
+
+
+# -- one compiled dynamo graph --------------------------------------------------------------------
+
+
+@dataclass
+class _Variant:
+    """The rocs compilation of one dynamo graph for one set of non-batch shapes."""
+
+    model: Any  # the rocs CompiledModel (runs the FX graph)
+    runner: Callable  # the same contract, running the lowered graph
+
+
+@dataclass
+class _Subgraph:
+    """What the backend returns to dynamo for one graph: callable with the graph's arguments."""
+
+    gm: fx.GraphModule
+    slots: list[_Slot]
+    request_inputs: list[str]
+    use_inductor: bool
+    pipeline_options: dict
+    consts: list[tuple[int, torch.Tensor, int]] = field(default_factory=list)
+    variants: dict = field(default_factory=dict)
+    plain: Optional[Callable] = None  # set when rocs does not rewrite this graph
+    fallback_reason: Optional[str] = None
+
+    @property
+    def compiled_model(self):
+        """The rocs ``CompiledModel`` of the most recent variant (None if not rewritten)."""
+        return next(reversed(self.variants.values())).model if self.variants else None
+
+    def __call__(self, *args):
+        if self.plain is not None:
+            return self.plain(*args)
+        if any(args[i] is not value or value._version != version for i, value, version in self.consts):
+            self.variants.clear()  # weights changed since compile time: rewrite again
+        leaves = {s.path: args[i] for i, s in enumerate(self.slots) if s.kind == "input"}
+        variant = self.variants.get(self._key(leaves)) or self._compile(args)
+        if variant is None:
+            return self.plain(*args)
+        state = _SHARED.get()
+        if state is not None and self._takes_shared(state, leaves):
+            state.graphs_shared += 1
+            for path in leaves:
+                name = _dotted(path)
+                if name in state.shared:
+                    leaves[path] = state.shared[name]
+            out = variant.runner(**_nest(leaves), candidate_to_request=state.index)
+        else:
+            out = variant.runner(**_nest(leaves))
+        return list(out)
+
+    def _takes_shared(self, state: _SharedCall, leaves: dict) -> bool:
+        requests = [p for p in leaves if _dotted(p) in self._request_leaves()]
+        return bool(requests) and all(
+            state.replicated.get(_dotted(p)) is leaves[p] for p in requests
+        )
+
+    def _request_leaves(self) -> set[str]:
+        model = self.compiled_model
+        return set(model.contract.request_inputs) if model is not None else set()
+
+    def _key(self, leaves: dict) -> tuple:
+        return tuple((tuple(t.shape[1:]), t.dim(), t.dtype, t.device) for t in leaves.values())
+
+    def _compile(self, args: tuple) -> Optional[_Variant]:
+        from . import api
+
+        self.consts = [
+            (i, args[i], args[i]._version) for i, s in enumerate(self.slots) if s.kind == "const"
+        ]
+        # Aliases, not the caller's tensors: export marks its example inputs dynamic, and dynamo's
+        # guards on the frame being compiled must not see that.
+        leaves = {s.path: args[i].detach() for i, s in enumerate(self.slots) if s.kind == "input"}
+        model = _graph_model(self.gm, self.slots, list(args))
+        try:
+            compiled = api.compile(
+                model,
+                self.request_inputs,
+                example_kwargs=_nest(leaves),
+                options=self.pipeline_options,
+            )
+        except CompileError as err:
+            warnings.warn(
+                f"rocs: could not rewrite a dynamo graph, running it without sharing: {err}",
+                stacklevel=2,
+            )
+            self.fallback_reason = str(err)
+            self.plain = _lower_plain(self.gm, args, self.use_inductor)
+            return None
+        lowered = _Lowered(compiled.graph_module, self.use_inductor)
+        variant = _Variant(compiled, _with_graph(compiled, lowered))
+        self.variants[self._key(leaves)] = variant
+        return variant
+
+
+def _with_graph(compiled, graph: nn.Module):
+    """A CompiledModel with the same contract that runs ``graph`` instead of the FX graph."""
+    from .runtime import CompiledModel
+
+    return CompiledModel(
+        graph, compiled.contract, compiled._placeholder_of, compiled._report_builder, compiled._original
+    )
+
+
+# -- the backend ----------------------------------------------------------------------------------
+
+
+class RocsBackend:
+    """A ``torch.compile`` backend with fixed options: ``torch.compile(model, backend=obj)``.
+
+    ``subgraphs`` lists what it compiled (one entry per dynamo graph), for inspection and tests.
+    """
+
+    def __init__(self, request_inputs: Sequence[str] | str, **options: Any):
+        if isinstance(request_inputs, str):
+            request_inputs = [request_inputs]
+        if not request_inputs:
+            raise ValueError("the rocs backend needs request_inputs (a list of input names)")
+        self.request_inputs = list(request_inputs)
+        self.inductor = bool(options.pop("inductor", True))
+        self.pipeline_options = dict(options)
+        self.subgraphs: list[_Subgraph] = []
+
+    def __repr__(self) -> str:
+        return f"RocsBackend(request_inputs={self.request_inputs!r}, inductor={self.inductor})"
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any], **_: Any) -> Callable:
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        slots = [_classify(n) for n in placeholders]
+        inputs = [s.name for s in slots if s.kind == "input"]
+        present = [r for r in self.request_inputs if any(_covers(r, n) for n in inputs)]
+        _check_request_names(self.request_inputs, present)
+        subgraph = _Subgraph(gm, slots, present, self.inductor, self.pipeline_options)
+        unsupported = [s.name for s in slots if s.kind == "unsupported"]
+        if not present or unsupported:
+            if unsupported:
+                subgraph.fallback_reason = f"graph inputs rocs cannot name: {', '.join(unsupported)}"
+                warnings.warn(
+                    f"rocs: {subgraph.fallback_reason}; this graph runs without sharing",
+                    stacklevel=2,
+                )
+            subgraph.plain = _lower_plain(gm, example_inputs, self.inductor)
+        else:
+            _warn_if_grad(example_inputs)
+            subgraph._compile(tuple(_concrete(x) for x in example_inputs))
+        self.subgraphs.append(subgraph)
+        return subgraph
+
+
+def _covers(request: str, leaf: str) -> bool:
+    return leaf == request or leaf.startswith(request + ".")
+
+
+def _concrete(value: Any) -> Any:
+    if isinstance(value, torch.SymInt):
+        return value.node.hint if value.node.has_hint() else value
+    return value
+
+
+def _check_request_names(requested: list[str], present: list[str]) -> None:
+    """Raise for a request name that is not an argument of the frame being compiled.
+
+    Only the first frame of a function is checked: a frame resumed after a graph break sees only
+    the locals still alive, and an input missing there is not a mistake.
+    """
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        tx = InstructionTranslator.current_tx()
+    except Exception:  # noqa: BLE001 - called outside dynamo: nothing to check against
+        return
+    code = getattr(tx, "f_code", None)
+    if code is None or code.co_name.startswith("torch_dynamo_resume_in_"):
+        return
+    count = code.co_argcount + code.co_kwonlyargcount
+    count += bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)
+    arguments = [a for a in code.co_varnames[:count] if a != "self"]
+    unknown = [r for r in requested if r not in present and r.split(".")[0] not in arguments]
+    if unknown:
+        raise InputError(
+            f"unknown request input(s) {', '.join(map(repr, unknown))}; the compiled function "
+            f"{code.co_name}() takes: {', '.join(arguments)}"
+        )
+
+
+_GRAD_WARNED = False
+
+
+def _warn_if_grad(example_inputs: Sequence[Any]) -> None:
+    global _GRAD_WARNED
+    if _GRAD_WARNED or not torch.is_grad_enabled():
+        return
+    if any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs):
+        _GRAD_WARNED = True
+        warnings.warn(
+            "rocs compiles for inference: outputs carry no gradient; call the model under "
+            "torch.no_grad() or torch.inference_mode()",
+            stacklevel=3,
+        )
+
+
+def backend(request_inputs: Sequence[str] | str, **options: Any) -> RocsBackend:
+    """The rocs backend with fixed options: ``torch.compile(model, backend=rocs.backend(...))``.
+
+    Options: ``request_inputs`` (names as in :func:`rocs.compile`), ``inductor`` (default True:
+    lower the rewritten graph with Inductor), and pipeline switches such as ``defer``/``ikbo``.
+    """
+    return RocsBackend(request_inputs, **options)
+
+
+def rocs_backend(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    options: Optional[Mapping[str, Any]] = None,
+    mode: Optional[str] = None,
+    **kwargs: Any,
+) -> Callable:
+    """The ``torch_dynamo_backends`` entry point behind ``backend="rocs"``.
+
+    ``torch.compile(model, backend="rocs", options={"request_inputs": [...]})`` passes the
+    options here; ``mode`` is accepted and ignored (rocs has a single mode).
+    """
+    merged = {**dict(options or {}), **kwargs}
+    if "request_inputs" not in merged:
+        raise InputError(
+            "the rocs backend needs to know the request-side inputs: "
+            "torch.compile(model, backend='rocs', options={'request_inputs': [...]})"
+        )
+    return RocsBackend(**merged)(gm, example_inputs)
+
+
+# -- shared layout through torch.compile ----------------------------------------------------------
+
+
+def shared_call(
+    compiled: Callable,
+    *args: Any,
+    candidate_to_request: torch.Tensor,
+    request_inputs: Optional[Sequence[str]] = None,
+    **kwargs: Any,
+):
+    """Call a ``torch.compile(..., backend="rocs")`` model in shared layout.
+
+    Request inputs have R rows, candidate inputs N rows, ``candidate_to_request`` is int64 [N].
+    The result equals the model on the replicated batch. Dynamo guards and traces the original
+    Python code, which expects replicated inputs, so the request inputs are gathered once to N
+    rows for dynamo; every compiled graph that receives them untouched computes from the R-row
+    tensors instead (graphs behind a graph break that see derived values run in drop-in layout,
+    which is exact too).
+
+    ``request_inputs`` defaults to the ones the backend was given.
+    """
+    names = list(request_inputs) if request_inputs is not None else _backend_request_inputs(compiled)
+    original = _original_callable(compiled)
+    signature = inspect.signature(original)
+    leaves = named_leaves(bind_inputs(signature, args, kwargs))
+    requests = [n for n in leaves if any(_covers(r, n) for r in names) and is_tensor(leaves[n])]
+    missing = [r for r in names if not any(_covers(r, n) for n in requests)]
+    if missing:
+        raise InputError(f"missing request input(s): {', '.join(missing)}")
+    index = candidate_to_request
+    if not isinstance(index, torch.Tensor) or index.dtype != torch.int64 or index.dim() != 1:
+        raise InputError("candidate_to_request must be an int64 tensor of shape [N]")
+    rows = {n: leaves[n].shape[0] if leaves[n].dim() else None for n in requests}
+    if len(set(rows.values())) != 1 or None in rows.values():
+        raise InputError(f"request inputs disagree on the number of rows R: {rows}")
+    num_requests = next(iter(rows.values()))
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= num_requests):
+        raise InputError(f"candidate_to_request values must lie in [0, {num_requests})")
+    replicated = {n: leaves[n].index_select(0, index) for n in requests}
+    call_args, call_kwargs = replace_leaves(signature, args, kwargs, replicated)
+    state = _SharedCall(index, {n: leaves[n] for n in requests}, replicated)
+    token = _SHARED.set(state)
+    try:
+        return compiled(*call_args, **call_kwargs)
+    finally:
+        _SHARED.reset(token)
+
+
+def _original_callable(compiled: Callable) -> Callable:
+    orig = getattr(compiled, "_orig_mod", None)
+    if isinstance(orig, nn.Module):
+        return orig.forward
+    return getattr(compiled, "_torchdynamo_orig_callable", compiled)
+
+
+def _backend_request_inputs(compiled: Callable) -> list[str]:
+    from torch._dynamo.eval_frame import innermost_backend
+
+    ctx = getattr(compiled, "dynamo_ctx", None)
+    callback = getattr(ctx, "callback", None)
+    inner = innermost_backend(callback) if callback is not None else None
+    if isinstance(inner, RocsBackend):
+        return inner.request_inputs
+    options = getattr(inner, "kwargs", {}).get("options") or {}
+    if getattr(inner, "compiler_fn", None) is rocs_backend and "request_inputs" in options:
+        return list(options["request_inputs"])
+    raise InputError(
+        "cannot tell which inputs are request-side for this callable; pass "
+        "shared_call(..., request_inputs=[...])"
+    )

@@ -1,0 +1,310 @@
+"""ikbo: replace ``consumer(broadcast(x), ...)`` with ops that read request rows in-kernel.
+
+After *share*, every request value that candidate computation reads arrives through
+``index_select(x, 0, idx)``, a replicated ``[N, ...]`` copy. Each rule below replaces a consumer
+of such a broadcast with a ``rocs::`` op that takes ``x`` at its natural ``[R, ...]`` size plus
+``idx``; the op's reference (``rocs_compiler.codegen.OPS``) is exactly the replaced subgraph, so
+the identity each rule relies on is the definition of its op:
+
+- ``linear(c, W, b) + x[idx]`` -> ``broadcast_linear(c, W, b, x, idx)``;
+- ``W @ E + x[idx]`` (matmul or the equivalent einsum) -> ``broadcast_linear_compression``;
+- ``sdpa(q, k[idx], v[idx], mask[idx])`` with a key-padding mask -> ``broadcast_attention``;
+- ``bmm(C, X[idx])`` / ``bmm(X[idx], C)`` -> ``broadcast_interaction`` (transposed as needed);
+- a chain of elementwise ops over candidate tensors and broadcasts -> ``broadcast_pointwise``
+  with a generated kernel (enabled by default only for models on a GPU, where the saved memory
+  traffic pays for the kernel launch).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import torch
+from torch import fx
+from torch._guards import detect_fake_mode
+
+from .. import codegen  # noqa: F401 - registers the rocs:: ops
+from .engine import Builder, Rewrite, rewrite_to_fixpoint
+from .share import BROADCAST, DOMAIN, INDEX_NAME
+
+aten = torch.ops.aten
+rocs = torch.ops.rocs
+_ORDER = {"C": 0, "R": 1, "N": 2}
+
+
+def _broadcast_source(node: Any) -> Optional[fx.Node]:
+    """``x`` when ``node`` is ``index_select(x, 0, idx)`` inserted by *share*."""
+    if isinstance(node, fx.Node) and node.meta.get(BROADCAST):
+        return node.args[0]
+    return None
+
+
+def _single_user(node: Any) -> bool:
+    return isinstance(node, fx.Node) and len(node.users) == 1
+
+
+def _val(node: Any) -> Any:
+    return node.meta.get("val") if isinstance(node, fx.Node) else node
+
+
+def _const(node: Any) -> bool:
+    return isinstance(node, fx.Node) and node.meta.get(DOMAIN) == "C"
+
+
+class _Context:
+    def __init__(self, index: fx.Node):
+        self.index = index
+
+
+def _plain_add(node: fx.Node) -> Optional[tuple[fx.Node, fx.Node]]:
+    if node.target != aten.add.Tensor or node.kwargs.get("alpha", 1) != 1 or len(node.args) != 2:
+        return None
+    return node.args[0], node.args[1]
+
+
+def _split_add(node: fx.Node):
+    """(other, request source) for ``other + broadcast(x)`` in either order."""
+    pair = _plain_add(node)
+    if pair is None:
+        return None
+    for other, bcast in (pair, pair[::-1]):
+        source = _broadcast_source(bcast)
+        if source is not None and isinstance(other, fx.Node) and _single_user(other):
+            if tuple(_val(other).shape) == tuple(_val(node).shape) == tuple(_val(bcast).shape):
+                return other, source
+    return None
+
+
+def _fuse_linear(ctx: _Context):
+    def apply(b: Builder, node: fx.Node) -> Optional[fx.Node]:
+        split = _split_add(node)
+        if split is None:
+            return None
+        lin, source = split
+        if lin.target != aten.linear.default or _val(lin.args[0]).dim() != 2:
+            return None
+        weight = lin.args[1]
+        bias = lin.args[2] if len(lin.args) > 2 else None
+        if not _const(weight) or (bias is not None and not _const(bias)):
+            return None
+        return b.call(rocs.broadcast_linear.default, lin.args[0], weight, bias, source, ctx.index)
+
+    return apply
+
+
+def _left_matmul(node: fx.Node) -> Optional[tuple[fx.Node, fx.Node]]:
+    """(W [M, K], E [N, K, D]) for ``matmul(W, E)`` or ``einsum('mk,nkd->nmd', W, E)``."""
+    if node.target == aten.matmul.default:
+        w, e = node.args
+    elif node.target == aten.einsum.default and len(node.args[1]) == 2:
+        equation = node.args[0].replace(" ", "")
+        lhs, out = equation.split("->") if "->" in equation else ("", "")
+        specs = lhs.split(",")
+        if len(specs) != 2 or len(specs[0]) != 2 or len(specs[1]) != 3 or len(out) != 3:
+            return None
+        m, k = specs[0]
+        n, k2, d = specs[1]
+        if k != k2 or out != n + m + d or len({m, k, n, d}) != 4:
+            return None
+        w, e = node.args[1]
+    else:
+        return None
+    if _val(w).dim() != 2 or _val(e).dim() != 3 or not _const(w):
+        return None
+    return w, e
+
+
+def _fuse_linear_compression(ctx: _Context):
+    def apply(b: Builder, node: fx.Node) -> Optional[fx.Node]:
+        split = _split_add(node)
+        if split is None:
+            return None
+        product, source = split
+        operands = _left_matmul(product)
+        if operands is None:
+            return None
+        w, e = operands
+        return b.call(rocs.broadcast_linear_compression.default, e, w, source, ctx.index)
+
+    return apply
+
+
+def _fuse_attention(ctx: _Context):
+    def apply(b: Builder, node: fx.Node) -> Optional[fx.Node]:
+        args = list(node.args) + [None] * (4 - len(node.args))
+        q, k, v, mask = args[:4]
+        mask = node.kwargs.get("attn_mask", mask)
+        if node.kwargs.get("is_causal") or node.kwargs.get("dropout_p", 0.0) or len(node.args) > 4:
+            return None
+        if node.kwargs.get("enable_gqa"):
+            return None
+        k_r, v_r = _broadcast_source(k), _broadcast_source(v)
+        if k_r is None or v_r is None or _val(q).dim() != 4:
+            return None
+        key_mask = None
+        if mask is not None:
+            m_r = _broadcast_source(mask)
+            shape = _val(mask).shape if m_r is not None else None
+            if m_r is None or _val(mask).dtype != torch.bool or len(shape) != 4:
+                return None
+            if shape[1] != 1 or shape[2] != 1:
+                return None
+            key_mask = b.call(aten.view.default, m_r, [-1, shape[3]])
+        scale = node.kwargs.get("scale")
+        return b.call(rocs.broadcast_attention.default, q, k_r, v_r, ctx.index, key_mask, scale)
+
+    return apply
+
+
+def _fuse_interaction(ctx: _Context):
+    def apply(b: Builder, node: fx.Node) -> Optional[fx.Node]:
+        left, right = node.args[:2]
+        if _val(left).dim() != 3 or _val(right).dim() != 3:
+            return None
+        right_r, left_r = _broadcast_source(right), _broadcast_source(left)
+        if right_r is not None and left_r is None:
+            # out[n] = C[n] @ X[idx[n]] with X [R, D, Fu]: the request stack is X^T.
+            stack = b.call(aten.transpose.int, right_r, 1, 2)
+            return b.call(rocs.broadcast_interaction.default, stack, left, ctx.index)
+        if left_r is not None and right_r is None:
+            # out[n] = U[idx[n]] @ Y[n] = (Y[n]^T @ U[idx[n]]^T)^T
+            cand = b.call(aten.transpose.int, right, 1, 2)
+            out = b.call(rocs.broadcast_interaction.default, left_r, cand, ctx.index)
+            return b.call(aten.transpose.int, out, 1, 2)
+        return None
+
+    return apply
+
+
+# -- pointwise chains --------------------------------------------------------------------------
+
+_PROGRAM_OPS = {
+    aten.add.Tensor: "add", aten.sub.Tensor: "sub", aten.mul.Tensor: "mul", aten.div.Tensor: "div",
+    aten.neg.default: "neg", aten.relu.default: "relu", aten.sigmoid.default: "sigmoid",
+    aten.tanh.default: "tanh", aten.silu.default: "silu", aten.exp.default: "exp",
+    aten.log.default: "log", aten.abs.default: "abs", aten.sqrt.default: "sqrt",
+    aten.rsqrt.default: "rsqrt", aten.maximum.default: "maximum", aten.minimum.default: "minimum",
+    aten.gelu.default: "gelu",
+}
+
+
+def _program_operands(node: fx.Node):
+    """Operands of a pointwise node that the program language can express, or None."""
+    if node.target not in _PROGRAM_OPS or node.meta.get(DOMAIN) != "N":
+        return None
+    if node.target == aten.gelu.default and node.kwargs.get("approximate", "none") != "none":
+        return None
+    if node.kwargs and set(node.kwargs) - {"approximate", "alpha"}:
+        return None
+    if node.kwargs.get("alpha", 1) != 1:
+        return None
+    out = _val(node)
+    if not isinstance(out, torch.Tensor) or not out.is_floating_point():
+        return None
+    for arg in node.args:
+        if isinstance(arg, fx.Node):
+            val = _val(arg)
+            if not isinstance(val, torch.Tensor) or tuple(val.shape) != tuple(out.shape):
+                return None
+            if val.dtype != out.dtype:
+                return None
+        elif not isinstance(arg, (int, float)) or isinstance(arg, bool):
+            return None
+    return list(node.args)
+
+
+class _ProgramBuilder:
+    def __init__(self):
+        self.candidates: list[fx.Node] = []
+        self.requests: list[fx.Node] = []
+
+    def leaf(self, arg: Any) -> str:
+        if not isinstance(arg, fx.Node):
+            value = float(arg)
+            return repr(value) if math.isfinite(value) else None
+        source = _broadcast_source(arg)
+        pool, prefix, key = (self.requests, "r", source) if source is not None else (self.candidates, "c", arg)
+        if key not in pool:
+            pool.append(key)
+        return f"{prefix}{pool.index(key)}"
+
+
+def _fuse_pointwise(ctx: _Context):
+    def apply(b: Builder, node: fx.Node) -> Optional[fx.Node]:
+        operands = _program_operands(node)
+        if operands is None:
+            return None
+        fused_inputs = [a for a in operands if _is_fused_pointwise(a) and _single_user(a)]
+        if not any(_broadcast_source(a) is not None for a in operands) and not fused_inputs:
+            return None
+        program = _ProgramBuilder()
+        parts = []
+        for arg in operands:
+            if _is_fused_pointwise(arg) and _single_user(arg):
+                parts.append(_inline(program, arg))
+            else:
+                parts.append(program.leaf(arg))
+            if parts[-1] is None:
+                return None
+        text = f"{_PROGRAM_OPS[node.target]}({', '.join(parts)})"
+        return b.call(
+            rocs.broadcast_pointwise.default, text, program.candidates, program.requests, ctx.index
+        )
+
+    return apply
+
+
+def _is_fused_pointwise(node: Any) -> bool:
+    return isinstance(node, fx.Node) and node.target == rocs.broadcast_pointwise.default
+
+
+def _inline(program: _ProgramBuilder, fused: fx.Node) -> str:
+    """The fused node's program with its inputs renumbered into ``program``."""
+    text, cands, reqs = fused.args[0], fused.args[1], fused.args[2]
+    names = {}
+    for i, c in enumerate(cands):
+        names[f"c{i}"] = program.leaf(c)
+    for i, r in enumerate(reqs):
+        key = r
+        if key not in program.requests:
+            program.requests.append(key)
+        names[f"r{i}"] = f"r{program.requests.index(key)}"
+    import re
+
+    return re.sub(r"\b([cr]\d+)\b", lambda m: names[m.group(1)], text)
+
+
+def _assign_domains(gm: fx.GraphModule) -> None:
+    for node in gm.graph.nodes:
+        if DOMAIN not in node.meta:
+            domains = [a.meta.get(DOMAIN, "C") for a in node.all_input_nodes] or ["C"]
+            node.meta[DOMAIN] = max(domains, key=_ORDER.__getitem__)
+
+
+def ikbo(gm: fx.GraphModule, pointwise: bool = False) -> tuple[fx.GraphModule, dict[str, int]]:
+    """Fuse broadcasts into their consumers; returns the graph and how often each rule fired."""
+    index = next(n for n in gm.graph.nodes if n.op == "placeholder" and n.name == INDEX_NAME)
+    _ensure_index_val(gm, index)
+    ctx = _Context(index)
+    rewrites = [
+        Rewrite("ikbo_linear", frozenset({aten.add}), _fuse_linear(ctx)),
+        Rewrite("ikbo_linear_compression", frozenset({aten.add}), _fuse_linear_compression(ctx)),
+        Rewrite("ikbo_attention", frozenset({aten.scaled_dot_product_attention}), _fuse_attention(ctx)),
+        Rewrite("ikbo_interaction", frozenset({aten.bmm}), _fuse_interaction(ctx)),
+    ]
+    if pointwise:
+        rewrites.append(Rewrite("ikbo_pointwise", frozenset(p.overloadpacket for p in _PROGRAM_OPS),
+                                _fuse_pointwise(ctx)))
+    counts = rewrite_to_fixpoint(gm, rewrites, _assign_domains)
+    return gm, counts
+
+
+def _ensure_index_val(gm: fx.GraphModule, index: fx.Node) -> None:
+    if "val" in index.meta:
+        return
+    vals = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+    tensors = [v for v in vals if isinstance(v, torch.Tensor) and v.dim() > 0]
+    mode = detect_fake_mode(tensors)
+    with mode:
+        index.meta["val"] = torch.empty(tensors[0].shape[0], dtype=torch.int64)
