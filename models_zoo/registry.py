@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from . import bst, dcnv2, din, dlrm, finalmlp, hstu, mmoe, two_tower, wukong
+from . import bst, dcnv2, din, dlrm, finalmlp, hstu, mmoe, target_attention, two_tower, wukong
 from .batch import Batch
 
 __all__ = ["ZOO", "ZooEntry", "get_entry", "names"]
@@ -38,7 +38,10 @@ def _entry(module) -> ZooEntry:
 
 ZOO: dict[str, ZooEntry] = {
     e.name: e
-    for e in map(_entry, (dlrm, dcnv2, finalmlp, wukong, din, bst, two_tower, mmoe, hstu))
+    for e in map(
+        _entry,
+        (dlrm, dcnv2, finalmlp, wukong, din, bst, two_tower, mmoe, hstu, target_attention),
+    )
 }
 
 

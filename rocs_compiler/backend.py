@@ -59,7 +59,7 @@ _MODULE_STATE_KEYS = {"_modules", "_parameters", "_buffers"}
 class _Slot:
     """One dynamo placeholder: a model input, module state, a size/stride of an input, or other."""
 
-    kind: str  # "input" | "const" | "size" | "stride" | "unsupported"
+    kind: str  # "input" | "const" | "scalar" | "size" | "stride" | "unsupported"
     name: str  # dotted input name, a label for constants, or the source text
     path: tuple = ()  # input: (argument, key, key, ...)
     dim: Optional[int] = None
@@ -114,6 +114,10 @@ def _classify(node: fx.Node) -> _Slot:
         label = label()
     if source is None:
         return _Slot("unsupported", label)
+    if getattr(grapharg, "pass_arg_as_tensor", False):
+        # A Python float/int that dynamo passes as a 0-d tensor (unspecialized scalars under
+        # dynamic shapes). Its value is baked into the rewritten graph and checked at every call.
+        return _Slot("scalar", label)
     if isinstance(source, S.TensorPropertySource):
         path = _path_of(source.base)
         kind = {S.TensorProperty.SIZE: "size", S.TensorProperty.STRIDE: "stride"}.get(source.prop)
@@ -164,11 +168,14 @@ class _GraphModel(nn.Module):
         self.gm = gm
         self._slots = slots
         self._const_attrs: dict[int, str] = {}
+        self._scalars: dict[int, tuple[Any, torch.dtype]] = {}
         for i, (slot, value) in enumerate(zip(slots, values)):
             if slot.kind == "const":
                 attr = f"_state_{len(self._const_attrs)}"
                 self.register_buffer(attr, value.detach())
                 self._const_attrs[i] = attr
+            elif slot.kind == "scalar":
+                self._scalars[i] = (value.item(), value.dtype)
         self.eval()
 
     def _run(self, args: tuple, kwargs: dict):
@@ -179,6 +186,9 @@ class _GraphModel(nn.Module):
         for i, slot in enumerate(self._slots):
             if slot.kind == "const":
                 graph_args.append(getattr(self, self._const_attrs[i]))
+            elif slot.kind == "scalar":
+                # Made here, not held as a buffer, so that export sees a constant it can fold.
+                graph_args.append(torch.tensor(self._scalars[i][0], dtype=self._scalars[i][1]))
             elif slot.kind == "input":
                 graph_args.append(leaves[slot.name])
             elif slot.kind == "size":
@@ -292,6 +302,7 @@ class _Subgraph:
     use_inductor: bool
     pipeline_options: dict
     consts: list[tuple[int, torch.Tensor, int]] = field(default_factory=list)
+    scalars: list[tuple[int, Any]] = field(default_factory=list)
     variants: dict = field(default_factory=dict)
     plain: Optional[Callable] = None  # set when rocs does not rewrite this graph
     fallback_reason: Optional[str] = None
@@ -304,8 +315,8 @@ class _Subgraph:
     def __call__(self, *args):
         if self.plain is not None:
             return self.plain(*args)
-        if any(args[i] is not value or value._version != version for i, value, version in self.consts):
-            self.variants.clear()  # weights changed since compile time: rewrite again
+        if self._state_changed(args):
+            self.variants.clear()  # weights or scalars changed since compile time: rewrite again
         leaves = {s.path: args[i] for i, s in enumerate(self.slots) if s.kind == "input"}
         variant = self.variants.get(self._key(leaves)) or self._compile(args)
         if variant is None:
@@ -321,6 +332,11 @@ class _Subgraph:
         else:
             out = variant.runner(**_nest(leaves))
         return list(out)
+
+    def _state_changed(self, args: tuple) -> bool:
+        return any(
+            args[i] is not value or value._version != version for i, value, version in self.consts
+        ) or any(args[i].item() != value for i, value in self.scalars)
 
     def _takes_shared(self, state: _SharedCall, leaves: dict) -> bool:
         requests = [p for p in leaves if _dotted(p) in self._request_leaves()]
@@ -341,6 +357,7 @@ class _Subgraph:
         self.consts = [
             (i, args[i], args[i]._version) for i, s in enumerate(self.slots) if s.kind == "const"
         ]
+        self.scalars = [(i, args[i].item()) for i, s in enumerate(self.slots) if s.kind == "scalar"]
         # Aliases, not the caller's tensors: export marks its example inputs dynamic, and dynamo's
         # guards on the frame being compiled must not see that.
         leaves = {s.path: args[i].detach() for i, s in enumerate(self.slots) if s.kind == "input"}

@@ -490,8 +490,14 @@ def _getitem(ctx: RuleContext) -> Optional[str]:
 def is_random(target: Any) -> bool:
     return isinstance(target, torch._ops.OpOverload) and (
         torch.Tag.nondeterministic_seeded in target.tags
-        and target.overloadpacket not in (aten.dropout, aten.feature_dropout, aten.alpha_dropout)
+        and target.overloadpacket not in _RANDOM_ONLY_WHEN_ASKED
     )
+
+
+# Tagged random because of an optional dropout; their rules check that it is off.
+_RANDOM_ONLY_WHEN_ASKED = (
+    aten.dropout, aten.feature_dropout, aten.alpha_dropout, aten.scaled_dot_product_attention,
+)
 
 
 def is_mutating(target: Any) -> bool:

@@ -10,7 +10,10 @@ import models_zoo
 from models_zoo import ZOO, Batch, get_entry, names, request_index
 from models_zoo.batch import get_leaf
 
-ORDER = ["dlrm", "dcnv2", "finalmlp", "wukong", "din", "bst", "two_tower", "mmoe", "hstu"]
+ORDER = [
+    "dlrm", "dcnv2", "finalmlp", "wukong", "din", "bst", "two_tower", "mmoe", "hstu",
+    "target_attention",
+]
 
 
 def _leaf_paths(tree, prefix=""):

@@ -25,7 +25,7 @@ the unfused op); ``reference_for(node.target)`` looks one up from a graph node.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+from collections.abc import Sequence
 
 import torch
 
@@ -57,7 +57,7 @@ __all__ = [
 def broadcast_linear(
     c: torch.Tensor,
     weight: torch.Tensor,
-    bias: Optional[torch.Tensor],
+    bias: torch.Tensor | None,
     request_term: torch.Tensor,
     candidate_to_request: torch.Tensor,
 ) -> torch.Tensor:
@@ -82,8 +82,8 @@ def broadcast_attention(
     k: torch.Tensor,
     v: torch.Tensor,
     candidate_to_request: torch.Tensor,
-    key_mask: Optional[torch.Tensor] = None,
-    scale: Optional[float] = None,
+    key_mask: torch.Tensor | None = None,
+    scale: float | None = None,
 ) -> torch.Tensor:
     """SDPA of q [N, H, Lq, D] against k/v [R, H, L, D] of each candidate's request."""
     return torch.ops.rocs.broadcast_attention(q, k, v, candidate_to_request, key_mask, scale)
@@ -101,7 +101,7 @@ def broadcast_interaction(
 
 
 def broadcast_pointwise(
-    program: Union[str, Node],
+    program: str | Node,
     candidate_inputs: Sequence[torch.Tensor],
     request_inputs: Sequence[torch.Tensor],
     candidate_to_request: torch.Tensor,

@@ -77,7 +77,9 @@ def check_launch_device(*tensors: torch.Tensor) -> None:
     device = tensors[0].device
     for t in tensors:
         if t.device != device:
-            raise ValueError(f"rocs: all tensors must be on one device, got {t.device} and {device}")
+            raise ValueError(
+                f"rocs: all tensors must be on one device, got {t.device} and {device}"
+            )
     if device.type == "cpu" and not interpreting():
         raise RuntimeError(
             "rocs: Triton kernels need CUDA tensors; CPU tensors only run under TRITON_INTERPRET=1"

@@ -23,7 +23,6 @@ K/V is read once and never replicated. CUDA path: flash-attention style kernel i
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -44,8 +43,8 @@ def broadcast_attention(
     k: torch.Tensor,
     v: torch.Tensor,
     candidate_to_request: torch.Tensor,
-    key_mask: Optional[torch.Tensor],
-    scale: Optional[float],
+    key_mask: torch.Tensor | None,
+    scale: float | None,
 ) -> torch.Tensor:
     """SDPA of candidate queries against the K/V of their request."""
     op = "broadcast_attention"
@@ -64,9 +63,7 @@ def broadcast_attention(
     if use_triton(q):
         from rocs_compiler.codegen import attention_kernels
 
-        return attention_kernels.broadcast_attention(
-            q, k, v, candidate_to_request, key_mask, scale
-        )
+        return attention_kernels.broadcast_attention(q, k, v, candidate_to_request, key_mask, scale)
 
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if q.numel() == 0:

@@ -1,4 +1,4 @@
-"""Triton kernel for ``rocs::broadcast_attention`` (imports triton; loaded lazily by ``attention.py``).
+"""Triton kernel for ``rocs::broadcast_attention`` (imports triton; loaded lazily).
 
 Axis letters: R requests, N candidates, H heads, Lq query length, L key length, D feature.
 
@@ -22,7 +22,6 @@ Tested in ``tests/codegen/triton_cases.py``. Limits: float16/bfloat16/float32; D
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 import triton
@@ -49,17 +48,20 @@ def _prune_configs(configs, named_args, **kwargs):
 
 
 def _attention_configs():
-    cfg = triton.Config
+    def cfg(block_q, block_l, stages, warps):
+        meta = {"BLOCK_Q": block_q, "BLOCK_L": block_l}
+        return triton.Config(meta, num_stages=stages, num_warps=warps)
+
     return autotune_configs(
         [
-            cfg({"BLOCK_Q": 16, "BLOCK_L": 64}, num_stages=3, num_warps=4),
-            cfg({"BLOCK_Q": 32, "BLOCK_L": 64}, num_stages=3, num_warps=4),
-            cfg({"BLOCK_Q": 64, "BLOCK_L": 64}, num_stages=3, num_warps=4),
-            cfg({"BLOCK_Q": 64, "BLOCK_L": 128}, num_stages=3, num_warps=8),
-            cfg({"BLOCK_Q": 128, "BLOCK_L": 64}, num_stages=3, num_warps=8),
-            cfg({"BLOCK_Q": 128, "BLOCK_L": 128}, num_stages=2, num_warps=8),
+            cfg(16, 64, stages=3, warps=4),
+            cfg(32, 64, stages=3, warps=4),
+            cfg(64, 64, stages=3, warps=4),
+            cfg(64, 128, stages=3, warps=8),
+            cfg(128, 64, stages=3, warps=8),
+            cfg(128, 128, stages=2, warps=8),
         ],
-        interpret=cfg({"BLOCK_Q": 16, "BLOCK_L": 64}),
+        interpret=cfg(16, 64, stages=1, warps=4),
     )
 
 
@@ -95,11 +97,29 @@ def broadcast_attention_kernel(
     mask_q = offs_q < LQ
     mask_d = offs_d < D
 
-    q_ptrs = q_ptr + n * stride_qn + h * stride_qh + offs_q[:, None] * stride_ql + offs_d[None, :] * stride_qd
+    q_ptrs = (
+        q_ptr
+        + n * stride_qn
+        + h * stride_qh
+        + offs_q[:, None] * stride_ql
+        + offs_d[None, :] * stride_qd
+    )
     q = tl.load(q_ptrs, mask=mask_q[:, None] & mask_d[None, :], other=0.0)
     # K is read transposed, [BLOCK_D, BLOCK_L], so q @ k_tile is the score block.
-    k_ptrs = k_ptr + r * stride_kr + h * stride_kh + offs_d[:, None] * stride_kd + offs_l[None, :] * stride_kl
-    v_ptrs = v_ptr + r * stride_vr + h * stride_vh + offs_l[:, None] * stride_vl + offs_d[None, :] * stride_vd
+    k_ptrs = (
+        k_ptr
+        + r * stride_kr
+        + h * stride_kh
+        + offs_d[:, None] * stride_kd
+        + offs_l[None, :] * stride_kl
+    )
+    v_ptrs = (
+        v_ptr
+        + r * stride_vr
+        + h * stride_vh
+        + offs_l[:, None] * stride_vl
+        + offs_d[None, :] * stride_vd
+    )
     mask_ptrs = mask_ptr + r * stride_maskr + offs_l * stride_maskl
 
     m_i = tl.full((BLOCK_Q,), float("-inf"), dtype=tl.float32)
@@ -130,7 +150,13 @@ def broadcast_attention_kernel(
         mask_ptrs += BLOCK_L * stride_maskl
 
     acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-    out_ptrs = out_ptr + n * stride_outn + h * stride_outh + offs_q[:, None] * stride_outl + offs_d[None, :] * stride_outd
+    out_ptrs = (
+        out_ptr
+        + n * stride_outn
+        + h * stride_outh
+        + offs_q[:, None] * stride_outl
+        + offs_d[None, :] * stride_outd
+    )
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_q[:, None] & mask_d[None, :])
 
 
@@ -139,7 +165,7 @@ def broadcast_attention(
     k: torch.Tensor,
     v: torch.Tensor,
     idx: torch.Tensor,
-    key_mask: Optional[torch.Tensor],
+    key_mask: torch.Tensor | None,
     scale: float,
 ) -> torch.Tensor:
     op = "broadcast_attention"

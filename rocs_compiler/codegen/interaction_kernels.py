@@ -82,7 +82,9 @@ def broadcast_interaction_kernel(
         cs_ptrs += BLOCK_D * stride_csd
         rs_ptrs += BLOCK_D * stride_rsd
 
-    out_ptrs = out_ptr + n * stride_outn + offs_fc[:, None] * stride_outc + offs_fu[None, :] * stride_outu
+    out_ptrs = (
+        out_ptr + n * stride_outn + offs_fc[:, None] * stride_outc + offs_fu[None, :] * stride_outu
+    )
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_fc[:, None] & mask_fu[None, :])
 
 

@@ -23,8 +23,6 @@ the broadcast add is not a per-candidate matmul.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch.utils.flop_counter import register_flop_formula
 
@@ -40,7 +38,7 @@ from rocs_compiler.codegen._common import (
 def broadcast_linear(
     c: torch.Tensor,
     weight: torch.Tensor,
-    bias: Optional[torch.Tensor],
+    bias: torch.Tensor | None,
     request_term: torch.Tensor,
     candidate_to_request: torch.Tensor,
 ) -> torch.Tensor:
@@ -52,7 +50,9 @@ def broadcast_linear(
     check_shape("broadcast_linear", "request_term", request_term, (None, m))
     if bias is not None:
         check_shape("broadcast_linear", "bias", bias, (m,))
-        check_same_dtype("broadcast_linear", c=c, weight=weight, bias=bias, request_term=request_term)
+        check_same_dtype(
+            "broadcast_linear", c=c, weight=weight, bias=bias, request_term=request_term
+        )
     else:
         check_same_dtype("broadcast_linear", c=c, weight=weight, request_term=request_term)
     check_candidate_index(

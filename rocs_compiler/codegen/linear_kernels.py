@@ -20,7 +20,7 @@ contiguous (the op makes them so); row offsets are computed in int64.
 
 from __future__ import annotations
 
-from typing import Optional
+import os
 
 import torch
 import torch.nn.functional as F
@@ -37,19 +37,22 @@ from rocs_compiler.codegen._triton_utils import autotune_configs, input_precisio
 
 
 def _linear_configs():
-    cfg = triton.Config
+    def cfg(block_n, block_m, block_k, stages, warps):
+        meta = {"BLOCK_N": block_n, "BLOCK_M": block_m, "BLOCK_K": block_k, "GROUP_N": 8}
+        return triton.Config(meta, num_stages=stages, num_warps=warps)
+
     return autotune_configs(
         [
-            cfg({"BLOCK_N": 128, "BLOCK_M": 256, "BLOCK_K": 64, "GROUP_N": 8}, num_stages=3, num_warps=8),
-            cfg({"BLOCK_N": 64, "BLOCK_M": 256, "BLOCK_K": 32, "GROUP_N": 8}, num_stages=4, num_warps=4),
-            cfg({"BLOCK_N": 128, "BLOCK_M": 128, "BLOCK_K": 32, "GROUP_N": 8}, num_stages=4, num_warps=4),
-            cfg({"BLOCK_N": 128, "BLOCK_M": 64, "BLOCK_K": 32, "GROUP_N": 8}, num_stages=4, num_warps=4),
-            cfg({"BLOCK_N": 64, "BLOCK_M": 128, "BLOCK_K": 32, "GROUP_N": 8}, num_stages=4, num_warps=4),
-            cfg({"BLOCK_N": 128, "BLOCK_M": 32, "BLOCK_K": 32, "GROUP_N": 8}, num_stages=4, num_warps=4),
-            cfg({"BLOCK_N": 64, "BLOCK_M": 32, "BLOCK_K": 32, "GROUP_N": 8}, num_stages=5, num_warps=2),
-            cfg({"BLOCK_N": 32, "BLOCK_M": 64, "BLOCK_K": 32, "GROUP_N": 8}, num_stages=5, num_warps=2),
+            cfg(128, 256, 64, stages=3, warps=8),
+            cfg(64, 256, 32, stages=4, warps=4),
+            cfg(128, 128, 32, stages=4, warps=4),
+            cfg(128, 64, 32, stages=4, warps=4),
+            cfg(64, 128, 32, stages=4, warps=4),
+            cfg(128, 32, 32, stages=4, warps=4),
+            cfg(64, 32, 32, stages=5, warps=2),
+            cfg(32, 64, 32, stages=5, warps=2),
         ],
-        interpret=cfg({"BLOCK_N": 64, "BLOCK_M": 64, "BLOCK_K": 64, "GROUP_N": 4}),
+        interpret=cfg(64, 64, 64, stages=1, warps=4),
     )
 
 
@@ -123,7 +126,7 @@ def pad_k(weight: torch.Tensor, c: torch.Tensor, multiple: int = 8):
 def broadcast_linear(
     c: torch.Tensor,
     weight: torch.Tensor,
-    bias: Optional[torch.Tensor],
+    bias: torch.Tensor | None,
     request_term: torch.Tensor,
     idx: torch.Tensor,
 ) -> torch.Tensor:
@@ -138,9 +141,12 @@ def broadcast_linear(
     check_shape(op, "request_term", request_term, (None, m))
     check_contiguous(op, c=c, weight=weight, request_term=request_term)
     check_candidate_index(idx, num_candidates, request_term.shape[0], op, in_launcher=True)
+    # ROCS_LINEAR_PAD_K=0 turns padding off (it costs two small copies per call; whether
+    # aligned loads win that back depends on the shape, see benchmarks/kernels.py).
     if c.is_cuda and c.dtype in (torch.float16, torch.bfloat16):
-        weight, c = pad_k(weight, c)
-        k = c.shape[1]
+        if os.environ.get("ROCS_LINEAR_PAD_K", "1") != "0":
+            weight, c = pad_k(weight, c)
+            k = c.shape[1]
 
     out = torch.empty((num_candidates, m), dtype=c.dtype, device=c.device)
     if num_candidates == 0 or m == 0:
@@ -163,17 +169,20 @@ def broadcast_linear(
 
 
 def _compression_configs():
-    cfg = triton.Config
+    def cfg(block_m, block_d, block_k, stages, warps):
+        meta = {"BLOCK_M": block_m, "BLOCK_D": block_d, "BLOCK_K": block_k}
+        return triton.Config(meta, num_stages=stages, num_warps=warps)
+
     return autotune_configs(
         [
-            cfg({"BLOCK_M": 128, "BLOCK_D": 128, "BLOCK_K": 32}, num_stages=4, num_warps=8),
-            cfg({"BLOCK_M": 128, "BLOCK_D": 64, "BLOCK_K": 32}, num_stages=4, num_warps=4),
-            cfg({"BLOCK_M": 64, "BLOCK_D": 128, "BLOCK_K": 32}, num_stages=4, num_warps=4),
-            cfg({"BLOCK_M": 64, "BLOCK_D": 64, "BLOCK_K": 64}, num_stages=3, num_warps=4),
-            cfg({"BLOCK_M": 128, "BLOCK_D": 256, "BLOCK_K": 32}, num_stages=3, num_warps=8),
-            cfg({"BLOCK_M": 32, "BLOCK_D": 64, "BLOCK_K": 32}, num_stages=5, num_warps=2),
+            cfg(128, 128, 32, stages=4, warps=8),
+            cfg(128, 64, 32, stages=4, warps=4),
+            cfg(64, 128, 32, stages=4, warps=4),
+            cfg(64, 64, 64, stages=3, warps=4),
+            cfg(128, 256, 32, stages=3, warps=8),
+            cfg(32, 64, 32, stages=5, warps=2),
         ],
-        interpret=cfg({"BLOCK_M": 64, "BLOCK_D": 64, "BLOCK_K": 64}),
+        interpret=cfg(64, 64, 64, stages=1, warps=4),
     )
 
 
@@ -218,7 +227,9 @@ def broadcast_linear_compression_kernel(
     r = tl.load(idx_ptr + n)
     rt_ptrs = rt_ptr + r * stride_rtr + offs_m[:, None] * stride_rtm + offs_d[None, :] * stride_rtd
     acc += tl.load(rt_ptrs, mask=mask_out, other=0.0).to(tl.float32)
-    out_ptrs = out_ptr + n * stride_outn + offs_m[:, None] * stride_outm + offs_d[None, :] * stride_outd
+    out_ptrs = (
+        out_ptr + n * stride_outn + offs_m[:, None] * stride_outm + offs_d[None, :] * stride_outd
+    )
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_out)
 
 

@@ -9,8 +9,9 @@ share one dtype and the trailing shape S; callers expand beforehand (expanded in
 made contiguous, which copies them).
 
 CPU path: torch ops in the inputs' dtype (the eager chain's own arithmetic), over chunks of
-candidates sized so that each gathered request input is at most ``CHUNK_BYTES``; the
-full ``[N, *S]`` request gather never exists. CUDA path: a kernel generated from the
+candidates sized so that each gathered request input (and each temporary) is at most
+``CHUNK_BYTES``; the full ``[N, *S]`` request gather never exists, and peak memory is the
+output plus a few chunks. CUDA path: a kernel generated from the
 program (``pointwise_kernels.py``), math in float32. FLOPs: one per op application per
 output element (torch's own counter does not count elementwise ops; these do, so that
 fused chains are visible in reports).
@@ -31,8 +32,9 @@ from rocs_compiler.codegen.pointwise_program import (
     used_inputs,
 )
 
-# Budget for one gathered request input chunk on the CPU path.
-CHUNK_BYTES = 4 << 20
+# Size of one chunk of each input or temporary on the CPU path: small enough that a chain's
+# live values stay in cache, large enough that per-chunk Python overhead does not show.
+CHUNK_BYTES = 1 << 20
 
 
 def _check_inputs(candidate_inputs, request_inputs, idx):

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Union
 
 import torch
 import torch.nn.functional as F
@@ -63,7 +63,7 @@ class Call:
         return f"{self.op}({', '.join(str(a) for a in self.args)})"
 
 
-Node = Union[Input, Const, Call]
+Node = Input | Const | Call
 
 
 @dataclass(frozen=True)
@@ -98,9 +98,15 @@ PRIMITIVES: dict[str, Primitive] = {
     "abs": Primitive(1, torch.abs, "tl.abs({0})"),
     "sqrt": Primitive(1, torch.sqrt, "tl.sqrt_rn({0})"),
     "rsqrt": Primitive(1, torch.rsqrt, "tl.rsqrt({0})"),
-    "maximum": Primitive(2, torch.maximum, "tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)"),
-    "minimum": Primitive(2, torch.minimum, "tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)"),
-    "where": Primitive(3, lambda c, a, b: torch.where(c != 0, a, b), "tl.where({0} != 0.0, {1}, {2})"),
+    "maximum": Primitive(
+        2, torch.maximum, "tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)"
+    ),
+    "minimum": Primitive(
+        2, torch.minimum, "tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)"
+    ),
+    "where": Primitive(
+        3, lambda c, a, b: torch.where(c != 0, a, b), "tl.where({0} != 0.0, {1}, {2})"
+    ),
 }
 
 # Ops whose torch form needs tensor arguments (operators accept Python floats).
@@ -127,7 +133,7 @@ def _tokenize(text: str) -> list[tuple[str, str, int]]:
     while pos < len(text):
         match = _TOKEN.match(text, pos)
         if match is None or match.end() == pos:
-            raise ProgramError(f"unexpected character at {pos}: {text[pos:pos + 10]!r}")
+            raise ProgramError(f"unexpected character at {pos}: {text[pos : pos + 10]!r}")
         kind = match.lastgroup
         tokens.append((kind, match.group(kind), match.start(kind)))
         pos = match.end()
@@ -181,11 +187,11 @@ def parse_program(text: str) -> Node:
     return node
 
 
-def as_program(program: Union[str, Node]) -> Node:
+def as_program(program: str | Node) -> Node:
     return parse_program(program) if isinstance(program, str) else program
 
 
-def format_program(program: Union[str, Node]) -> str:
+def format_program(program: str | Node) -> str:
     """Canonical text of a program."""
     return str(as_program(program))
 
@@ -198,18 +204,18 @@ def walk(node: Node):
     yield node
 
 
-def used_inputs(program: Union[str, Node]) -> tuple[set[int], set[int]]:
+def used_inputs(program: str | Node) -> tuple[set[int], set[int]]:
     """Indices of the candidate and request inputs a program reads."""
     inputs = [n for n in walk(as_program(program)) if isinstance(n, Input)]
     return {n.index for n in inputs if n.kind == "c"}, {n.index for n in inputs if n.kind == "r"}
 
 
-def num_ops(program: Union[str, Node]) -> int:
+def num_ops(program: str | Node) -> int:
     """Distinct op applications (after common-subexpression sharing), for FLOP counts."""
     return len({str(n) for n in walk(as_program(program)) if isinstance(n, Call)})
 
 
-def check_program(program: Union[str, Node], num_candidate: int, num_request: int) -> Node:
+def check_program(program: str | Node, num_candidate: int, num_request: int) -> Node:
     node = as_program(program)
     cand, req = used_inputs(node)
     if cand and max(cand) >= num_candidate:
@@ -227,8 +233,8 @@ def check_program(program: Union[str, Node], num_candidate: int, num_request: in
 
 
 def evaluate(
-    program: Union[str, Node], env: dict[str, torch.Tensor], like: torch.Tensor | None = None
-) -> Union[torch.Tensor, float]:
+    program: str | Node, env: dict[str, torch.Tensor], like: torch.Tensor | None = None
+) -> torch.Tensor | float:
     """Evaluate with torch ops on row-aligned tensors ``env = {"c0": ..., "r0": ...}``.
 
     Every op runs in the inputs' dtype, exactly as the unfused eager chain would. Shared
@@ -238,25 +244,42 @@ def evaluate(
     """
     if like is None:
         like = next(iter(env.values()), None)
-    memo: dict[str, object] = {}
-
-    def ev(node: Node):
+    root = as_program(program)
+    # Iterative, with each temporary dropped after its last use, so a chain holds only
+    # its live values (a recursive closure would also keep them alive in a reference cycle).
+    uses: dict[str, int] = {}
+    for node in _distinct(root):
+        if isinstance(node, Call):
+            for arg in node.args:
+                uses[str(arg)] = uses.get(str(arg), 0) + 1
+    values: dict[str, object] = {}
+    for node in _distinct(root):
         key = str(node)
-        if key in memo:
-            return memo[key]
         if isinstance(node, Input):
-            value = env[key]
+            values[key] = env[key]
         elif isinstance(node, Const):
-            value = node.value
+            values[key] = node.value
         else:
-            args = [ev(a) for a in node.args]
+            args = [values[str(a)] for a in node.args]
             if node.op in _TENSOR_ONLY or all(not isinstance(a, torch.Tensor) for a in args):
                 args = [_t(a, like) for a in args]
-            value = PRIMITIVES[node.op].torch_fn(*args)
-        memo[key] = value
-        return value
+            values[key] = PRIMITIVES[node.op].torch_fn(*args)
+            for arg in node.args:
+                arg_key = str(arg)
+                uses[arg_key] -= 1
+                if uses[arg_key] == 0:
+                    del values[arg_key]
+    return values[str(root)]
 
-    return ev(as_program(program))
+
+def _distinct(root: Node):
+    """Post-order traversal that yields each distinct subexpression once."""
+    seen = set()
+    for node in walk(root):
+        key = str(node)
+        if key not in seen:
+            seen.add(key)
+            yield node
 
 
 # ---------------------------------------------------------------------------------------
@@ -291,9 +314,7 @@ def {kernel_name}(
 '''
 
 
-def kernel_source(
-    program: Union[str, Node], num_candidate_inputs: int, num_request_inputs: int
-) -> str:
+def kernel_source(program: str | Node, num_candidate_inputs: int, num_request_inputs: int) -> str:
     """Triton source of the broadcast pointwise kernel for ``program`` (deterministic text)."""
     node = check_program(program, num_candidate_inputs, num_request_inputs)
     cand, req = used_inputs(node)

@@ -9,7 +9,7 @@ has one.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +20,7 @@ from rocs_compiler.codegen.pointwise_program import evaluate, parse_program
 def broadcast_linear(
     c: torch.Tensor,
     weight: torch.Tensor,
-    bias: Optional[torch.Tensor],
+    bias: torch.Tensor | None,
     request_term: torch.Tensor,
     candidate_to_request: torch.Tensor,
 ) -> torch.Tensor:
@@ -41,8 +41,8 @@ def broadcast_attention(
     k: torch.Tensor,
     v: torch.Tensor,
     candidate_to_request: torch.Tensor,
-    key_mask: Optional[torch.Tensor] = None,
-    scale: Optional[float] = None,
+    key_mask: torch.Tensor | None = None,
+    scale: float | None = None,
 ) -> torch.Tensor:
     mask = None
     if key_mask is not None:
@@ -78,6 +78,10 @@ def broadcast_pointwise(
     first = (list(candidate_inputs) + list(request_inputs))[0]
     result = evaluate(parse_program(program), env, like=first)
     shape = (candidate_to_request.shape[0], *first.shape[1:])
+    fresh = isinstance(result, torch.Tensor) and all(result is not t for t in env.values())
+    if fresh and result.shape == shape and result.dtype == first.dtype:
+        return result
+    # Constant programs, or a program that is just one input: broadcast / copy.
     return torch.as_tensor(result, dtype=first.dtype, device=first.device).expand(shape).clone()
 
 
@@ -91,7 +95,7 @@ OPS: dict[str, Callable[..., torch.Tensor]] = {
 }
 
 
-def reference_for(target) -> Optional[Callable[..., torch.Tensor]]:
+def reference_for(target) -> Callable[..., torch.Tensor] | None:
     """Reference of a graph node target: an OpOverload, OpOverloadPacket or ``"rocs::name"``.
 
     Returns None for anything that is not a ``rocs::`` op with a reference.

@@ -100,6 +100,7 @@ def _sweep(gm, by_anchor, fake_mode, counts) -> bool:
                 builder.discard()
                 continue
             node.replace_all_uses_with(new)
+            gm.graph.erase_node(node)  # also ops that DCE keeps (tagged random, e.g. sdpa)
             counts[rw.name] += 1
             return True
     return False
