@@ -254,7 +254,8 @@ register(
     aten.ceil, aten.round, aten.sign, aten.addcmul, aten.addcdiv, aten.lerp, aten.log1p,
     aten.expm1, aten.relu6, aten.hardsigmoid, aten.hardswish, aten.selu, aten.celu,
     aten.log_sigmoid, aten.bitwise_and, aten.bitwise_or, aten.remainder, aten.fmod,
-    aten.isnan, aten.nan_to_num, aten.rsub, aten.floor_divide,
+    aten.isnan, aten.nan_to_num, aten.rsub, aten.floor_divide, aten.prelu, aten.__and__,
+    aten.__or__, aten.__xor__, aten.bitwise_not, aten.bitwise_xor, aten.logical_xor,
 )(elementwise_rule)
 
 
