@@ -127,6 +127,13 @@ def check_same_dtype(op: str, **tensors: torch.Tensor) -> torch.dtype:
     return next(iter(dtypes.values()))
 
 
+def check_launch_dtypes(op: str, **tensors: torch.Tensor) -> None:
+    """Launcher precondition: one floating dtype the kernels are written for."""
+    dtype = check_same_dtype(op, **tensors)
+    if dtype not in TRITON_DTYPES:
+        raise TypeError(f"rocs::{op}: Triton kernels take {TRITON_DTYPES}, got {dtype}")
+
+
 def check_contiguous(op: str, **tensors: torch.Tensor) -> None:
     for name, t in tensors.items():
         if not t.is_contiguous():

@@ -21,15 +21,16 @@ def autotune_configs(configs: list[triton.Config], interpret: triton.Config) -> 
     return [interpret] if interpreting() else configs
 
 
-def input_precision(dtype: torch.dtype) -> str:
+def input_precision(dtype: torch.dtype) -> str | None:
     """``tl.dot`` precision that matches torch's matmul for ``dtype``.
 
     float32 matmuls in torch use full precision unless TF32 was allowed, so the kernels do
-    too; 16-bit inputs always multiply exactly into a float32 accumulator.
+    too. For 16-bit inputs (and allowed TF32) ``None`` keeps the backend default: 16-bit
+    products are exact in the float32 accumulator.
     """
     if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
         return "ieee"
-    return "tf32"
+    return None
 
 
 def next_pow2_at_least(x: int, floor: int = 16) -> int:

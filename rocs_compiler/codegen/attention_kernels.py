@@ -31,6 +31,7 @@ from rocs_compiler.codegen._common import (
     check_candidate_index,
     check_contiguous,
     check_launch_device,
+    check_launch_dtypes,
     check_shape,
 )
 from rocs_compiler.codegen._triton_utils import (
@@ -97,29 +98,14 @@ def broadcast_attention_kernel(
     mask_q = offs_q < LQ
     mask_d = offs_d < D
 
-    q_ptrs = (
-        q_ptr
-        + n * stride_qn
-        + h * stride_qh
-        + offs_q[:, None] * stride_ql
-        + offs_d[None, :] * stride_qd
-    )
+    q_base = q_ptr + n * stride_qn + h * stride_qh
+    k_base = k_ptr + r * stride_kr + h * stride_kh
+    v_base = v_ptr + r * stride_vr + h * stride_vh
+    q_ptrs = q_base + offs_q[:, None] * stride_ql + offs_d[None, :] * stride_qd
     q = tl.load(q_ptrs, mask=mask_q[:, None] & mask_d[None, :], other=0.0)
     # K is read transposed, [BLOCK_D, BLOCK_L], so q @ k_tile is the score block.
-    k_ptrs = (
-        k_ptr
-        + r * stride_kr
-        + h * stride_kh
-        + offs_d[:, None] * stride_kd
-        + offs_l[None, :] * stride_kl
-    )
-    v_ptrs = (
-        v_ptr
-        + r * stride_vr
-        + h * stride_vh
-        + offs_l[:, None] * stride_vl
-        + offs_d[None, :] * stride_vd
-    )
+    k_ptrs = k_base + offs_d[:, None] * stride_kd + offs_l[None, :] * stride_kl
+    v_ptrs = v_base + offs_l[:, None] * stride_vl + offs_d[None, :] * stride_vd
     mask_ptrs = mask_ptr + r * stride_maskr + offs_l * stride_maskl
 
     m_i = tl.full((BLOCK_Q,), float("-inf"), dtype=tl.float32)
@@ -150,13 +136,8 @@ def broadcast_attention_kernel(
         mask_ptrs += BLOCK_L * stride_maskl
 
     acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-    out_ptrs = (
-        out_ptr
-        + n * stride_outn
-        + h * stride_outh
-        + offs_q[:, None] * stride_outl
-        + offs_d[None, :] * stride_outd
-    )
+    out_base = out_ptr + n * stride_outn + h * stride_outh
+    out_ptrs = out_base + offs_q[:, None] * stride_outl + offs_d[None, :] * stride_outd
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_q[:, None] & mask_d[None, :])
 
 
@@ -180,6 +161,7 @@ def broadcast_attention(
     if mask is not None:
         check_shape(op, "key_mask", mask, (num_requests, key_len))
     check_contiguous(op, q=q, k=k, v=v)
+    check_launch_dtypes(op, q=q, k=k, v=v)
     check_candidate_index(idx, num_candidates, num_requests, op, in_launcher=True)
     if d > 256:
         raise ValueError(f"rocs::{op}: head dim {d} > 256 is not supported by the kernel")

@@ -23,6 +23,7 @@ from rocs_compiler.codegen._common import (
     check_candidate_index,
     check_contiguous,
     check_launch_device,
+    check_launch_dtypes,
     check_shape,
 )
 from rocs_compiler.codegen._triton_utils import (
@@ -98,6 +99,7 @@ def broadcast_interaction(
     check_launch_device(rs, cs, idx)
     check_shape(op, "candidate_stack", cs, (num_candidates, fc, d))
     check_contiguous(op, request_stack=rs, candidate_stack=cs)
+    check_launch_dtypes(op, request_stack=rs, candidate_stack=cs)
     check_candidate_index(idx, num_candidates, num_requests, op, in_launcher=True)
 
     out = torch.empty((num_candidates, fc, fu), dtype=cs.dtype, device=cs.device)

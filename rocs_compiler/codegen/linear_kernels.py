@@ -31,6 +31,7 @@ from rocs_compiler.codegen._common import (
     check_candidate_index,
     check_contiguous,
     check_launch_device,
+    check_launch_dtypes,
     check_shape,
 )
 from rocs_compiler.codegen._triton_utils import autotune_configs, input_precision
@@ -140,6 +141,8 @@ def broadcast_linear(
     check_shape(op, "weight", weight, (m, k))
     check_shape(op, "request_term", request_term, (None, m))
     check_contiguous(op, c=c, weight=weight, request_term=request_term)
+    extra = {"bias": bias} if bias is not None else {}
+    check_launch_dtypes(op, c=c, weight=weight, request_term=request_term, **extra)
     check_candidate_index(idx, num_candidates, request_term.shape[0], op, in_launcher=True)
     # ROCS_LINEAR_PAD_K=0 turns padding off (it costs two small copies per call; whether
     # aligned loads win that back depends on the shape, see benchmarks/kernels.py).
@@ -245,6 +248,7 @@ def broadcast_linear_compression(
     check_shape(op, "weight", weight, (m, kc))
     check_shape(op, "request_term", request_term, (None, m, d))
     check_contiguous(op, ec=ec, weight=weight, request_term=request_term)
+    check_launch_dtypes(op, ec=ec, weight=weight, request_term=request_term)
     check_candidate_index(idx, num_candidates, request_term.shape[0], op, in_launcher=True)
 
     out = torch.empty((num_candidates, m, d), dtype=ec.dtype, device=ec.device)

@@ -8,10 +8,10 @@ list, idx [N]) -> [N, *S]`` evaluates ``program`` (see ``pointwise_program.py``)
 share one dtype and the trailing shape S; callers expand beforehand (expanded inputs are
 made contiguous, which copies them).
 
-CPU path: torch ops in the inputs' dtype (the eager chain's own arithmetic), over chunks of
-candidates sized so that each gathered request input (and each temporary) is at most
-``CHUNK_BYTES``; the full ``[N, *S]`` request gather never exists, and peak memory is the
-output plus a few chunks. CUDA path: a kernel generated from the
+CPU path: torch ops in the inputs' dtype (the eager chain's own kernels), over chunks of
+candidates of about ``CHUNK_BYTES`` per tensor; request rows are gathered per chunk, so
+the full ``[N, *S]`` request gather never exists, and temporaries live in a few reused
+chunk buffers (peak memory: the output plus a few chunks). CUDA path: a kernel generated from the
 program (``pointwise_kernels.py``), math in float32. FLOPs: one per op application per
 output element (torch's own counter does not count elementwise ops; these do, so that
 fused chains are visible in reports).
@@ -26,10 +26,15 @@ from torch.utils.flop_counter import register_flop_formula
 
 from rocs_compiler.codegen._common import check_candidate_index, use_triton
 from rocs_compiler.codegen.pointwise_program import (
+    PRIMITIVES,
+    Call,
+    Const,
+    Input,
+    Node,
+    as_tensor_arg,
     check_program,
-    evaluate,
+    distinct_subexpressions,
     num_ops,
-    used_inputs,
 )
 
 # Size of one chunk of each input or temporary on the CPU path: small enough that a chain's
@@ -69,13 +74,9 @@ def broadcast_pointwise(
     node = check_program(program, len(candidate_inputs), len(request_inputs))
     first, trailing = _check_inputs(candidate_inputs, request_inputs, candidate_to_request)
     num_candidates = candidate_to_request.shape[0]
-    num_requests = request_inputs[0].shape[0] if request_inputs else 0
-    check_candidate_index(
-        candidate_to_request,
-        num_candidates,
-        num_requests if request_inputs else None,
-        "broadcast_pointwise",
-    )
+    # Without request inputs nothing is read through the index: only its dtype and length matter.
+    num_requests = request_inputs[0].shape[0] if request_inputs else None
+    check_candidate_index(candidate_to_request, num_candidates, num_requests, "broadcast_pointwise")
     if use_triton(first):
         from rocs_compiler.codegen import pointwise_kernels
 
@@ -86,16 +87,81 @@ def broadcast_pointwise(
     out = first.new_empty((num_candidates, *trailing))
     if out.numel() == 0:
         return out
-    cand, req = used_inputs(node)
-    inner = math.prod(trailing)
-    rows = max(1, CHUNK_BYTES // max(1, inner * first.element_size()))
+    rows = max(1, CHUNK_BYTES // max(1, math.prod(trailing) * first.element_size()))
+    chunk_eval = _ChunkEvaluator(node, (min(rows, num_candidates), *trailing), first)
     for start in range(0, num_candidates, rows):
         chunk = slice(start, start + rows)
-        env = {f"c{i}": candidate_inputs[i][chunk] for i in sorted(cand)}
-        idx_chunk = candidate_to_request[chunk]
-        env.update({f"r{i}": request_inputs[i].index_select(0, idx_chunk) for i in sorted(req)})
-        out[chunk] = evaluate(node, env, like=first)
+        chunk_eval(candidate_inputs, request_inputs, candidate_to_request[chunk], chunk, out[chunk])
     return out
+
+
+class _ChunkEvaluator:
+    """Evaluates a program on one chunk of candidates at a time, writing into ``out``.
+
+    Request rows are gathered with ``index_select(..., out=buffer)``, every op writes into
+    a scratch buffer with ``out=`` and the last op writes straight into the output. Buffers
+    return to a free list after their last use and serve the next ops and chunks, so after
+    the first chunk nothing is allocated: a chain runs in a few cache-sized buffers instead
+    of allocating (and page-faulting) one fresh ``[N, *S]`` tensor per op.
+    """
+
+    def __init__(self, node: Node, chunk_shape: tuple, like: torch.Tensor):
+        self.node = node
+        self.order = list(distinct_subexpressions(node))
+        self.uses: dict[str, int] = {}
+        for n in self.order:
+            if isinstance(n, Call):
+                for arg in n.args:
+                    self.uses[str(arg)] = self.uses.get(str(arg), 0) + 1
+        self.chunk_shape, self.like = chunk_shape, like
+        self.free: list[torch.Tensor] = []
+
+    def _take(self) -> torch.Tensor:
+        if self.free:
+            return self.free.pop()
+        return torch.empty(self.chunk_shape, dtype=self.like.dtype, device=self.like.device)
+
+    def __call__(self, candidate_inputs, request_inputs, idx_chunk, chunk, out_chunk):
+        rows = out_chunk.shape[0]
+        uses = dict(self.uses)
+        values: dict[str, object] = {}
+        owned: dict[str, torch.Tensor] = {}  # key -> scratch buffer holding its value
+        root = str(self.node)
+        for n in self.order:
+            key = str(n)
+            if isinstance(n, Input) and n.kind == "c":
+                values[key] = candidate_inputs[n.index][chunk]
+            elif isinstance(n, Input):
+                owned[key] = self._take()
+                values[key] = torch.index_select(
+                    request_inputs[n.index], 0, idx_chunk, out=owned[key][:rows]
+                )
+            elif isinstance(n, Const):
+                values[key] = n.value
+            else:
+                args = [values[str(a)] for a in n.args]
+                # Free arguments whose last use this is before picking the destination: an
+                # elementwise op may write over an input it reads exactly (same buffer).
+                for arg in n.args:
+                    arg_key = str(arg)
+                    uses[arg_key] -= 1
+                    if uses[arg_key] == 0 and arg_key in owned:
+                        self.free.append(owned.pop(arg_key))
+                prim = PRIMITIVES[n.op]
+                if not any(isinstance(a, torch.Tensor) and a.dim() > 0 for a in args):
+                    # Literal-only subexpression: a 0-dim value, broadcast where it is used.
+                    values[key] = prim.torch_fn(*[as_tensor_arg(a, self.like) for a in args])
+                    continue
+                if key == root:
+                    dest = out_chunk
+                else:
+                    owned[key] = self._take()
+                    dest = owned[key][:rows]
+                prim.torch_out(*[as_tensor_arg(a, self.like) for a in args], out=dest)
+                values[key] = dest
+        if values[root] is not out_chunk:
+            out_chunk.copy_(torch.as_tensor(values[root], dtype=out_chunk.dtype))
+        self.free.extend(owned.values())
 
 
 @broadcast_pointwise.register_fake

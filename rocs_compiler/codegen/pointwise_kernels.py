@@ -31,6 +31,7 @@ from rocs_compiler.codegen._common import (
     check_candidate_index,
     check_contiguous,
     check_launch_device,
+    check_launch_dtypes,
     interpreting,
 )
 from rocs_compiler.codegen.pointwise_program import KERNEL_NAME, Node, format_program, kernel_source
@@ -104,6 +105,9 @@ def broadcast_pointwise(
             raise ValueError(f"rocs::{op}: r{i} must be {first.dtype} [R, *S]")
     check_contiguous(op, **{f"c{i}": t for i, t in enumerate(candidate_inputs)})
     check_contiguous(op, **{f"r{i}": t for i, t in enumerate(request_inputs)})
+    check_launch_dtypes(
+        op, **{f"in{i}": t for i, t in enumerate(candidate_inputs + request_inputs)}
+    )
     num_requests = request_inputs[0].shape[0] if request_inputs else None
     check_candidate_index(idx, num_candidates, num_requests, op, in_launcher=True)
 

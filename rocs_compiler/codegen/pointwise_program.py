@@ -69,44 +69,55 @@ Node = Input | Const | Call
 @dataclass(frozen=True)
 class Primitive:
     arity: int
+    # Eager form, as the unfused graph computes it (operators accept Python floats).
     torch_fn: Callable
+    # Same computation written into a preallocated ``out=`` tensor (tensor arguments only).
+    torch_out: Callable
     # Triton expression; {0}, {1}, {2} are argument names (or literals), evaluated in float32.
     triton: str
 
 
-def _t(x, like):
-    """Float literal -> 0-dim tensor, for torch functions that take tensors only."""
+def as_tensor_arg(x, like):
+    """Float literal -> 0-dim tensor of ``like``'s dtype, for functions that take tensors only."""
     if isinstance(x, torch.Tensor):
         return x
     return torch.tensor(x, dtype=like.dtype, device=like.device) if like is not None else x
 
 
+def _where(c, a, b, out=None):
+    return torch.where(c != 0, a, b, out=out) if out is not None else torch.where(c != 0, a, b)
+
+
+_MAX = "tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)"
+_MIN = "tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)"
+_GELU = "0.5 * {0} * (1.0 + tl.erf({0} * 0.7071067811865476))"
+_aten = torch.ops.aten
+
 PRIMITIVES: dict[str, Primitive] = {
-    "add": Primitive(2, lambda a, b: a + b, "{0} + {1}"),
-    "sub": Primitive(2, lambda a, b: a - b, "{0} - {1}"),
-    "mul": Primitive(2, lambda a, b: a * b, "{0} * {1}"),
-    "div": Primitive(2, lambda a, b: a / b, "{0} / {1}"),
-    "neg": Primitive(1, lambda a: -a, "-{0}"),
-    # relu(nan) is nan in torch: compare with < so NaN falls through to {0}.
-    "relu": Primitive(1, torch.relu, "tl.where({0} < 0.0, 0.0, {0})"),
-    "sigmoid": Primitive(1, torch.sigmoid, "tl.sigmoid({0})"),
-    "tanh": Primitive(1, torch.tanh, "_tanh({0})"),
-    "silu": Primitive(1, F.silu, "{0} * tl.sigmoid({0})"),
-    "gelu": Primitive(1, F.gelu, "0.5 * {0} * (1.0 + tl.erf({0} * 0.7071067811865476))"),
-    "exp": Primitive(1, torch.exp, "tl.exp({0})"),
-    "log": Primitive(1, torch.log, "tl.log({0})"),
-    "abs": Primitive(1, torch.abs, "tl.abs({0})"),
-    "sqrt": Primitive(1, torch.sqrt, "tl.sqrt_rn({0})"),
-    "rsqrt": Primitive(1, torch.rsqrt, "tl.rsqrt({0})"),
-    "maximum": Primitive(
-        2, torch.maximum, "tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)"
+    "add": Primitive(2, lambda a, b: a + b, torch.add, "{0} + {1}"),
+    "sub": Primitive(2, lambda a, b: a - b, torch.sub, "{0} - {1}"),
+    "mul": Primitive(2, lambda a, b: a * b, torch.mul, "{0} * {1}"),
+    "div": Primitive(2, lambda a, b: a / b, torch.div, "{0} / {1}"),
+    "neg": Primitive(1, lambda a: -a, torch.neg, "-{0}"),
+    # relu(nan) is nan in torch (as in clamp_min): compare with < so NaN falls through.
+    "relu": Primitive(
+        1,
+        torch.relu,
+        lambda a, out: torch.clamp_min(a, 0, out=out),
+        "tl.where({0} < 0.0, 0.0, {0})",
     ),
-    "minimum": Primitive(
-        2, torch.minimum, "tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)"
-    ),
-    "where": Primitive(
-        3, lambda c, a, b: torch.where(c != 0, a, b), "tl.where({0} != 0.0, {1}, {2})"
-    ),
+    "sigmoid": Primitive(1, torch.sigmoid, torch.sigmoid, "tl.sigmoid({0})"),
+    "tanh": Primitive(1, torch.tanh, torch.tanh, "_tanh({0})"),
+    "silu": Primitive(1, F.silu, _aten.silu.out, "{0} * tl.sigmoid({0})"),
+    "gelu": Primitive(1, F.gelu, _aten.gelu.out, _GELU),
+    "exp": Primitive(1, torch.exp, torch.exp, "tl.exp({0})"),
+    "log": Primitive(1, torch.log, torch.log, "tl.log({0})"),
+    "abs": Primitive(1, torch.abs, torch.abs, "tl.abs({0})"),
+    "sqrt": Primitive(1, torch.sqrt, torch.sqrt, "tl.sqrt_rn({0})"),
+    "rsqrt": Primitive(1, torch.rsqrt, torch.rsqrt, "tl.rsqrt({0})"),
+    "maximum": Primitive(2, torch.maximum, torch.maximum, _MAX),
+    "minimum": Primitive(2, torch.minimum, torch.minimum, _MIN),
+    "where": Primitive(3, _where, _where, "tl.where({0} != 0.0, {1}, {2})"),
 }
 
 # Ops whose torch form needs tensor arguments (operators accept Python floats).
@@ -248,12 +259,12 @@ def evaluate(
     # Iterative, with each temporary dropped after its last use, so a chain holds only
     # its live values (a recursive closure would also keep them alive in a reference cycle).
     uses: dict[str, int] = {}
-    for node in _distinct(root):
+    for node in distinct_subexpressions(root):
         if isinstance(node, Call):
             for arg in node.args:
                 uses[str(arg)] = uses.get(str(arg), 0) + 1
     values: dict[str, object] = {}
-    for node in _distinct(root):
+    for node in distinct_subexpressions(root):
         key = str(node)
         if isinstance(node, Input):
             values[key] = env[key]
@@ -262,7 +273,7 @@ def evaluate(
         else:
             args = [values[str(a)] for a in node.args]
             if node.op in _TENSOR_ONLY or all(not isinstance(a, torch.Tensor) for a in args):
-                args = [_t(a, like) for a in args]
+                args = [as_tensor_arg(a, like) for a in args]
             values[key] = PRIMITIVES[node.op].torch_fn(*args)
             for arg in node.args:
                 arg_key = str(arg)
@@ -272,7 +283,7 @@ def evaluate(
     return values[str(root)]
 
 
-def _distinct(root: Node):
+def distinct_subexpressions(root: Node):
     """Post-order traversal that yields each distinct subexpression once."""
     seen = set()
     for node in walk(root):
