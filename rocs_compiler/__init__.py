@@ -6,9 +6,14 @@ equal the original model's for every batch.
 """
 
 from .api import compile
+from .backend import backend, shared_call
+from .export import aoti_package, export, load, save
 from .errors import CompileError, InputError
 from .roles import Role
 from .runtime import CompiledModel
 
-__all__ = ["compile", "CompileError", "InputError", "Role", "CompiledModel"]
+__all__ = [
+    "compile", "CompileError", "InputError", "Role", "CompiledModel",
+    "backend", "shared_call", "export", "save", "load", "aoti_package",
+]
 __version__ = "0.1.0"

@@ -67,7 +67,7 @@ def _eager_fallback(model, request_inputs, example_args, example_kwargs, err) ->
     import torch
     from torch.utils import _pytree as pytree
 
-    from .inputs import bind_inputs, is_tensor, match_names, named_leaves
+    from .inputs import GRAPH_OUTPUT, bind_inputs, is_graph_leaf, is_tensor, match_names, named_leaves
 
     warnings.warn(f"rocs: compilation failed, the model will run eagerly: {err}", stacklevel=3)
     signature = inspect.signature(model.forward)
@@ -82,6 +82,6 @@ def _eager_fallback(model, request_inputs, example_args, example_kwargs, err) ->
     contract = InputContract(
         signature, tensors, requests, batched,
         {n: v for n, v in leaves.items() if not is_tensor(v)},
-        spec, [None if is_tensor(v) else v for v in flat],
+        spec, [GRAPH_OUTPUT if is_graph_leaf(v) else v for v in flat],
     )
     return CompiledModel(None, contract, {}, None, model, fallback_reason=str(err).splitlines()[0])

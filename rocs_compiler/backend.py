@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextvars
 import inspect
+import re
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -134,8 +135,20 @@ def _classify(node: fx.Node) -> _Slot:
         or isinstance(example, nn.Parameter)
     )
     if is_state:
-        return _Slot("const", label)
+        return _Slot("const", _state_name(source, label))
     return _Slot("input", _dotted(path), path)
+
+
+def _state_name(source, label: str) -> str:
+    """``head.0.weight`` for ``L['self']._modules['head']._modules['0']._parameters['weight']``."""
+    from torch._dynamo import source as S
+
+    root, steps = _source_chain(source)
+    keys = [] if isinstance(root, S.LocalSource) and root.local_name == "self" else [
+        getattr(root, "local_name", None) or getattr(root, "global_name", None) or label
+    ]
+    keys += [k for k in map(_step_key, steps) if k is not None and k not in _MODULE_STATE_KEYS]
+    return ".".join(str(k) for k in keys) or label
 
 
 def _dotted(path: tuple) -> str:
@@ -169,9 +182,10 @@ class _GraphModel(nn.Module):
         self._slots = slots
         self._const_attrs: dict[int, str] = {}
         self._scalars: dict[int, tuple[Any, torch.dtype]] = {}
+        taken = set(dir(self))
         for i, (slot, value) in enumerate(zip(slots, values)):
             if slot.kind == "const":
-                attr = f"_state_{len(self._const_attrs)}"
+                attr = _attribute(slot.name, taken)
                 self.register_buffer(attr, value.detach())
                 self._const_attrs[i] = attr
             elif slot.kind == "scalar":
@@ -200,6 +214,17 @@ class _GraphModel(nn.Module):
         return tuple(out) if isinstance(out, (list, tuple)) else (out,)
 
 
+def _attribute(name: str, taken: set[str]) -> str:
+    base = re.sub(r"\W", "_", name).strip("_") or "state"
+    if base[0].isdigit():
+        base = "_" + base
+    out, i = base, 1
+    while out in taken:
+        out, i = f"{base}_{i}", i + 1
+    taken.add(out)
+    return out
+
+
 def _graph_model(gm: fx.GraphModule, slots: list[_Slot], values: list[Any]) -> _GraphModel:
     """A ``_GraphModel`` whose forward has one parameter per top-level input argument."""
     arguments = list(dict.fromkeys(s.path[0] for s in slots if s.kind == "input"))
@@ -220,34 +245,68 @@ def _graph_model(gm: fx.GraphModule, slots: list[_Slot], values: list[Any]) -> _
 
 
 class _Lowered(nn.Module):
-    """Runs an FX graph through Inductor, falling back to the FX graph (with a warning) if the
-    Inductor compile or run fails. The graph is compiled lazily on the first call, dynamic in every
-    batch size; ``backed_size_oblivious`` keeps batch sizes of 1 from being specialized."""
+    """Runs the rewritten FX graph through Inductor, or through FX if Inductor fails (with a warning).
+
+    The graph is compiled lazily at the first call, dynamic in R and N. R and N are first marked
+    *unbacked* so that neither dynamo's 0/1 specialization nor Inductor's size guards recompile for
+    R = 1 or N = 1 (one request per batch is the common serving case); if Inductor cannot compile
+    with unbacked sizes, the ordinary dynamic-shape compile is tried next.
+    """
 
     def __init__(self, gm: fx.GraphModule, use_inductor: bool):
         super().__init__()
+        from .passes.share import DOMAIN
+
         self.gm = gm
-        self._compiled: Optional[Callable] = None
-        if use_inductor:
-            self._compiled = torch.compile(gm, backend="inductor", dynamic=True)
+        self._batched = [
+            n.meta.get(DOMAIN) in ("R", "N") for n in gm.graph.nodes if n.op == "placeholder"
+        ]
+        self._strategies = ["unbacked", "dynamic"] if use_inductor else []
+        self._compiled = {s: torch.compile(gm, backend="inductor", dynamic=True) for s in self._strategies}
+        self._errors: list[str] = []
+        self._succeeded = False
 
     @property
     def uses_inductor(self) -> bool:
-        return self._compiled is not None
+        return bool(self._strategies)
 
     def forward(self, *args):
-        if self._compiled is not None:
+        while self._strategies:
+            strategy = self._strategies[0]
             try:
-                with torch.fx.experimental._config.patch(backed_size_oblivious=True):
-                    return self._compiled(*args)
-            except Exception as err:  # noqa: BLE001 - reported, and the FX graph is exact
-                warnings.warn(
-                    f"rocs: Inductor failed on the rewritten graph, running it as an FX graph "
-                    f"instead: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}",
-                    stacklevel=2,
-                )
-                self._compiled = None
+                out = self._compiled[strategy](*self._prepare(strategy, args))
+            except Exception as err:  # noqa: BLE001 - the next strategy, or FX, is exact
+                self._errors.append(f"{strategy}: {type(err).__name__}: {_first_line(err)}")
+                self._strategies.pop(0)
+                if self._succeeded or not self._strategies:
+                    warnings.warn(
+                        "rocs: Inductor failed on the rewritten graph; running it as an FX graph "
+                        "instead (" + "; ".join(self._errors) + ")",
+                        stacklevel=2,
+                    )
+                    self._strategies.clear()
+                continue
+            self._succeeded = True
+            return out
         return self.gm(*args)
+
+    def _prepare(self, strategy: str, args: tuple) -> tuple:
+        if strategy != "unbacked":
+            return args
+        from torch._dynamo.decorators import mark_unbacked
+
+        out = []
+        for value, batched in zip(args, self._batched):
+            if batched and isinstance(value, torch.Tensor) and value.dim():
+                value = value.detach()  # mark an alias, never the caller's tensor
+                mark_unbacked(value, 0)
+            out.append(value)
+        return tuple(out)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else ""
 
 
 def _lower_plain(gm: fx.GraphModule, example_inputs: Sequence[Any], use_inductor: bool) -> Callable:
@@ -306,6 +365,7 @@ class _Subgraph:
     variants: dict = field(default_factory=dict)
     plain: Optional[Callable] = None  # set when rocs does not rewrite this graph
     fallback_reason: Optional[str] = None
+    static_rows: Optional[int] = None  # the batch size of a graph dynamo traced with static shapes
 
     @property
     def compiled_model(self):
@@ -370,8 +430,15 @@ class _Subgraph:
                 options=self.pipeline_options,
             )
         except CompileError as err:
+            hint = ""
+            if self.static_rows is not None:
+                hint = (
+                    f" (dynamo traced it with a static batch of {self.static_rows} rows; "
+                    "torch.compile(..., dynamic=True) gives rocs a dynamic batch)"
+                )
+            message = "\n".join(str(err).splitlines()[:4])
             warnings.warn(
-                f"rocs: could not rewrite a dynamo graph, running it without sharing: {err}",
+                f"rocs: could not rewrite a dynamo graph, it runs without sharing{hint}: {message}",
                 stacklevel=2,
             )
             self.fallback_reason = str(err)
@@ -422,29 +489,40 @@ class RocsBackend:
         _check_request_names(self.request_inputs, present)
         subgraph = _Subgraph(gm, slots, present, self.inductor, self.pipeline_options)
         unsupported = [s.name for s in slots if s.kind == "unsupported"]
-        if not present or unsupported:
-            if unsupported:
-                subgraph.fallback_reason = f"graph inputs rocs cannot name: {', '.join(unsupported)}"
-                warnings.warn(
-                    f"rocs: {subgraph.fallback_reason}; this graph runs without sharing",
-                    stacklevel=2,
-                )
+        rows = _static_rows(placeholders, slots)
+        if unsupported:
+            subgraph.fallback_reason = f"graph inputs rocs cannot name: {', '.join(unsupported)}"
+            warnings.warn(f"rocs: {subgraph.fallback_reason}; this graph runs without sharing", stacklevel=2)
+        elif not present:
+            subgraph.fallback_reason = "no request input reaches this graph"
+        elif rows is not None and rows <= 1:
+            # Dynamo specializes a batch of one; one candidate has nothing to share.
+            subgraph.fallback_reason = "static batch of one row"
+        if subgraph.fallback_reason is not None:
             subgraph.plain = _lower_plain(gm, example_inputs, self.inductor)
         else:
+            # The rewrite runs at the first call, not here: export inside dynamo's tracing context
+            # would share dynamo's shape environment and add guards on export's own inputs.
+            subgraph.static_rows = rows
             _warn_if_grad(example_inputs)
-            subgraph._compile(tuple(_concrete(x) for x in example_inputs))
         self.subgraphs.append(subgraph)
         return subgraph
 
 
+def _static_rows(placeholders: list[fx.Node], slots: list[_Slot]) -> Optional[int]:
+    """The batch size dynamo specialized this graph to, or None when the batch dim is symbolic."""
+    rows = []
+    for node, slot in zip(placeholders, slots):
+        value = node.meta.get("example_value")
+        if slot.kind == "input" and isinstance(value, torch.Tensor) and value.dim():
+            if isinstance(value.shape[0], torch.SymInt):
+                return None
+            rows.append(int(value.shape[0]))
+    return max(rows) if rows else None
+
+
 def _covers(request: str, leaf: str) -> bool:
     return leaf == request or leaf.startswith(request + ".")
-
-
-def _concrete(value: Any) -> Any:
-    if isinstance(value, torch.SymInt):
-        return value.node.hint if value.node.has_hint() else value
-    return value
 
 
 def _check_request_names(requested: list[str], present: list[str]) -> None:
@@ -562,9 +640,17 @@ def shared_call(
     state = _SharedCall(index, {n: leaves[n] for n in requests}, replicated)
     token = _SHARED.set(state)
     try:
-        return compiled(*call_args, **call_kwargs)
+        out = compiled(*call_args, **call_kwargs)
     finally:
         _SHARED.reset(token)
+    if not state.graphs_shared:
+        warnings.warn(
+            "rocs.shared_call: no compiled graph received the request inputs unchanged, so the call "
+            "ran in replicated layout (exact, without sharing); is the model compiled with the rocs "
+            "backend?",
+            stacklevel=2,
+        )
+    return out
 
 
 def _original_callable(compiled: Callable) -> Callable:
@@ -575,16 +661,18 @@ def _original_callable(compiled: Callable) -> Callable:
 
 
 def _backend_request_inputs(compiled: Callable) -> list[str]:
+    """The request inputs of the rocs backend behind a ``torch.compile`` result, if any."""
     from torch._dynamo.eval_frame import innermost_backend
 
-    ctx = getattr(compiled, "dynamo_ctx", None)
-    callback = getattr(ctx, "callback", None)
+    callback = getattr(getattr(compiled, "dynamo_ctx", None), "callback", None)
     inner = innermost_backend(callback) if callback is not None else None
-    if isinstance(inner, RocsBackend):
-        return inner.request_inputs
-    options = getattr(inner, "kwargs", {}).get("options") or {}
-    if getattr(inner, "compiler_fn", None) is rocs_backend and "request_inputs" in options:
-        return list(options["request_inputs"])
+    for _ in range(4):  # see through wrappers such as dynamo's CompileCounterWithBackend
+        if isinstance(inner, RocsBackend):
+            return inner.request_inputs
+        options = (getattr(inner, "kwargs", None) or {}).get("options") or {}
+        if getattr(inner, "compiler_fn", None) is rocs_backend and "request_inputs" in options:
+            return list(options["request_inputs"])
+        inner = getattr(inner, "backend", None) or getattr(inner, "compiler_fn", None)
     raise InputError(
         "cannot tell which inputs are request-side for this callable; pass "
         "shared_call(..., request_inputs=[...])"

@@ -23,7 +23,15 @@ from torch.export.graph_signature import InputKind
 from torch.utils import _pytree as pytree
 
 from .errors import CompileError, InputError
-from .inputs import bind_inputs, is_tensor, match_names, named_leaves, rebuild_call
+from .inputs import (
+    GRAPH_OUTPUT,
+    bind_inputs,
+    is_graph_leaf,
+    is_tensor,
+    match_names,
+    named_leaves,
+    rebuild_call,
+)
 
 _ASSERTION_OPS = {
     torch.ops.aten._assert_scalar.default,
@@ -50,7 +58,7 @@ class CapturedGraph:
     request_inputs: list[str]  # input names (leaves) declared request-side
     constant_inputs: dict[str, Any]  # non-tensor leaves baked in at capture
     out_spec: pytree.TreeSpec
-    out_constants: list[Any]  # output leaves; None where a tensor goes
+    out_constants: list[Any]  # output leaves; GRAPH_OUTPUT where the graph computes one
     batch_symbol: sympy.Symbol
     route: str
     param_names: dict[str, str] = field(default_factory=dict)  # attr target -> model FQN
@@ -74,7 +82,7 @@ class _FlatForward(nn.Module):
         bound = pytree.tree_unflatten(leaves, self._treespec)
         args, kwargs = rebuild_call(self._signature, bound)
         out = self.model(*args, **kwargs)
-        return tuple(x for x in pytree.tree_leaves(out) if is_tensor(x))
+        return tuple(x for x in pytree.tree_leaves(out) if is_graph_leaf(x))
 
 
 def _identifier(name: str, taken: set[str]) -> str:
@@ -141,7 +149,7 @@ def capture(
     with torch.no_grad():
         eager_out = model(*rebuild_call(signature, bound)[0], **rebuild_call(signature, bound)[1])
     out_flat, out_spec = pytree.tree_flatten(eager_out)
-    out_constants = [None if is_tensor(v) else v for v in out_flat]
+    out_constants = [GRAPH_OUTPUT if is_graph_leaf(v) else v for v in out_flat]
 
     wrapper = _FlatForward(model, signature, template, treespec, tensor_positions).eval()
     batch = Dim("batch")

@@ -23,6 +23,7 @@ def bind_inputs(signature: inspect.Signature, args: tuple, kwargs: Mapping[str, 
         bound = signature.bind(*args, **kwargs)
     except TypeError as err:
         raise InputError(f"inputs do not match the model's forward{signature}: {err}") from None
+    bound.apply_defaults()  # a defaulted argument is compared like a given one
     return dict(bound.arguments)
 
 
@@ -65,6 +66,21 @@ def match_names(requested: Iterable[str], available: Iterable[str]) -> dict[str,
 
 def is_tensor(value: Any) -> bool:
     return isinstance(value, torch.Tensor)
+
+
+class _GraphOutput:
+    def __repr__(self) -> str:
+        return "<graph output>"
+
+
+GRAPH_OUTPUT = _GraphOutput()  # marks an output leaf that the graph computes
+
+
+def is_graph_leaf(value: Any) -> bool:
+    """Output leaves the captured graph computes: tensors and ints (which may be batch sizes)."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, (torch.Tensor, int, torch.SymInt))
 
 
 def replace_leaves(

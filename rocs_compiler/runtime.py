@@ -23,7 +23,7 @@ from torch.utils import _pytree as pytree
 
 from .errors import InputError
 from .grouping import group_requests, rows_consistent
-from .inputs import bind_inputs, is_tensor, named_leaves, replace_leaves
+from .inputs import GRAPH_OUTPUT, bind_inputs, is_tensor, named_leaves, replace_leaves
 
 
 class InputContract:
@@ -63,7 +63,7 @@ class InputContract:
 
     def outputs(self, tensors: list[torch.Tensor]) -> Any:
         it = iter(tensors)
-        flat = [next(it) if c is None else c for c in self.out_constants]
+        flat = [next(it) if c is GRAPH_OUTPUT else c for c in self.out_constants]
         return pytree.tree_unflatten(flat, self.out_spec)
 
 
@@ -98,6 +98,7 @@ class CompiledModel(nn.Module):
         self._report_builder = report_builder
         self._fallback_reason = fallback_reason
         self._warned = False
+        self._constant_outputs = _constant_output_positions(graph_module)
         # Not a submodule: the compiled graph owns its own copy of the weights' references.
         object.__setattr__(self, "_original", original)
 
@@ -125,8 +126,10 @@ class CompiledModel(nn.Module):
             inputs = []
             for name in self.contract.input_names:
                 inputs.append(requests[name] if name in requests else candidates.get(name, leaves[name]))
-            outputs = self.graph_module(*inputs, index)
-        return self.contract.outputs(list(outputs))
+            outputs = list(self.graph_module(*inputs, index))
+        for i in self._constant_outputs:  # never hand out the compiled model's own buffers
+            outputs[i] = outputs[i].clone()
+        return self.contract.outputs(outputs)
 
     # -- conventions ---------------------------------------------------------------------------
 
@@ -166,7 +169,12 @@ class CompiledModel(nn.Module):
                     f"{rows} rows"
                 )
         if validate:
-            num_requests = int(index.max()) + 1 if num_candidates else 0
+            # Request inputs may come replicated (N rows); R is the row count of the others.
+            shared = [n for n in contract.request_inputs if leaves[n].shape[0] != num_candidates]
+            if shared:
+                num_requests = self._batch_rows(leaves, shared)
+            else:
+                num_requests = int(index.max()) + 1 if num_candidates else 0
         elif contract.request_inputs:
             num_requests = self._batch_rows(leaves, contract.request_inputs)
         else:
@@ -201,6 +209,20 @@ class CompiledModel(nn.Module):
         gathered = {name: value.index_select(0, index) for name, value in requests.items()}
         call_args, call_kwargs = replace_leaves(self.contract.signature, args, kwargs, gathered)
         return self._original(*call_args, **call_kwargs)
+
+
+def _constant_output_positions(graph_module: Optional[fx.GraphModule]) -> list[int]:
+    if graph_module is None:
+        return []
+    from .passes.share import DOMAIN
+
+    output = next(n for n in graph_module.graph.nodes if n.op == "output")
+    results = output.args[0]
+    return [
+        i
+        for i, r in enumerate(results)
+        if isinstance(r, fx.Node) and r.meta.get(DOMAIN) == "C" and isinstance(r.meta.get("val"), torch.Tensor)
+    ]
 
 
 def _reduce_replicated(name: str, value: torch.Tensor, index: torch.Tensor, num_requests: int):

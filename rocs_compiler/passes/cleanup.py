@@ -90,6 +90,8 @@ def _key(value: Any) -> Any:
         return ("dict", tuple(sorted((k, _key(v)) for k, v in value.items())))
     if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
         return ("lit", str(value))
+    if isinstance(value, float):
+        return ("lit", "float", repr(value))  # keeps 0.0 and -0.0 (and NaN) apart
     try:
         hash(value)
     except TypeError:

@@ -33,6 +33,8 @@ from ..analysis import analyze
 from ..roles import Role
 from .concat import Concat, as_concat, mixed_concat, role_of, val_of
 from .engine import Builder, Rewrite, rewrite_to_fixpoint
+from .cleanup import fold_constants
+from .mask import mask_rewrites
 from .normalize import normalize_rewrites
 
 aten = torch.ops.aten
@@ -380,6 +382,7 @@ def defer(gm: fx.GraphModule, request_placeholders: set[str], symbol: sympy.Symb
     def reanalyze(g: fx.GraphModule) -> None:
         analyze(g, request_placeholders, symbol)
 
-    rewrites = normalize_rewrites() + defer_rewrites()
+    fold_constants(gm)  # parametrized weights (GLM masks) become values the rules can read
+    rewrites = normalize_rewrites() + mask_rewrites() + defer_rewrites()
     counts = rewrite_to_fixpoint(gm, rewrites, reanalyze)
     return gm, counts

@@ -5,7 +5,8 @@ Identities:
 - ``stack(xs, d) == cat([unsqueeze(x, d) for x in xs], d)``;
 - ``cat([a, b, c, d], k) == cat([cat([a, b], k), cat([c, d], k)], k)``: adjacent pieces of the
   same role are grouped, so a concatenation alternates between request and candidate runs;
-- ``slice(cat(xs, k), k, start, end) == x_i`` when the slice covers exactly piece ``x_i``;
+- ``slice(cat(xs, k), k, start, end)`` is the concatenation of the slices of the pieces it
+  overlaps (a single piece when it covers exactly one);
 - ``unbind(x, d)[i] == select(x, d, i)`` and
   ``select(permute(x, p), d, i) == permute(select(x, p[d], i), p')``: a fused QKV projection
   split by permute + unbind keeps the batch dim where the analysis can see it;
@@ -57,16 +58,23 @@ def _slice_of_cat(b: Builder, node: fx.Node) -> Optional[fx.Node]:
     source, dim, start, end = (list(node.args) + [0, None, None])[:4]
     step = node.args[4] if len(node.args) > 4 else 1
     info = as_concat(source)
-    if info is None or step != 1:
+    if info is None or step != 1 or not isinstance(start or 0, int) or not isinstance(end, (int, type(None))):
         return None
     dim %= info.ndim
     if dim != info.dim:
         return None
-    start = 0 if start is None else start
+    total = sum(info.sizes)
+    start = max(0, min(start or 0, total)) if (start or 0) >= 0 else max(0, total + start)
+    end = total if end is None else (min(end, total) if end >= 0 else max(0, total + end))
+    parts = []
     for piece, (lo, hi) in zip(info.pieces, info.offsets):
-        if start == lo and end is not None and min(end, sum(info.sizes)) == hi:
-            return piece
-    return None
+        a, z = max(start, lo), min(end, hi)
+        if a >= z:
+            continue
+        parts.append(piece if (a, z) == (lo, hi) else b.call(aten.slice.Tensor, piece, dim, a - lo, z - lo))
+    if not parts or (len(parts) == len(info.pieces) and (start, end) == (0, total)):
+        return None
+    return parts[0] if len(parts) == 1 else b.call(aten.cat.default, parts, dim)
 
 
 def _embedding_bag_rows(b: Builder, node: fx.Node) -> Optional[fx.Node]:

@@ -1,0 +1,277 @@
+"""The drawing model: a graph of role-coloured nodes and edges, built from a compiled model.
+
+Two sources:
+
+- :func:`view_from_pipeline`: the *logical* graph (after defer, before share) with the roles of
+  the analysis and the FLOPs of the report. Broadcast edges are the edges from a REQUEST node into
+  a CANDIDATE node (or the output): where the shared graph gathers request rows.
+- :func:`view_from_exported`: an exported shared-layout program (``rocs.export`` or a saved
+  ``.pt2``). Roles follow from the row count of each value: R rows is REQUEST, N rows is
+  CANDIDATE, neither is CONST; FLOPs come from running every node on fake tensors at three
+  (R, N) sizes, since each node's cost is affine in R and N.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import sympy
+import torch
+from torch import fx
+
+from ..analysis import ROLE, op_name, source_module
+from ..passes.share import INDEX_NAME
+
+ROLES = ("REQUEST", "CANDIDATE", "CONST")
+UNIT = {"REQUEST": "/req", "CANDIDATE": "/cand", "CONST": ""}
+
+
+@dataclass
+class ViewNode:
+    id: str  # unique, safe in DOT, SVG ids and HTML
+    name: str
+    op: str  # full op name, e.g. "aten.linear.default" or "input"
+    role: str  # "REQUEST" | "CANDIDATE" | "CONST"
+    module: str = ""
+    flops: float = 0.0  # per request (REQUEST), per candidate (CANDIDATE), once (CONST)
+    shape: str = ""
+    broadcast: bool = False  # its value is read by candidate computation (gathered by request)
+    fused: bool = False  # a rocs:: fused op
+
+    @property
+    def short_op(self) -> str:
+        """``linear`` for ``aten.linear.default``; ``rocs.broadcast_linear`` for rocs ops."""
+        parts = self.op.split(".")
+        if len(parts) >= 2 and parts[0] in ("aten", "prims"):
+            return parts[1]
+        if len(parts) >= 2 and parts[0] == "rocs":
+            return "rocs." + parts[1]
+        return self.op
+
+
+@dataclass
+class ViewEdge:
+    src: str
+    dst: str
+    broadcast: bool = False
+
+
+@dataclass
+class GraphView:
+    title: str
+    nodes: list[ViewNode] = field(default_factory=list)
+    edges: list[ViewEdge] = field(default_factory=list)
+    kind: str = "logical"  # "logical" | "shared"
+
+    def node(self, node_id: str) -> ViewNode:
+        return self._by_id()[node_id]
+
+    def _by_id(self) -> dict[str, ViewNode]:
+        return {n.id: n for n in self.nodes}
+
+    def roles(self) -> set[str]:
+        return {n.role for n in self.nodes}
+
+
+def _ident(name: str) -> str:
+    return "n_" + "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+
+
+def _shape_text(val: Any) -> str:
+    shape = getattr(val, "shape", None)
+    return "" if shape is None else "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+def _has_tensor(val: Any) -> bool:
+    if isinstance(val, torch.Tensor):
+        return True
+    return isinstance(val, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in val)
+
+
+def _connect(view: GraphView, graph: fx.Graph, keep: dict[fx.Node, ViewNode]) -> None:
+    """Edges between kept nodes; a dropped node (a size, a weight) is looked through."""
+    for node in graph.nodes:
+        if node not in keep:
+            continue
+        sources: list[fx.Node] = []
+        stack, seen = list(node.all_input_nodes), set()
+        while stack:
+            arg = stack.pop()
+            if arg in seen:
+                continue
+            seen.add(arg)
+            if arg in keep:
+                sources.append(arg)
+            elif arg.op == "call_function":
+                stack.extend(arg.all_input_nodes)
+        dst = keep[node]
+        for arg in dict.fromkeys(sources):
+            src = keep[arg]
+            crosses = src.role == "REQUEST" and dst.role == "CANDIDATE"
+            view.edges.append(ViewEdge(src.id, dst.id, crosses))
+            if crosses:
+                src.broadcast = True
+
+
+def view_from_pipeline(result, report, title: str = "") -> GraphView:
+    """The logical graph of a :class:`~rocs_compiler.pipeline.PipelineResult` with report costs."""
+    costs = {n.name: n.flops for n in report.nodes}
+    view = GraphView(title or "logical graph", kind="logical")
+    keep: dict[fx.Node, ViewNode] = {}
+    for node in result.logical_graph.graph.nodes:
+        if node.op == "output":
+            item = ViewNode(_ident(node.name), "output", "output", "CANDIDATE")
+        elif node.op in ("placeholder", "call_function") and _has_tensor(node.meta.get("val")):
+            role = node.meta[ROLE].name
+            op = "input" if node.op == "placeholder" else op_name(node.target)
+            item = ViewNode(
+                _ident(node.name), node.name, op, role, source_module(node),
+                costs.get(node.name, 0.0), _shape_text(node.meta.get("val")),
+            )
+        else:
+            continue
+        keep[node] = item
+        view.nodes.append(item)
+    _connect(view, result.logical_graph.graph, keep)
+    return view
+
+
+# -- exported programs -------------------------------------------------------------------------
+
+
+@dataclass
+class ExportedCosts:
+    """Per-node roles and affine FLOP costs ``per_request * R + per_candidate * N + fixed``."""
+
+    roles: dict[str, str]
+    per_request: dict[str, float]
+    per_candidate: dict[str, float]
+    fixed: dict[str, float]
+    modules: dict[str, str]
+
+
+def _size_symbols(program) -> tuple[Optional[sympy.Symbol], Optional[sympy.Symbol]]:
+    """(R, N): N is the size of ``candidate_to_request``; R the other input batch size."""
+    users = set(program.graph_signature.user_inputs)
+    num_requests = num_candidates = None
+    free = []
+    for node in program.graph.nodes:
+        if node.op != "placeholder" or node.name not in users:
+            continue
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor) or not val.dim():
+            continue
+        size = val.shape[0]
+        expr = size.node.expr if isinstance(size, torch.SymInt) else None
+        if not isinstance(expr, sympy.Symbol):
+            continue
+        if node.name == INDEX_NAME:
+            num_candidates = expr
+        else:
+            free.append(expr)
+    others = [s for s in dict.fromkeys(free) if s != num_candidates]
+    num_requests = others[0] if others else None
+    return num_requests, num_candidates
+
+
+def _role_of(val: Any, num_requests, num_candidates) -> str:
+    tensors = [val] if isinstance(val, torch.Tensor) else [
+        v for v in (val if isinstance(val, (list, tuple)) else []) if isinstance(v, torch.Tensor)
+    ]
+    symbols: set = set()
+    for tensor in tensors:
+        if tensor.dim():
+            size = tensor.shape[0]
+            if isinstance(size, torch.SymInt):
+                symbols |= size.node.expr.free_symbols
+    if num_candidates is not None and num_candidates in symbols:
+        return "CANDIDATE"
+    if num_requests is not None and num_requests in symbols:
+        return "REQUEST"
+    return "CONST"
+
+
+def _flops_at(program, sizes: dict) -> dict[str, int]:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+
+    def concrete(value):
+        if isinstance(value, torch.SymInt):
+            return int(value.node.expr.subs(sizes))
+        return value
+
+    env: dict[fx.Node, Any] = {}
+    counts: dict[str, int] = {}
+    for node in program.graph.nodes:
+        if node.op == "placeholder":
+            val = node.meta.get("val")
+            if isinstance(val, torch.Tensor):
+                with mode:
+                    env[node] = torch.zeros([concrete(s) for s in val.shape], dtype=val.dtype)
+            else:
+                env[node] = concrete(val)
+        elif node.op == "call_function":
+            args, kwargs = fx.map_arg((node.args, node.kwargs), lambda a: env[a])
+            with mode, FlopCounterMode(display=False) as counter:
+                env[node] = node.target(*args, **kwargs)
+            counts[node.name] = counter.get_total_flops()
+    return counts
+
+
+def exported_costs(program) -> ExportedCosts:
+    """Roles and FLOPs of every node of an exported shared-layout program."""
+    num_requests, num_candidates = _size_symbols(program)
+    base = {num_requests: 2, num_candidates: 2}
+    base = {k: v for k, v in base.items() if k is not None}
+    at_base = _flops_at(program, base)
+    more_requests = _flops_at(program, {**base, num_requests: 3}) if num_requests else at_base
+    more_candidates = (
+        _flops_at(program, {**base, num_candidates: 3}) if num_candidates else at_base
+    )
+    roles, per_req, per_cand, fixed, modules = {}, {}, {}, {}, {}
+    for node in program.graph.nodes:
+        if node.op not in ("placeholder", "call_function"):
+            continue
+        roles[node.name] = _role_of(node.meta.get("val"), num_requests, num_candidates)
+        modules[node.name] = source_module(node)
+        if node.name in at_base:
+            a = float(more_requests[node.name] - at_base[node.name])
+            b = float(more_candidates[node.name] - at_base[node.name])
+            per_req[node.name], per_cand[node.name] = a, b
+            fixed[node.name] = at_base[node.name] - 2 * a - 2 * b
+    return ExportedCosts(roles, per_req, per_cand, fixed, modules)
+
+
+def view_from_exported(program, costs: Optional[ExportedCosts] = None, title: str = "") -> GraphView:
+    """The shared-layout graph of an exported program (weights and sizes left out)."""
+    costs = costs or exported_costs(program)
+    users = set(program.graph_signature.user_inputs)
+    view = GraphView(title or "shared-layout graph", kind="shared")
+    keep: dict[fx.Node, ViewNode] = {}
+    for node in program.graph.nodes:
+        if node.op == "output":
+            item = ViewNode(_ident(node.name), "output", "output", "CANDIDATE")
+        elif node.op == "placeholder" and node.name in users:
+            item = ViewNode(
+                _ident(node.name), node.name, "input", costs.roles[node.name], "", 0.0,
+                _shape_text(node.meta.get("val")),
+            )
+        elif node.op == "call_function" and _has_tensor(node.meta.get("val")):
+            role = costs.roles[node.name]
+            flops = {"REQUEST": costs.per_request, "CANDIDATE": costs.per_candidate}.get(
+                role, costs.fixed
+            ).get(node.name, 0.0)
+            item = ViewNode(
+                _ident(node.name), node.name, op_name(node.target), role,
+                costs.modules.get(node.name, ""), flops, _shape_text(node.meta.get("val")),
+                fused=getattr(node.target, "namespace", "") == "rocs",
+            )
+        else:
+            continue
+        keep[node] = item
+        view.nodes.append(item)
+    _connect(view, program.graph, keep)
+    return view

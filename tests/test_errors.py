@@ -1,0 +1,346 @@
+"""Bad inputs and untraceable models give clear errors, before any compute runs."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import rocs_compiler as rocs
+
+from models_for_tests import (
+    D,
+    DICT_FEATURES,
+    OPTIONS,
+    USER_ITEM_MLP,
+    assert_outputs_match,
+    eager,
+)
+
+R, N = 3, 7
+INDEX = torch.tensor([0, 2, 2, 1, 0, 2, 1])
+
+
+class Spy(nn.Module):
+    """Stands in for the compiled graph and counts how often it runs."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+        self.calls = 0
+
+    def forward(self, *args):
+        self.calls += 1
+        return self.inner(*args)
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    model = USER_ITEM_MLP.build()
+    return model, USER_ITEM_MLP.compile(model)
+
+
+@pytest.fixture
+def spied(compiled):
+    model, cm = compiled
+    graph = cm.graph_module
+    spy = Spy(graph)
+    cm.graph_module = spy
+    try:
+        yield cm, spy
+    finally:
+        cm.graph_module = graph
+
+
+def shared_inputs(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "user": torch.randn(R, D, generator=g),
+        "user_ids": torch.randint(0, 50, (R,), generator=g),
+        "item": torch.randn(N, D, generator=g),
+    }
+
+
+def replicated_inputs(seed: int = 0):
+    kw = shared_inputs(seed)
+    return {"user": kw["user"][INDEX], "user_ids": kw["user_ids"][INDEX], "item": kw["item"]}
+
+
+# ------------------------------------------------------------------------------------------
+# Compile-time errors
+
+
+def test_unknown_request_input_lists_valid_names():
+    model = USER_ITEM_MLP.build()
+    example = replicated_inputs()
+    with pytest.raises(rocs.InputError) as err:
+        rocs.compile(model, ["usr"], example_kwargs=example, options=OPTIONS)
+    message = str(err.value)
+    assert "usr" in message
+    for name in ("user", "user_ids", "item"):
+        assert name in message, f"valid name {name!r} not listed: {message}"
+
+
+def test_unknown_dotted_request_input_lists_valid_names():
+    example = DICT_FEATURES.batch([2, 1]).replicated()
+    with pytest.raises(rocs.InputError) as err:
+        rocs.compile(
+            DICT_FEATURES.build(), ["features.user_nope"], example_kwargs=example, options=OPTIONS
+        )
+    assert "features.user_nope" in str(err.value)
+    assert "features.user_age" in str(err.value)
+
+
+def test_training_mode_is_rejected():
+    model = USER_ITEM_MLP.build().train()
+    with pytest.raises(rocs.InputError, match=r"eval"):
+        rocs.compile(model, ["user", "user_ids"], example_kwargs=replicated_inputs(), options=OPTIONS)
+
+
+def test_unknown_fallback_mode():
+    with pytest.raises(ValueError, match="fallback"):
+        rocs.compile(
+            USER_ITEM_MLP.build(), ["user"], example_kwargs=replicated_inputs(), fallback="maybe"
+        )
+
+
+# ------------------------------------------------------------------------------------------
+# Call-time errors: each must raise InputError with a clear message and run nothing
+
+
+def _without(d, name):
+    return {k: v for k, v in d.items() if k != name}
+
+
+def _bad_calls():
+    sh, rep = shared_inputs(), replicated_inputs()
+    idx = INDEX
+    return {
+        "missing_input_dropin": (_without(rep, "item"), r"missing.*item"),
+        "missing_input_shared": ({**_without(sh, "user_ids"), "candidate_to_request": idx}, r"missing.*user_ids"),
+        "unknown_extra_input": ({**rep, "extra": torch.zeros(N)}, r"extra"),
+        "index_too_large": ({**sh, "candidate_to_request": torch.tensor([0, 1, 2, 3, 0, 0, 1])}, r"candidate_to_request.*\[0, 3\)"),
+        "index_negative": ({**sh, "candidate_to_request": torch.tensor([0, 1, 2, -1, 0, 0, 1])}, r"candidate_to_request"),
+        "index_int32": ({**sh, "candidate_to_request": idx.to(torch.int32)}, r"candidate_to_request.*int64"),
+        "index_float": ({**sh, "candidate_to_request": idx.float()}, r"candidate_to_request.*int64"),
+        "index_bool": ({**sh, "candidate_to_request": idx > 0}, r"candidate_to_request.*int64"),
+        "index_too_long": ({**sh, "candidate_to_request": torch.cat([idx, idx[:1]])}, r"candidate_to_request.*8.*7"),
+        "index_too_short": ({**sh, "candidate_to_request": idx[:-1]}, r"candidate_to_request.*6.*7"),
+        "index_2d": ({**sh, "candidate_to_request": idx.view(1, -1)}, r"candidate_to_request.*1-D"),
+        "index_list": ({**sh, "candidate_to_request": idx.tolist()}, r"candidate_to_request.*Tensor"),
+        "request_rows_below_R": ({**sh, "user": sh["user"][:2], "user_ids": sh["user_ids"][:2], "candidate_to_request": idx}, r"\[0, 2\)"),
+        "request_inputs_disagree_on_R": ({**sh, "user": torch.randn(R + 1, D), "candidate_to_request": idx}, r"user.*user_ids|disagree"),
+        "candidate_inputs_disagree": ({**sh, "item": torch.randn(N + 1, D), "candidate_to_request": idx}, r"candidate_to_request|rows"),
+        "dropin_rows_disagree": ({**rep, "item": torch.randn(N + 1, D)}, r"disagree"),
+        "validate_rows_neither_R_nor_N": ({**sh, "user": torch.randn(R + 2, D), "candidate_to_request": idx, "validate": True}, r"user"),
+    }
+
+
+BAD_CALLS = list(_bad_calls())
+
+
+@pytest.mark.parametrize("case", BAD_CALLS)
+def test_bad_call_raises_before_compute(spied, case):
+    cm, spy = spied
+    kwargs, pattern = _bad_calls()[case]
+    with pytest.raises(rocs.InputError, match=pattern):
+        cm(**kwargs)
+    assert spy.calls == 0, "the graph ran before the inputs were checked"
+
+
+def test_good_calls_reach_the_graph(spied, compiled):
+    model, _ = compiled
+    cm, spy = spied
+    expected = eager(model, replicated_inputs())
+    assert_outputs_match(cm(**replicated_inputs()), expected, "drop-in")
+    assert_outputs_match(cm(**shared_inputs(), candidate_to_request=INDEX), expected, "shared")
+    assert spy.calls == 2
+
+
+def test_missing_and_unknown_dict_keys():
+    model = DICT_FEATURES.build()
+    cm = DICT_FEATURES.compile(model)
+    features = DICT_FEATURES.batch([2, 2]).replicated()["features"]
+    partial = {k: v for k, v in features.items() if k != "item_dense"}
+    with pytest.raises(rocs.InputError, match=r"features\.item_dense"):
+        cm(features=partial)
+    extra = {**features, "bogus": torch.zeros(4)}
+    with pytest.raises(rocs.InputError) as err:
+        cm(features=extra)
+    assert "features.bogus" in str(err.value) and "features.user_age" in str(err.value)
+
+
+# ------------------------------------------------------------------------------------------
+# validate=True
+
+
+def test_validate_names_a_request_input_that_varies_within_a_request(compiled):
+    _, cm = compiled
+    rep = replicated_inputs()
+    rep["user_ids"] = rep["user_ids"].clone()
+    rep["user_ids"][4] += 1  # candidate 4 belongs to request 0, like candidate 0
+    with pytest.raises(rocs.InputError, match="user_ids"):
+        cm(**rep, candidate_to_request=INDEX, validate=True)
+    rep = replicated_inputs()
+    rep["user"] = rep["user"].clone()
+    rep["user"][5, 2] = float("nan")
+    with pytest.raises(rocs.InputError, match="'user'"):
+        cm(**rep, candidate_to_request=INDEX, validate=True)
+
+
+def test_validate_passes_when_constant_within_requests(compiled):
+    model, cm = compiled
+    expected = eager(model, replicated_inputs())
+    got = cm(**replicated_inputs(), candidate_to_request=INDEX, validate=True)
+    assert_outputs_match(got, expected, "validate=True, replicated request inputs")
+    got = cm(**shared_inputs(), candidate_to_request=INDEX, validate=True)
+    assert_outputs_match(got, expected, "validate=True, shared request inputs")
+
+
+def test_validate_accepts_mixed_replicated_and_shared_request_inputs(compiled):
+    model, cm = compiled
+    sh, rep = shared_inputs(), replicated_inputs()
+    expected = eager(model, rep)
+    got = cm(user=rep["user"], user_ids=sh["user_ids"], item=sh["item"], candidate_to_request=INDEX, validate=True)
+    assert_outputs_match(got, expected, "validate=True, user replicated, user_ids shared")
+
+
+def test_validate_accepts_a_request_without_candidates(compiled):
+    """A shared batch may hold a request with no candidates (here the last one). Without
+    ``validate`` it is accepted; ``validate=True`` must accept whatever the plain call accepts."""
+    model, cm = compiled
+    sh = shared_inputs()
+    index = torch.tensor([0, 1, 1, 0, 0, 1, 1])  # request 2 has no candidates
+    rep = {"user": sh["user"][index], "user_ids": sh["user_ids"][index], "item": sh["item"]}
+    expected = eager(model, rep)
+    assert_outputs_match(cm(**sh, candidate_to_request=index), expected, "validate=False")
+    try:
+        got = cm(**sh, candidate_to_request=index, validate=True)
+    except rocs.InputError as err:
+        raise AssertionError(
+            "validate=True rejects a valid shared-layout batch whose last request has no "
+            f"candidates (R is taken from candidate_to_request.max() + 1): {err}"
+        ) from None
+    assert_outputs_match(got, expected, "validate=True")
+
+
+# ------------------------------------------------------------------------------------------
+# Non-tensor inputs are fixed at compile time
+
+
+class Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(D, D)
+
+    def forward(self, user, item, scale: float = 1.0):
+        return self.lin(user) * scale + item
+
+
+def _scaled_inputs():
+    g = torch.Generator().manual_seed(3)
+    return torch.randn(N, D, generator=g)[INDEX], torch.randn(N, D, generator=g)
+
+
+def test_non_tensor_input_differing_from_compile_time_is_rejected():
+    model = Scaled().eval()
+    user, item = _scaled_inputs()
+    cm = rocs.compile(model, ["user"], example_kwargs=dict(user=user, item=item, scale=2.0), options=OPTIONS)
+    assert_outputs_match(cm(user=user, item=item, scale=2.0), eager(model, dict(user=user, item=item, scale=2.0)))
+    with pytest.raises(rocs.InputError, match=r"scale"):
+        cm(user=user, item=item, scale=3.0)
+
+
+def test_non_tensor_input_given_at_call_but_defaulted_at_compile_time():
+    """Compiled with ``scale`` left at its default 1.0, called with scale=3.0: must not silently
+    compute with 1.0."""
+    model = Scaled().eval()
+    user, item = _scaled_inputs()
+    cm = rocs.compile(model, ["user"], example_kwargs=dict(user=user, item=item), options=OPTIONS)
+    expected = eager(model, dict(user=user, item=item, scale=3.0))
+    try:
+        got = cm(user=user, item=item, scale=3.0)
+    except rocs.InputError:
+        return  # a clear error is fine
+    assert torch.allclose(got, expected, rtol=1e-4, atol=1e-5), (
+        "scale=3.0 was silently ignored: the compiled model kept the default scale=1.0 it saw at "
+        "compile time (defaults are not bound when comparing non-tensor inputs)"
+    )
+
+
+def test_non_tensor_input_omitted_at_call_but_given_at_compile_time():
+    """Compiled with scale=2.0, called without ``scale`` (the model's default is 1.0)."""
+    model = Scaled().eval()
+    user, item = _scaled_inputs()
+    cm = rocs.compile(model, ["user"], example_kwargs=dict(user=user, item=item, scale=2.0), options=OPTIONS)
+    expected = eager(model, dict(user=user, item=item))
+    try:
+        got = cm(user=user, item=item)
+    except rocs.InputError:
+        return
+    assert torch.allclose(got, expected, rtol=1e-4, atol=1e-5), (
+        "calling without scale (default 1.0) silently used scale=2.0 from compile time"
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# Untraceable models
+
+
+class DataDependent(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(D, D)
+        self.calls = 0
+
+    def forward(self, user, item):
+        self.calls += 1
+        if user.sum() > 0:
+            return self.lin(user) + item
+        return self.lin(user) - item
+
+
+def test_untraceable_model_raises_compile_error_naming_the_route():
+    user, item = _scaled_inputs()
+    with pytest.raises(rocs.CompileError) as err:
+        rocs.compile(DataDependent().eval(), ["user"], example_kwargs=dict(user=user, item=item), options=OPTIONS)
+    message = str(err.value)
+    assert "export (non-strict)" in message and "export (strict)" in message, message
+    assert "data-dependent" in message.lower(), message
+
+
+def test_eager_fallback_warns_once_and_matches_the_original():
+    model = DataDependent().eval()
+    user, item = _scaled_inputs()
+    with pytest.warns(UserWarning, match="rocs"):
+        cm = rocs.compile(
+            model, ["user"], example_kwargs=dict(user=user, item=item), fallback="eager", options=OPTIONS
+        )
+    assert cm.is_fallback
+    g = torch.Generator().manual_seed(9)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for sign in (1.0, -1.0, 1.0):
+            u_shared = sign * torch.randn(R, D, generator=g).abs()
+            c = torch.randn(N, D, generator=g)
+            expected = eager(model, dict(user=u_shared[INDEX], item=c))
+            assert_outputs_match(cm(user=u_shared[INDEX], item=c), expected, "fallback drop-in")
+            got = cm(user=u_shared, item=c, candidate_to_request=INDEX)
+            assert_outputs_match(got, expected, "fallback shared layout")
+    rocs_warnings = [w for w in caught if "rocs" in str(w.message)]
+    assert len(rocs_warnings) == 1, [str(w.message) for w in rocs_warnings]
+
+
+def test_eager_fallback_still_checks_inputs():
+    model = DataDependent().eval()
+    user, item = _scaled_inputs()
+    with pytest.warns(UserWarning):
+        cm = rocs.compile(model, ["user"], example_kwargs=dict(user=user, item=item), fallback="eager")
+    calls = model.calls
+    with pytest.raises(rocs.InputError, match="candidate_to_request"):
+        cm(user=user[:R], item=item, candidate_to_request=INDEX.to(torch.int32))
+    with pytest.raises(rocs.InputError, match="missing"):
+        cm(user=user)
+    assert model.calls == calls, "the original model ran on bad inputs"

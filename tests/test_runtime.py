@@ -1,0 +1,433 @@
+"""The runtime: any R and N without recompiling, threads, input and output structures, drop-in
+request detection."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+import rocs_compiler as rocs
+from models_zoo import Batch, request_index
+from rocs_compiler.grouping import group_requests, rows_consistent
+
+from models_for_tests import (
+    D,
+    DICT_FEATURES,
+    OPTIONS,
+    SEQUENCE_3D,
+    USER_ITEM_MLP,
+    assert_outputs_match,
+    check_both_conventions,
+    eager,
+)
+
+SHAPES = {
+    "one": ([1], False),
+    "two_requests": ([2, 3], False),
+    "one_request": ([7], False),
+    "singletons": ([1, 1, 1, 1], False),
+    "ragged_shuffled": ([5, 9, 2, 4], True),
+}
+
+
+# ------------------------------------------------------------------------------------------
+# Shapes
+
+
+@pytest.mark.parametrize("example_counts", [(1,), (4,), (1, 1)], ids=["N1", "R1", "R2_N2"])
+def test_tiny_example_batches_compile_and_run(example_counts):
+    model = USER_ITEM_MLP.build()
+    cm = USER_ITEM_MLP.compile(model, example_counts=example_counts)
+    for counts, shuffle in SHAPES.values():
+        batch = USER_ITEM_MLP.batch(counts, seed=1, shuffle=shuffle)
+        check_both_conventions(cm, model, batch, f"example {example_counts}, counts {counts}")
+
+
+@pytest.mark.parametrize("case", [USER_ITEM_MLP, SEQUENCE_3D], ids=lambda c: c.name)
+def test_any_r_and_n_without_recompiling(case, monkeypatch):
+    model = case.build()
+    cm = case.compile(model)
+    graph, code = cm.graph_module, cm.graph_module.code
+
+    def no_capture(*args, **kwargs):
+        raise AssertionError("the model was captured again at call time")
+
+    monkeypatch.setattr(torch.export, "export", no_capture)
+    for i, (counts, shuffle) in enumerate(SHAPES.values()):
+        check_both_conventions(cm, model, case.batch(counts, seed=i, shuffle=shuffle), str(counts))
+    assert cm.graph_module is graph
+    assert cm.graph_module.code == code
+
+
+def test_request_without_candidates_and_empty_batch():
+    model = USER_ITEM_MLP.build()
+    cm = USER_ITEM_MLP.compile(model)
+    base = USER_ITEM_MLP.batch([2, 2, 3], seed=4)
+    index = torch.tensor([0, 2, 2, 0, 2])  # request 1 has no candidates
+    sparse = Batch(base.kwargs, index, base.request_inputs)
+    sparse.kwargs["item"] = sparse.kwargs["item"][:5]
+    expected = eager(model, sparse.replicated())
+    assert_outputs_match(cm(**sparse.kwargs, candidate_to_request=index), expected, "unused request")
+
+    empty = USER_ITEM_MLP.batch([0], seed=4)
+    expected = eager(model, empty.replicated())
+    got = cm(**empty.kwargs, candidate_to_request=empty.candidate_to_request)
+    assert_outputs_match(got, expected, "N = 0, shared layout")
+    assert_outputs_match(cm(**empty.replicated()), expected, "N = 0, drop-in")
+
+
+# ------------------------------------------------------------------------------------------
+# Threads
+
+
+def test_concurrent_calls_from_four_threads():
+    model = SEQUENCE_3D.build()
+    cm = SEQUENCE_3D.compile(model)
+    batches = [
+        SEQUENCE_3D.batch(counts, seed=i, shuffle=True)
+        for i, counts in enumerate([[3, 1, 5], [1], [2, 2, 2, 2, 2], [8, 1]])
+    ]
+    expected = [eager(model, b.replicated()) for b in batches]
+    barrier = threading.Barrier(len(batches))
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        try:
+            barrier.wait(timeout=30)
+            batch = batches[i]
+            for k in range(12):
+                if k % 2:
+                    got = cm(**batch.replicated())
+                else:
+                    got = cm(**batch.kwargs, candidate_to_request=batch.candidate_to_request)
+                assert_outputs_match(got, expected[i], f"thread {i} call {k}")
+        except BaseException as err:  # noqa: BLE001 - reported by the main thread
+            errors.append(err)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(batches))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a thread hung"
+    assert not errors, errors[0]
+
+
+# ------------------------------------------------------------------------------------------
+# Input structures
+
+
+def test_dict_inputs_and_dotted_request_names():
+    model = DICT_FEATURES.build()
+    cm = DICT_FEATURES.compile(model)
+    batch = DICT_FEATURES.batch([3, 1, 2], seed=2, shuffle=True)
+    check_both_conventions(cm, model, batch, "dict inputs")
+    expected = eager(model, batch.replicated())
+    positional = cm(batch.replicated()["features"])
+    assert_outputs_match(positional, expected, "positional dict")
+    positional = cm(batch.kwargs["features"], candidate_to_request=batch.candidate_to_request)
+    assert_outputs_match(positional, expected, "positional dict, shared layout")
+
+
+class NestedUser(nn.Module):
+    """Request features in one dict argument, named as a whole by ``request_inputs=["user"]``."""
+
+    def __init__(self):
+        super().__init__()
+        self.age = nn.Embedding(10, D)
+        self.lin = nn.Linear(D, D)
+
+    def forward(self, user, item):
+        return ((self.age(user["age"]) + self.lin(user["dense"])) * item).sum(-1)
+
+
+def test_a_dict_argument_named_as_a_whole():
+    from models_for_tests import Case, Spec
+
+    case = Case(
+        "nested_user", NestedUser, ("user",),
+        (("user.age", Spec((), 10)), ("user.dense", Spec()), ("item", Spec())),
+    )
+    model = case.build()
+    batch = case.batch([2, 1, 3], seed=5, shuffle=True)
+    assert batch.request_inputs == ("user.age", "user.dense")
+    cm = case.compile(model)
+    assert sorted(cm.contract.request_inputs) == ["user.age", "user.dense"]
+    check_both_conventions(cm, model, batch, "whole dict")
+
+
+def test_positional_and_keyword_calls_agree():
+    model = USER_ITEM_MLP.build()
+    cm = USER_ITEM_MLP.compile(model)
+    batch = USER_ITEM_MLP.batch([3, 1, 2], seed=6, shuffle=True)
+    rep, sh, idx = batch.replicated(), batch.kwargs, batch.candidate_to_request
+    expected = eager(model, rep)
+    calls = {
+        "keywords": cm(**rep),
+        "positional": cm(rep["user"], rep["user_ids"], rep["item"]),
+        "mixed": cm(rep["user"], item=rep["item"], user_ids=rep["user_ids"]),
+        "shared positional": cm(sh["user"], sh["user_ids"], sh["item"], candidate_to_request=idx),
+        "shared keywords": cm(**sh, candidate_to_request=idx),
+    }
+    for what, got in calls.items():
+        assert_outputs_match(got, expected, what)
+
+
+class NonBatchedInput(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(D, D)
+
+    def forward(self, user, item, weights):
+        return (self.lin(user) * weights + item).sum(-1)
+
+
+def test_non_batched_tensor_input_is_read_at_every_call():
+    model = NonBatchedInput().eval()
+    g = torch.Generator().manual_seed(0)
+    index = torch.tensor([0, 0, 1, 1, 1])
+    user, item = torch.randn(2, D, generator=g), torch.randn(5, D, generator=g)
+    example = dict(user=user[index], item=item, weights=torch.ones(D))
+    cm = rocs.compile(model, ["user"], example_kwargs=example, options=OPTIONS)
+    for _ in range(2):
+        w = torch.randn(D, generator=g)
+        expected = eager(model, dict(user=user[index], item=item, weights=w))
+        assert_outputs_match(cm(user=user[index], item=item, weights=w), expected, "drop-in")
+        got = cm(user=user, item=item, weights=w, candidate_to_request=index)
+        assert_outputs_match(got, expected, "shared")
+
+
+# ------------------------------------------------------------------------------------------
+# Output structures
+
+
+class ManyOutputs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.user_lin = nn.Linear(D, D)
+        self.item_lin = nn.Linear(D, D)
+        self.scale = nn.Parameter(torch.linspace(0.5, 1.5, D))
+
+    def forward(self, user, item):
+        u = torch.tanh(self.user_lin(user))
+        score = (u * self.item_lin(item)).sum(-1)
+        return {
+            "scores": (score, torch.sigmoid(score)),
+            "user_vec": u,  # request-only: comes back with N rows
+            "user_raw": user,  # a request input returned as is
+            "scale_doubled": self.scale * 2,  # no batch dim
+            "batch_mean": score.mean(),  # 0-d, depends on every row
+            "version": 3,
+            "pair": [u.sum(-1, keepdim=True), item],
+        }
+
+
+def test_outputs_keep_the_original_structure():
+    model = ManyOutputs().eval()
+    from models_for_tests import Case
+
+    case = Case("many_outputs", ManyOutputs)
+    cm = case.compile(model)
+    batch = case.batch([3, 1, 2], seed=7, shuffle=True)
+    check_both_conventions(cm, model, batch, "many outputs")
+    out = cm(**batch.kwargs, candidate_to_request=batch.candidate_to_request)
+    assert list(out) == list(eager(model, batch.replicated()))
+    assert out["user_vec"].shape == (6, D) and out["user_raw"].shape == (6, D)
+    assert out["version"] == 3
+    assert isinstance(out["scores"], tuple) and isinstance(out["pair"], list)
+
+
+class NoneOutput(nn.Module):
+    """Models often return ``(logits, None)`` when an auxiliary output is off in eval."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(D, 1)
+
+    def forward(self, user, item):
+        return self.lin(user * item).squeeze(-1), None
+
+
+def test_none_among_the_outputs():
+    from models_for_tests import Case
+
+    case = Case("none_output", NoneOutput)
+    model = case.build()
+    cm = case.compile(model)
+    batch = case.batch([2, 3], seed=1, shuffle=True)
+    try:
+        check_both_conventions(cm, model, batch, "(tensor, None) output")
+    except StopIteration:
+        raise AssertionError(
+            "a None output crashes the runtime: InputContract.outputs uses None as the marker for "
+            "'a tensor goes here', so a literal None output consumes a graph output"
+        ) from None
+
+
+class SizeOutput(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(D, 1)
+
+    def forward(self, user, item):
+        return (self.lin(user * item).squeeze(-1), user.size(0))
+
+
+def test_integer_output_that_depends_on_the_batch_size():
+    """``x.size(0)`` returned as an output is N at every call, not the example's N."""
+    model = SizeOutput().eval()
+    from models_for_tests import Case
+
+    case = Case("size_output", SizeOutput)
+    try:
+        cm = case.compile(model, example_counts=(2, 3))  # example N = 5
+    except rocs.CompileError:
+        return  # refusing the model is acceptable; answering 5 forever is not
+    batch = case.batch([4, 3], seed=1)
+    out = cm(**batch.replicated())
+    assert out[1] == 7, (
+        f"the compiled model returned {out[1]} for x.size(0) with N = 7: non-tensor outputs are "
+        "baked in from the example call at capture"
+    )
+
+
+class ConstantOutput(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(D, D)
+
+    def forward(self, user, item):
+        return (self.lin(user) * item).sum(-1), self.lin.weight.t() * 2
+
+
+def test_constant_outputs_do_not_alias_compiled_state():
+    """The original returns a fresh tensor for ``weight.t() * 2`` at every call; the compiled model
+    must not hand out its own folded constant, or a caller's in-place update corrupts later calls."""
+    from models_for_tests import Case
+
+    case = Case("constant_output", ConstantOutput)
+    model = case.build()
+    cm = case.compile(model)
+    batch = case.batch([2, 1], seed=2)
+    first = cm(**batch.replicated())
+    first[1].add_(100.0)
+    second = cm(**batch.replicated())
+    expected = eager(model, batch.replicated())
+    assert torch.allclose(second[1], expected[1]), (
+        "mutating a returned constant output changed the next call's output: constant folding "
+        "returns the compiled model's buffer itself"
+    )
+
+
+def test_to_cpu():
+    model = USER_ITEM_MLP.build()
+    cm = USER_ITEM_MLP.compile(model)
+    assert cm.to("cpu") is cm
+    assert cm.to(torch.device("cpu")) is cm
+    assert all(b.device.type == "cpu" for b in cm.buffers())
+    check_both_conventions(cm, model, USER_ITEM_MLP.batch([2, 3], seed=8, shuffle=True), "after .to")
+
+
+# ------------------------------------------------------------------------------------------
+# Exactness corner cases
+
+
+class SignedZeros(nn.Module):
+    def forward(self, user, item):
+        return torch.reciprocal(item * 0.0) + torch.reciprocal(item * -0.0) + user
+
+
+def test_signed_zero_literals_are_not_merged():
+    """``x * 0.0`` and ``x * -0.0`` differ in sign (1/0 = inf, 1/-0 = -inf); merging them as
+    common subexpressions changes inf + -inf = nan into inf."""
+    from models_for_tests import Case
+
+    case = Case("signed_zeros", SignedZeros)
+    model = case.build()
+    cm = case.compile(model)
+    batch = case.batch([2, 2], seed=3)
+    batch.kwargs["item"] = batch.kwargs["item"].abs() + 0.5
+    expected = eager(model, batch.replicated())
+    got = cm(**batch.replicated())
+    assert torch.isnan(expected).all()
+    assert torch.equal(got.isnan(), expected.isnan()), (
+        "x * 0.0 and x * -0.0 were merged into one node (cleanup CSE keys 0.0 == -0.0)"
+    )
+
+
+def test_dropin_with_nan_request_features_is_exact():
+    model = USER_ITEM_MLP.build()
+    cm = USER_ITEM_MLP.compile(model)
+    batch = USER_ITEM_MLP.batch([2, 3, 2], seed=9)
+    batch.kwargs["user"][1, 2] = float("nan")
+    batch.kwargs["user"][2, 0] = -0.0
+    check_both_conventions(cm, model, batch, "NaN and -0.0 in request features")
+
+
+# ------------------------------------------------------------------------------------------
+# Drop-in request detection
+
+
+def _groups(*leaves, rows=None):
+    rows = leaves[0].shape[0] if rows is None else rows
+    starts, index = group_requests(list(leaves), rows)
+    return starts.tolist(), index.tolist()
+
+
+def test_grouping_contiguous_requests():
+    x = torch.tensor([[1.0, 2.0], [1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [5.0, 6.0], [5.0, 6.0]])
+    assert _groups(x) == ([0, 2, 3], [0, 0, 1, 2, 2, 2])
+
+
+def test_grouping_matches_request_index():
+    """Recovers the grouping a serving batch was built from (unshuffled)."""
+    counts = [3, 1, 4, 2]
+    index = request_index(counts)
+    users = torch.randn(len(counts), 5)[index]
+    ids = torch.arange(len(counts))[index]
+    starts, got = _groups(users, ids)
+    assert got == index.tolist()
+    assert starts == [0, 3, 4, 8]
+
+
+def test_grouping_non_contiguous_repeats_form_new_requests():
+    x = torch.tensor([7, 7, 8, 7, 7, 8])
+    assert _groups(x) == ([0, 2, 3, 5], [0, 0, 1, 2, 2, 3])
+
+
+def test_grouping_nan_rows_with_the_same_bits_are_one_request():
+    x = torch.tensor([[float("nan"), 1.0], [float("nan"), 1.0], [0.0, 1.0]])
+    assert _groups(x) == ([0, 2], [0, 0, 1])
+
+
+def test_grouping_negative_zero_is_a_different_request():
+    x = torch.tensor([[0.0], [-0.0], [-0.0], [0.0]])
+    assert _groups(x) == ([0, 1, 3], [0, 1, 1, 2])
+
+
+def test_grouping_any_leaf_change_starts_a_request():
+    a = torch.tensor([1, 1, 1, 1])
+    b = torch.tensor([[0.5], [0.5], [0.25], [0.25]], dtype=torch.float16)
+    c = torch.tensor([[[1.0, 2.0]], [[1.0, 2.0]], [[1.0, 2.0]], [[1.0, 3.0]]], dtype=torch.float64)
+    assert _groups(a, b, c) == ([0, 2, 3], [0, 0, 1, 2])
+
+
+def test_grouping_edge_cases():
+    assert _groups(torch.zeros(0, 3), rows=0) == ([], [])
+    assert _groups(torch.ones(1, 3)) == ([0], [0])
+    assert _groups(torch.zeros(4, 0)) == ([0], [0, 0, 0, 0])
+    assert _groups(torch.tensor([True, True, False])) == ([0, 2], [0, 0, 1])
+    non_contiguous = torch.tensor([[1.0, 1.0, 2.0], [9.0, 9.0, 2.0]]).t()  # rows: (1,9) (1,9) (2,2)
+    assert _groups(non_contiguous) == ([0, 2], [0, 0, 1])
+
+
+def test_rows_consistent():
+    index = torch.tensor([0, 0, 1])
+    shared = torch.tensor([[1.0, float("nan")], [0.0, 2.0]])
+    assert rows_consistent(shared[index], shared, index)
+    replicated = shared[index].clone()
+    replicated[2, 0] = -0.0
+    assert not rows_consistent(replicated, shared, index)
