@@ -37,12 +37,12 @@ if [ "$DRY_RUN" = 1 ]; then
   export TRITON_INTERPRET=1 ROCS_TRITON_ON_CPU=1 ROCS_TRITON_TEST_DEVICE=cpu
   DEVICE=cpu
   KERNEL_ARGS=(--device cpu --tiny)
-  SPEED_ARGS=(--device cpu --quick --no-inductor --models dlrm)
+  SPEED_ARGS=(--device cpu --quick --no-inductor --models dlrm --no-inductor)
 else
   export ROCS_TRITON_TEST_DEVICE=cuda
   DEVICE=cuda
   KERNEL_ARGS=(--device cuda)
-  SPEED_ARGS=(--device cuda --quick)
+  SPEED_ARGS=(--device cuda --quick --no-inductor)
 fi
 
 FAILED=0

@@ -180,7 +180,7 @@ class CompiledModel(nn.Module):
         else:
             num_requests = num_candidates
         if num_candidates:
-            low, high = int(index.min()), int(index.max())
+            low, high = (int(v) for v in torch.aminmax(index))
             if low < 0 or high >= num_requests:
                 raise InputError(
                     f"candidate_to_request values must lie in [0, {num_requests}) (R = rows of the "
