@@ -37,7 +37,7 @@ if [ "$DRY_RUN" = 1 ]; then
   export TRITON_INTERPRET=1 ROCS_TRITON_ON_CPU=1 ROCS_TRITON_TEST_DEVICE=cpu
   DEVICE=cpu
   KERNEL_ARGS=(--device cpu --tiny)
-  SPEED_ARGS=(--device cpu --quick --no-inductor --models dlrm --no-inductor)
+  SPEED_ARGS=(--device cpu --quick --no-inductor --models dlrm)
 else
   export ROCS_TRITON_TEST_DEVICE=cuda
   DEVICE=cuda
