@@ -11,9 +11,13 @@ from .export import aoti_package, export, load, save
 from .errors import CompileError, InputError
 from .roles import Role
 from .runtime import CompiledModel
+from .layers import DCABlock, GLMFactorizationMachine, GLMLinear, GLMLinearCompression, GroupLayerNorm
+from .transforms import apply_dca, apply_glm
 
 __all__ = [
     "compile", "CompileError", "InputError", "Role", "CompiledModel",
     "backend", "shared_call", "export", "save", "load", "aoti_package",
+    "apply_glm", "apply_dca", "GLMLinear", "GLMLinearCompression", "GroupLayerNorm",
+    "GLMFactorizationMachine", "DCABlock",
 ]
 __version__ = "0.1.0"

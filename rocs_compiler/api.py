@@ -58,7 +58,9 @@ def compile(  # noqa: A001 - mirrors torch.compile
 
         return build_report(result, num_candidates, num_requests)
 
-    return CompiledModel(result.shared_graph, contract, captured.placeholder_of, report_builder, model)
+    compiled = CompiledModel(result.shared_graph, contract, captured.placeholder_of, report_builder, model)
+    compiled.pipeline_result = result  # logical and shared graphs, for inspection tools
+    return compiled
 
 
 def _eager_fallback(model, request_inputs, example_args, example_kwargs, err) -> CompiledModel:

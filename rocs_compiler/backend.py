@@ -48,12 +48,10 @@ from .inputs import bind_inputs, is_tensor, named_leaves, replace_leaves
 
 __all__ = ["RocsBackend", "backend", "rocs_backend", "shared_call"]
 
-# Options the backend itself reads; every other key goes to the pipeline (e.g. "defer", "ikbo").
-_BACKEND_KEYS = ("request_inputs", "inductor")
 _MODULE_STATE_KEYS = {"_modules", "_parameters", "_buffers"}
 
 
-# -- where a placeholder came from ---------------------------------------------------------------
+# -- where a placeholder came from ----------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -144,9 +142,11 @@ def _state_name(source, label: str) -> str:
     from torch._dynamo import source as S
 
     root, steps = _source_chain(source)
-    keys = [] if isinstance(root, S.LocalSource) and root.local_name == "self" else [
-        getattr(root, "local_name", None) or getattr(root, "global_name", None) or label
-    ]
+    keys = (
+        []
+        if isinstance(root, S.LocalSource) and root.local_name == "self"
+        else [getattr(root, "local_name", None) or getattr(root, "global_name", None) or label]
+    )
     keys += [k for k in map(_step_key, steps) if k is not None and k not in _MODULE_STATE_KEYS]
     return ".".join(str(k) for k in keys) or label
 
@@ -245,7 +245,7 @@ def _graph_model(gm: fx.GraphModule, slots: list[_Slot], values: list[Any]) -> _
 
 
 class _Lowered(nn.Module):
-    """Runs the rewritten FX graph through Inductor, or through FX if Inductor fails (with a warning).
+    """Runs the rewritten FX graph through Inductor; through FX if Inductor fails (with a warning).
 
     The graph is compiled lazily at the first call, dynamic in R and N. R and N are first marked
     *unbacked* so that neither dynamo's 0/1 specialization nor Inductor's size guards recompile for
@@ -262,33 +262,42 @@ class _Lowered(nn.Module):
             n.meta.get(DOMAIN) in ("R", "N") for n in gm.graph.nodes if n.op == "placeholder"
         ]
         self._strategies = ["unbacked", "dynamic"] if use_inductor else []
-        self._compiled = {s: torch.compile(gm, backend="inductor", dynamic=True) for s in self._strategies}
+        self._compiled = {
+            s: torch.compile(gm, backend="inductor", dynamic=True) for s in self._strategies
+        }
         self._errors: list[str] = []
         self._succeeded = False
+
+    @property
+    def graph(self) -> fx.Graph:
+        """The FX graph it runs: the runtime reads graph-level facts (e.g. constant outputs)."""
+        return self.gm.graph
 
     @property
     def uses_inductor(self) -> bool:
         return bool(self._strategies)
 
     def forward(self, *args):
-        while self._strategies:
-            strategy = self._strategies[0]
-            try:
-                out = self._compiled[strategy](*self._prepare(strategy, args))
-            except Exception as err:  # noqa: BLE001 - the next strategy, or FX, is exact
-                self._errors.append(f"{strategy}: {type(err).__name__}: {_first_line(err)}")
-                self._strategies.pop(0)
-                if self._succeeded or not self._strategies:
-                    warnings.warn(
-                        "rocs: Inductor failed on the rewritten graph; running it as an FX graph "
-                        "instead (" + "; ".join(self._errors) + ")",
-                        stacklevel=2,
-                    )
-                    self._strategies.clear()
-                continue
-            self._succeeded = True
+        if not self._strategies:
+            return self.gm(*args)
+        strategy = self._strategies[0]
+        try:
+            out = self._compiled[strategy](*self._prepare(strategy, args))
+        except Exception as err:
+            # Bad inputs fail the FX graph too and propagate from here; Inductor is not blamed.
+            out = self.gm(*args)
+            self._errors.append(f"{strategy}: {type(err).__name__}: {_first_line(err)}")
+            self._strategies.pop(0)
+            if self._succeeded or not self._strategies:
+                warnings.warn(
+                    "rocs: Inductor failed on the rewritten graph; running it as an FX graph "
+                    "instead (" + "; ".join(self._errors) + ")",
+                    stacklevel=2,
+                )
+                self._strategies.clear()
             return out
-        return self.gm(*args)
+        self._succeeded = True
+        return out
 
     def _prepare(self, strategy: str, args: tuple) -> tuple:
         if strategy != "unbacked":
@@ -316,7 +325,7 @@ def _lower_plain(gm: fx.GraphModule, example_inputs: Sequence[Any], use_inductor
             from torch._inductor.compile_fx import compile_fx
 
             return compile_fx(gm, list(example_inputs))
-        except Exception as err:  # noqa: BLE001 - reported, and the FX graph is exact
+        except Exception as err:
             warnings.warn(
                 f"rocs: Inductor failed, running the FX graph instead: {type(err).__name__}: {err}",
                 stacklevel=2,
@@ -427,7 +436,8 @@ class _Subgraph:
                 model,
                 self.request_inputs,
                 example_kwargs=_nest(leaves),
-                options=self.pipeline_options,
+                # The strict route resets dynamo, which must not happen inside a backend.
+                options={"capture_strict": False, **self.pipeline_options},
             )
         except CompileError as err:
             hint = ""
@@ -455,7 +465,11 @@ def _with_graph(compiled, graph: nn.Module):
     from .runtime import CompiledModel
 
     return CompiledModel(
-        graph, compiled.contract, compiled._placeholder_of, compiled._report_builder, compiled._original
+        graph,
+        compiled.contract,
+        compiled._placeholder_of,
+        compiled._report_builder,
+        compiled._original,
     )
 
 
@@ -492,7 +506,9 @@ class RocsBackend:
         rows = _static_rows(placeholders, slots)
         if unsupported:
             subgraph.fallback_reason = f"graph inputs rocs cannot name: {', '.join(unsupported)}"
-            warnings.warn(f"rocs: {subgraph.fallback_reason}; this graph runs without sharing", stacklevel=2)
+            warnings.warn(
+                f"rocs: {subgraph.fallback_reason}; this graph runs without sharing", stacklevel=2
+            )
         elif not present:
             subgraph.fallback_reason = "no request input reaches this graph"
         elif rows is not None and rows <= 1:
@@ -535,7 +551,7 @@ def _check_request_names(requested: list[str], present: list[str]) -> None:
         from torch._dynamo.symbolic_convert import InstructionTranslator
 
         tx = InstructionTranslator.current_tx()
-    except Exception:  # noqa: BLE001 - called outside dynamo: nothing to check against
+    except Exception:
         return
     code = getattr(tx, "f_code", None)
     if code is None or code.co_name.startswith("torch_dynamo_resume_in_"):
@@ -618,7 +634,9 @@ def shared_call(
 
     ``request_inputs`` defaults to the ones the backend was given.
     """
-    names = list(request_inputs) if request_inputs is not None else _backend_request_inputs(compiled)
+    names = (
+        list(request_inputs) if request_inputs is not None else _backend_request_inputs(compiled)
+    )
     original = _original_callable(compiled)
     signature = inspect.signature(original)
     leaves = named_leaves(bind_inputs(signature, args, kwargs))
@@ -645,9 +663,9 @@ def shared_call(
         _SHARED.reset(token)
     if not state.graphs_shared:
         warnings.warn(
-            "rocs.shared_call: no compiled graph received the request inputs unchanged, so the call "
-            "ran in replicated layout (exact, without sharing); is the model compiled with the rocs "
-            "backend?",
+            "rocs.shared_call: no compiled graph received the request inputs unchanged, so the "
+            "call ran in replicated layout (exact, without sharing); is the model compiled with "
+            "the rocs backend?",
             stacklevel=2,
         )
     return out

@@ -114,7 +114,10 @@ def capture(
     example_args: tuple,
     example_kwargs: Mapping[str, Any],
     request_inputs: list[str],
+    strict_fallback: bool = True,
 ) -> CapturedGraph:
+    """Capture ``model``; ``strict_fallback=False`` skips the strict (dynamo) route, which
+    resets dynamo's caches and so must not run inside a ``torch.compile`` backend."""
     if model.training:
         raise InputError("rocs compiles models for inference: call model.eval() first")
     signature = inspect.signature(model.forward)
@@ -155,7 +158,8 @@ def capture(
     batch = Dim("batch")
     dynamic = ([{0: batch} if batched[n] else None for n in tensor_names],)
     failures = []
-    for route, strict in (("export (non-strict)", False), ("export (strict)", True)):
+    routes = [("export (non-strict)", False)] + ([("export (strict)", True)] if strict_fallback else [])
+    for route, strict in routes:
         try:
             with torch.no_grad(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")

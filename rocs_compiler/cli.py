@@ -31,7 +31,6 @@ import argparse
 import importlib
 import importlib.util
 import json
-import statistics
 import subprocess
 import sys
 import time
@@ -51,7 +50,7 @@ class MissingTool(RuntimeError):
     """An external program the command needs is not installed."""
 
 
-# -- targets -----------------------------------------------------------------------------------
+# -- targets --------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -97,7 +96,7 @@ def load_target(spec: str, request: Optional[list[str]] = None) -> Target:
             raise TargetError(f"no such file: {spec}")
         try:
             return Target(spec, program=load(spec))
-        except Exception as err:  # noqa: BLE001 - reported as a target error
+        except Exception as err:
             raise TargetError(
                 f"{spec} is not a program saved with rocs.save / torch.export.save "
                 f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
@@ -143,7 +142,9 @@ def _from_factory(label: str, factory: Any) -> Target:
         request = made[2] if len(made) == 3 else None
         request = [request] if isinstance(request, str) else (list(request) if request else None)
         if not isinstance(example, dict):
-            raise TargetError(f"{label}: the factory's second value must be a dict of example kwargs")
+            raise TargetError(
+                f"{label}: the factory's second value must be a dict of example kwargs"
+            )
         return Target(label, model, example, request)
     raise TargetError(
         f"{label}: the factory must return (model, example_kwargs, request_inputs) or an object "
@@ -161,14 +162,22 @@ class Inspection:
     compiled: Any = None  # CompiledModel when one was built
 
 
+def _ensure_eval(target: Target) -> None:
+    if target.model.training:
+        print(
+            f"rocs: {target.label} returned a model in training mode; using eval mode",
+            file=sys.stderr,
+        )
+        target.model.eval()
+
+
 def _inspect_model(target: Target, args) -> Inspection:
     from .pipeline import compile_graph
     from .render import view_from_exported, view_from_pipeline
     from .report import build_report
 
     options = args.options or {}
-    if target.model.training:
-        target.model.eval()
+    _ensure_eval(target)
     result = compile_graph(target.model, target.request_inputs, (), target.example_kwargs, options)
     report = build_report(result, args.candidates, args.requests)
     compiled = None
@@ -176,7 +185,9 @@ def _inspect_model(target: Target, args) -> Inspection:
         import rocs_compiler as rocs
 
         compiled = rocs.compile(
-            target.model, target.request_inputs, example_kwargs=target.example_kwargs,
+            target.model,
+            target.request_inputs,
+            example_kwargs=target.example_kwargs,
             options=options,
         )
     if args.graph == "shared":
@@ -202,15 +213,23 @@ def _inspect_program(target: Target, args) -> Inspection:
     ]
     fused = sorted({n.op for n in view.nodes if n.fused})
     report = Report(
-        nodes, [], sum(costs.per_request.values()), sum(costs.per_candidate.values()),
-        sum(costs.fixed.values()), args.candidates, args.requests, {}, fused, "saved export",
+        nodes,
+        [],
+        sum(costs.per_request.values()),
+        sum(costs.per_candidate.values()),
+        sum(costs.fixed.values()),
+        args.candidates,
+        args.requests,
+        {},
+        fused,
+        "saved export",
         "From a saved export: roles come from row counts (R or N) of the shared-layout graph, "
         "FLOPs are those of the rewritten graph, and fallback reasons are not recorded.",
     )
     return Inspection(report, view)
 
 
-# -- measuring ----------------------------------------------------------------------------------
+# -- measuring ------------------------------------------------------------------------------------
 
 
 def _split(total: int, parts: int) -> list[int]:
@@ -223,16 +242,18 @@ def _tiled_batch(target: Target, counts: Sequence[int]):
     import torch
     from torch.utils import _pytree as pytree
 
-    from .inputs import named_leaves
+    from models_zoo.batch import Batch, request_index
 
-    from models_zoo.batch import Batch, request_index  # noqa: I001 - plain helpers
+    from .inputs import named_leaves
 
     example = target.example_kwargs
     flat, spec = pytree.tree_flatten(example)
     names = list(named_leaves(example))
     rows = max(v.shape[0] for v in flat if isinstance(v, torch.Tensor) and v.dim())
     num_requests, num_candidates = len(counts), sum(counts)
-    requests = [n for n in names if any(n == r or n.startswith(r + ".") for r in target.request_inputs)]
+    requests = [
+        n for n in names if any(n == r or n.startswith(r + ".") for r in target.request_inputs)
+    ]
     leaves = []
     for name, value in zip(names, flat):
         if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == rows:
@@ -243,17 +264,26 @@ def _tiled_batch(target: Target, counts: Sequence[int]):
     return Batch(kwargs, request_index(counts), tuple(requests))
 
 
-def _time(fn: Callable[[], Any], repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def _time_pair(first: Callable[[], Any], second: Callable[[], Any], budget: float = 0.5):
+    """Best times of two calls, run alternately so that load on a shared machine hits both alike.
+
+    The minimum over repeats is the least noisy estimate of a call's own cost.
+    """
+    first(), second()  # warm-up
+    best = [float("inf"), float("inf")]
+    spent, rounds = 0.0, 0
+    while rounds < 5 or (spent < budget and rounds < 200):
+        for i, fn in enumerate((first, second)):
+            start = time.perf_counter()
+            fn()
+            elapsed = time.perf_counter() - start
+            best[i] = min(best[i], elapsed)
+            spent += elapsed
+        rounds += 1
+    return best[0], best[1]
 
 
-def measure(target: Target, compiled, num_requests: int, candidates: Sequence[int], repeats: int = 3):
+def measure(target: Target, compiled, num_requests: int, candidates: Sequence[int]):
     """Measured speedup of the shared-layout call over the original model, per N."""
     import torch
 
@@ -262,17 +292,17 @@ def measure(target: Target, compiled, num_requests: int, candidates: Sequence[in
         counts = _split(n, num_requests)
         batch = target.make_batch(counts) if target.make_batch else _tiled_batch(target, counts)
         replicated = batch.replicated()
+        shared, index = batch.kwargs, batch.candidate_to_request
         with torch.no_grad():
-            eager = _time(lambda: target.model(**replicated), repeats)
-            rocs_time = _time(
-                lambda: compiled(**batch.kwargs, candidate_to_request=batch.candidate_to_request),
-                repeats,
+            eager, rocs_time = _time_pair(
+                lambda kw=replicated: target.model(**kw),
+                lambda kw=shared, idx=index: compiled(**kw, candidate_to_request=idx),
             )
         points.append((n, eager / rocs_time))
     return points
 
 
-# -- commands -----------------------------------------------------------------------------------
+# -- commands -------------------------------------------------------------------------------------
 
 
 def _write(text: str, output: Optional[str]) -> None:
@@ -284,7 +314,7 @@ def _write(text: str, output: Optional[str]) -> None:
 
 
 def cmd_inspect(args, extra) -> int:
-    from .render import DotNotFound, dot_available, graph_svg, html_page, run_dot, speedup_svg, to_dot
+    from .render import dot_available
 
     if args.format == "svg" and not dot_available():
         raise MissingTool(
@@ -298,56 +328,79 @@ def cmd_inspect(args, extra) -> int:
         inspection = _inspect_program(target, args)
     else:
         inspection = _inspect_model(target, args)
-    report, view = inspection.report, inspection.view
     measured = []
     if args.measure:
         sizes = sorted({n for n in MEASURE_CANDIDATES if n <= args.candidates} | {args.candidates})
         sizes = [n for n in sizes if n >= args.requests]
         measured = measure(target, inspection.compiled, args.requests, sizes)
-
-    if args.format == "text":
-        head = f"rocs inspect {target.label}"
-        if target.request_inputs:
-            head += f"  (request inputs: {', '.join(target.request_inputs)})"
-        text = head + "\n\n" + report.to_text()
-        if measured:
-            text += "\nmeasured speedup   : " + ", ".join(f"{s:.2f}x at N={n}" for n, s in measured)
-        _write(text, args.output)
-    elif args.format == "json":
-        data = report.to_dict()
-        data["target"] = target.label
-        data["request_inputs"] = target.request_inputs
-        data["graph"] = {
-            "kind": view.kind,
-            "edges": [
-                {"src": view.node(e.src).name, "dst": view.node(e.dst).name, "broadcast": e.broadcast}
-                for e in view.edges
-            ],
-        }
-        if measured:
-            data["measured_speedup"] = [{"num_candidates": n, "speedup": s} for n, s in measured]
-        _write(json.dumps(data, indent=2), args.output)
-    elif args.format == "dot":
-        _write(to_dot(view), args.output)
-    elif args.format == "svg":
-        try:
-            _write(run_dot(to_dot(view)), args.output)
-        except DotNotFound as err:
-            raise MissingTool(str(err)) from None
-    else:
-        note = "drawn by Graphviz"
-        if dot_available():
-            drawing = run_dot(to_dot(view))
-            drawing = drawing[drawing.index("<svg"):]  # drop the XML prolog and doctype
-        else:
-            drawing = graph_svg(view)
-            note = "Graphviz is not installed, drawn as layers by topological depth"
-        plot = speedup_svg(report.request_flops, report.candidate_flops, args.requests, measured)
-        page = html_page(
-            target.label, view, report, drawing, plot, args.candidates, args.requests, measured, note
-        )
-        _write(page, args.output)
+    formatter = {
+        "text": _as_text,
+        "json": _as_json,
+        "dot": _as_dot,
+        "svg": _as_svg,
+        "html": _as_html,
+    }[args.format]
+    _write(formatter(target, inspection, measured, args), args.output)
     return EXIT_OK
+
+
+def _as_text(target: Target, inspection: Inspection, measured, args) -> str:
+    head = f"rocs inspect {target.label}"
+    if target.request_inputs:
+        head += f"  (request inputs: {', '.join(target.request_inputs)})"
+    text = head + "\n\n" + inspection.report.to_text()
+    if measured:
+        text += "\nmeasured speedup   : " + ", ".join(f"{s:.2f}x at N={n}" for n, s in measured)
+    return text
+
+
+def _as_json(target: Target, inspection: Inspection, measured, args) -> str:
+    view = inspection.view
+    names = {n.id: n.name for n in view.nodes}
+    data = inspection.report.to_dict()
+    data["target"] = target.label
+    data["request_inputs"] = target.request_inputs
+    data["graph"] = {
+        "kind": view.kind,
+        "edges": [
+            {"src": names[e.src], "dst": names[e.dst], "broadcast": e.broadcast} for e in view.edges
+        ],
+    }
+    if measured:
+        data["measured_speedup"] = [{"num_candidates": n, "speedup": s} for n, s in measured]
+    return json.dumps(data, indent=2)
+
+
+def _as_dot(target: Target, inspection: Inspection, measured, args) -> str:
+    from .render import to_dot
+
+    return to_dot(inspection.view)
+
+
+def _as_svg(target: Target, inspection: Inspection, measured, args) -> str:
+    from .render import DotNotFound, run_dot, to_dot
+
+    try:
+        return run_dot(to_dot(inspection.view))
+    except DotNotFound as err:
+        raise MissingTool(str(err)) from None
+
+
+def _as_html(target: Target, inspection: Inspection, measured, args) -> str:
+    from .render import dot_available, graph_svg, html_page, run_dot, speedup_svg, to_dot
+
+    report, view = inspection.report, inspection.view
+    if dot_available():
+        drawing = run_dot(to_dot(view))
+        drawing = drawing[drawing.index("<svg") :]  # drop the XML prolog and doctype
+        note = "drawn by Graphviz"
+    else:
+        drawing = graph_svg(view)
+        note = "Graphviz is not installed, drawn as layers by topological depth"
+    plot = speedup_svg(report.request_flops, report.candidate_flops, args.requests, measured)
+    return html_page(
+        target.label, view, report, drawing, plot, args.candidates, args.requests, measured, note
+    )
 
 
 def cmd_export(args, extra) -> int:
@@ -356,8 +409,11 @@ def cmd_export(args, extra) -> int:
     target = load_target(args.target, args.request)
     if target.program is not None:
         raise TargetError("the target is already a saved export")
+    _ensure_eval(target)
     compiled = rocs.compile(
-        target.model.eval(), target.request_inputs, example_kwargs=target.example_kwargs,
+        target.model,
+        target.request_inputs,
+        example_kwargs=target.example_kwargs,
         options=args.options or {},
     )
     program = rocs.export(compiled)
@@ -401,7 +457,7 @@ def cmd_bench(args, extra) -> int:
     return subprocess.call(command + list(extra))
 
 
-# -- argument parsing -------------------------------------------------------------------------------
+# -- argument parsing -----------------------------------------------------------------------------
 
 
 def _names(text: str) -> list[str]:
@@ -425,6 +481,19 @@ def _json_object(text: str) -> dict:
     return value
 
 
+_TARGET_HELP = """\
+TARGET:
+  models_zoo:NAME              a zoo model (rocs zoo lists them)
+  package.module:factory       a no-argument callable (also path/to/file.py:factory) returning
+                               (model, example_kwargs, request_inputs) -- request_inputs may be
+                               left out when --request is given -- or an object with
+                               request_inputs, build() and make_batch(counts) like a
+                               models_zoo.ZooEntry; example_kwargs is one batch of the model's
+                               keyword arguments in replicated layout
+  FILE.pt2                     a program saved by rocs export / rocs.save
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", help="show tracebacks on errors")
@@ -438,48 +507,90 @@ def build_parser() -> argparse.ArgumentParser:
 
     target_help = "models_zoo:NAME, package.module:factory, path/to/file.py:factory, or FILE.pt2"
     inspect = sub.add_parser(
-        "inspect", parents=[common], help="roles, FLOPs and a drawing of a compiled model",
+        "inspect",
+        parents=[common],
+        help="roles, FLOPs and a drawing of a compiled model",
         description="Compile TARGET and show what runs per request and per candidate.",
+        epilog=_TARGET_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     inspect.add_argument("target", metavar="TARGET", help=target_help)
-    inspect.add_argument("--request", type=_names, metavar="NAMES",
-                         help="request-side inputs, comma-separated (default: the target's own)")
-    inspect.add_argument("--candidates", type=_positive, default=1024, metavar="N",
-                         help="candidates per batch for the ideal speedup (default 1024)")
-    inspect.add_argument("--requests", type=_positive, default=1, metavar="R",
-                         help="requests per batch for the ideal speedup (default 1)")
+    inspect.add_argument(
+        "--request",
+        type=_names,
+        metavar="NAMES",
+        help="request-side inputs, comma-separated (default: the target's own)",
+    )
+    inspect.add_argument(
+        "--candidates",
+        type=_positive,
+        default=1024,
+        metavar="N",
+        help="candidates per batch for the ideal speedup (default 1024)",
+    )
+    inspect.add_argument(
+        "--requests",
+        type=_positive,
+        default=1,
+        metavar="R",
+        help="requests per batch for the ideal speedup (default 1)",
+    )
     inspect.add_argument("--format", choices=["text", "json", "dot", "svg", "html"], default="text")
     inspect.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
-    inspect.add_argument("--graph", choices=["logical", "shared"], default="logical",
-                         help="draw the logical graph (roles, default) or the rewritten "
-                              "shared-layout graph (broadcasts and fused ops)")
-    inspect.add_argument("--measure", action="store_true",
-                         help="also time the original model and the shared-layout call "
-                              f"(N in {', '.join(map(str, MEASURE_CANDIDATES))} up to --candidates)")
-    inspect.add_argument("--options", type=_json_object, metavar="JSON",
-                         help='pipeline options, e.g. \'{"defer": false}\'')
+    inspect.add_argument(
+        "--graph",
+        choices=["logical", "shared"],
+        default="logical",
+        help="draw the logical graph (roles, default) or the rewritten "
+        "shared-layout graph (broadcasts and fused ops)",
+    )
+    inspect.add_argument(
+        "--measure",
+        action="store_true",
+        help="also time the original model and the shared-layout call "
+        f"(N in {', '.join(map(str, MEASURE_CANDIDATES))} up to --candidates)",
+    )
+    inspect.add_argument(
+        "--options",
+        type=_json_object,
+        metavar="JSON",
+        help="pipeline options, e.g. '{\"defer\": false}'",
+    )
     inspect.set_defaults(func=cmd_inspect)
 
     export = sub.add_parser(
-        "export", parents=[common], help="compile TARGET and save a torch.export program",
+        "export",
+        parents=[common],
+        help="compile TARGET and save a torch.export program",
         description="Compile TARGET and save its shared-layout program (load with rocs.load).",
+        epilog=_TARGET_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     export.add_argument("target", metavar="TARGET", help=target_help)
     export.add_argument("-o", "--output", required=True, metavar="FILE", help="output .pt2 file")
     export.add_argument("--request", type=_names, metavar="NAMES", help="request-side inputs")
-    export.add_argument("--aoti", action="store_true",
-                        help="compile with AOTInductor into a package (needs a C++ compiler)")
+    export.add_argument(
+        "--aoti",
+        action="store_true",
+        help="compile with AOTInductor into a package (needs a C++ compiler)",
+    )
     export.add_argument("--options", type=_json_object, metavar="JSON", help="pipeline options")
     export.set_defaults(func=cmd_export)
 
-    zoo = sub.add_parser("zoo", parents=[common], help="list the zoo models",
-                         description="List the zoo models and their request inputs.")
+    zoo = sub.add_parser(
+        "zoo",
+        parents=[common],
+        help="list the zoo models",
+        description="List the zoo models and their request inputs.",
+    )
     zoo.set_defaults(func=cmd_zoo)
 
     bench = sub.add_parser(
-        "bench", parents=[common], help="run benchmarks/speed.py",
+        "bench",
+        parents=[common],
+        help="run benchmarks/speed.py",
         description="Run the speed benchmark (benchmarks/speed.py); options after the model "
-                    "names go to the script, e.g. rocs bench dlrm --quick --no-inductor.",
+        "names go to the script, e.g. rocs bench dlrm --quick --no-inductor.",
     )
     bench.add_argument("models", nargs="*", metavar="MODEL", help="zoo models (default: all)")
     bench.set_defaults(func=cmd_bench)
@@ -506,7 +617,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise
         print(f"rocs: error: {err}", file=sys.stderr)
         return EXIT_ERROR
-    except Exception as err:  # noqa: BLE001 - unexpected: one line unless --debug
+    except Exception as err:
         if args.debug:
             raise
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""

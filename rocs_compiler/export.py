@@ -158,8 +158,10 @@ def export(compiled, example: Optional[Any] = None) -> ExportedProgram:
             return torch.export.export(
                 module, (), example_kwargs, dynamic_shapes=_nest(dims), strict=False
             )
-        except Exception as err:  # noqa: BLE001 - reported with the cause
-            raise CompileError(f"could not export the rewritten graph: {type(err).__name__}: {err}") from err
+        except Exception as err:
+            raise CompileError(
+                f"could not export the rewritten graph: {type(err).__name__}: {err}"
+            ) from err
 
 
 def save(program: ExportedProgram, path: str | os.PathLike) -> None:

@@ -41,7 +41,10 @@ def compile_graph(
     options: Mapping[str, Any] | None = None,
 ) -> PipelineResult:
     options = dict(options or {})
-    captured = capture(model, example_args, example_kwargs, request_inputs)
+    captured = capture(
+        model, example_args, example_kwargs, request_inputs,
+        strict_fallback=options.get("capture_strict", True),
+    )
     symbol = captured.batch_symbol
     request_placeholders = {captured.placeholder_of[n] for n in captured.request_inputs}
     gm = captured.graph_module

@@ -58,7 +58,7 @@ def to_dot(view: GraphView) -> str:
         "  rankdir=TB; newrank=true; nodesep=0.25; ranksep=0.35;",
         f"  label={_quote(view.title)}; labelloc=t; fontname=Helvetica;",
         '  node [shape=box, style="rounded,filled", fontname=Helvetica, fontsize=10];',
-        "  edge [color=\"#555555\", arrowsize=0.6];",
+        '  edge [color="#555555", arrowsize=0.6];',
     ]
     for role in ROLES:
         members = [n for n in view.nodes if n.role == role]

@@ -31,16 +31,17 @@ def _esc(text) -> str:
     return html.escape(str(text), quote=True)
 
 
+def _ideal_text(report, num_candidates: int, num_requests: int) -> str:
+    speedup = report.ideal_speedup(num_candidates, num_requests)
+    return f"{speedup:.2f}x at N = {num_candidates}, R = {num_requests}"
+
+
 def _summary_rows(report, num_candidates: int, num_requests: int) -> list[tuple[str, str]]:
     rows = [
         ("FLOPs per request", format_flops(report.request_flops)),
         ("FLOPs per candidate", format_flops(report.candidate_flops)),
         ("request share of FLOPs", f"{report.request_share:.1%}"),
-        (
-            "ideal speedup",
-            f"{report.ideal_speedup(num_candidates, num_requests):.2f}x at N = {num_candidates}, "
-            f"R = {num_requests}",
-        ),
+        ("ideal speedup", _ideal_text(report, num_candidates, num_requests)),
     ]
     fired = {k: v for k, v in sorted(getattr(report, "pass_counts", {}).items()) if v}
     if fired:
@@ -97,8 +98,10 @@ def html_page(
     )
     parts.append(plot_svg)
     if measured:
-        parts.append('<table class="measured"><tr><th>N</th><th>R</th><th>measured speedup</th>'
-                     "<th>ideal speedup</th></tr>")
+        parts.append(
+            '<table class="measured"><tr><th>N</th><th>R</th><th>measured speedup</th>'
+            "<th>ideal speedup</th></tr>"
+        )
         for n, s in measured:
             parts.append(
                 f'<tr><td class="num">{n}</td><td class="num">{num_requests}</td>'
@@ -109,8 +112,10 @@ def html_page(
     parts.append("</section>")
 
     if report.fallbacks:
-        parts.append('<section id="fallbacks"><h2>Per-candidate fallbacks</h2><table>'
-                     "<tr><th>node</th><th>op</th><th>module</th><th>reason</th></tr>")
+        parts.append(
+            '<section id="fallbacks"><h2>Per-candidate fallbacks</h2><table>'
+            "<tr><th>node</th><th>op</th><th>module</th><th>reason</th></tr>"
+        )
         for fb in report.fallbacks:
             parts.append(
                 f"<tr><td>{_esc(fb.node)}</td><td>{_esc(fb.op)}</td><td>{_esc(fb.module)}</td>"
@@ -119,8 +124,10 @@ def html_page(
         parts.append("</table></section>")
 
     parts.append('<section id="nodes"><h2>Nodes</h2><table class="nodes">')
-    parts.append("<tr><th>node</th><th>op</th><th>role</th><th>module</th><th>shape</th>"
-                 "<th>FLOPs</th><th>broadcast</th><th>fused</th></tr>")
+    parts.append(
+        "<tr><th>node</th><th>op</th><th>role</th><th>module</th><th>shape</th>"
+        "<th>FLOPs</th><th>broadcast</th><th>fused</th></tr>"
+    )
     for node in view.nodes:
         flops = f"{format_flops(node.flops)}{UNIT[node.role]}" if node.flops else "-"
         parts.append(

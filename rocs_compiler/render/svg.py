@@ -18,6 +18,7 @@ from .view import GraphView
 
 CHAR_W, LINE_H, PAD, GAP_X, GAP_Y = 6.3, 13.0, 6.0, 18.0, 42.0
 ROLE_ORDER = {"REQUEST": 0, "CONST": 1, "CANDIDATE": 2}
+LEGEND_W = 900.0
 
 
 def _esc(text: str) -> str:
@@ -28,15 +29,25 @@ def _layers(view: GraphView) -> list[list[str]]:
     preds: dict[str, list[str]] = {n.id: [] for n in view.nodes}
     for edge in view.edges:
         preds[edge.dst].append(edge.src)
+    succs: dict[str, list[str]] = {n.id: [] for n in view.nodes}
+    for edge in view.edges:
+        succs[edge.src].append(edge.dst)
     depth: dict[str, int] = {}
     for node in view.nodes:  # graph order is topological
         depth[node.id] = 1 + max((depth[p] for p in preds[node.id] if p in depth), default=-1)
+    for node in reversed(view.nodes):
+        # A weight-only source (a slice of a weight) sits just above its first consumer, not at
+        # the top next to the model inputs.
+        if node.op != "input" and not preds[node.id] and succs[node.id]:
+            depth[node.id] = max(0, min(depth[s] for s in succs[node.id]) - 1)
     layers: list[list[str]] = [[] for _ in range(max(depth.values(), default=-1) + 1)]
     for node in view.nodes:
         layers[depth[node.id]].append(node.id)
+    layers = [layer for layer in layers if layer]
     roles = {n.id: n.role for n in view.nodes}
     position: dict[str, float] = {}
     for layer in layers:
+
         def key(node_id: str) -> tuple:
             above = [position[p] for p in preds[node_id] if p in position]
             return (ROLE_ORDER[roles[node_id]], sum(above) / len(above) if above else 0.0)
@@ -53,11 +64,14 @@ def graph_svg(view: GraphView) -> str:
     texts = {n.id: node_lines(n) for n in view.nodes}
     layers = _layers(view)
     sizes = {
-        i: (min(240.0, max(len(t) for t in lines) * CHAR_W + 2 * PAD), len(lines) * LINE_H + 2 * PAD)
+        i: (
+            min(240.0, max(len(t) for t in lines) * CHAR_W + 2 * PAD),
+            len(lines) * LINE_H + 2 * PAD,
+        )
         for i, lines in texts.items()
     }
     widths = [sum(sizes[i][0] for i in layer) + GAP_X * (len(layer) - 1) for layer in layers]
-    total_w = max(widths, default=200.0) + 40
+    total_w = max(max(widths, default=200.0) + 40, LEGEND_W)
     y = 70.0
     for layer, width in zip(layers, widths):
         x = (total_w - width) / 2
@@ -69,15 +83,9 @@ def graph_svg(view: GraphView) -> str:
         y += height + GAP_Y
     total_h = y + 10
     out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="rocs-graph" width="{total_w:.0f}" '
-        f'height="{total_h:.0f}" viewBox="0 0 {total_w:.0f} {total_h:.0f}" '
-        'font-family="Helvetica, Arial, sans-serif" font-size="10">',
+        _svg_open("rocs-graph", total_w, total_h, 10),
         f"<title>{_esc(view.title)}</title>",
-        '<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="6" '
-        'markerHeight="6" orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" '
-        'fill="#555"/></marker><marker id="arrow-bc" viewBox="0 0 10 10" refX="9" refY="5" '
-        f'markerWidth="6" markerHeight="6" orient="auto-start-reverse"><path d="M 0 0 L 10 5 '
-        f'L 0 10 z" fill="{BROADCAST_COLOR}"/></marker></defs>',
+        f"<defs>{_marker('arrow', '#555')}{_marker('arrow-bc', BROADCAST_COLOR)}</defs>",
         _legend(),
     ]
     for edge in view.edges:
@@ -87,18 +95,25 @@ def graph_svg(view: GraphView) -> str:
         dx, dy, dw, _ = boxes[edge.dst]
         x1, y1, x2, y2 = sx + sw / 2, sy + sh, dx + dw / 2, dy
         bend = max(20.0, (y2 - y1) / 2)
-        path = f"M {x1:.1f} {y1:.1f} C {x1:.1f} {y1 + bend:.1f} {x2:.1f} {y2 - bend:.1f} {x2:.1f} {y2:.1f}"
+        path = (
+            f"M {x1:.1f} {y1:.1f} C {x1:.1f} {y1 + bend:.1f} "
+            f"{x2:.1f} {y2 - bend:.1f} {x2:.1f} {y2:.1f}"
+        )
         if edge.broadcast:
-            attrs = (f'class="edge broadcast" stroke="{BROADCAST_COLOR}" stroke-dasharray="5,3" '
-                     'stroke-width="1.6" marker-end="url(#arrow-bc)"')
+            attrs = (
+                f'class="edge broadcast" stroke="{BROADCAST_COLOR}" stroke-dasharray="5,3" '
+                'stroke-width="1.6" marker-end="url(#arrow-bc)"'
+            )
         else:
             attrs = 'class="edge" stroke="#777" stroke-width="1" marker-end="url(#arrow)"'
         out.append(f'<path d="{path}" fill="none" {attrs}/>')
     for node in view.nodes:
         x, y0, w, h = boxes[node.id]
         fill, border, _ = COLORS[node.role]
-        classes = f"node role-{node.role}" + (" fused" if node.fused else "") + (
-            " broadcast-source" if node.broadcast else ""
+        classes = (
+            f"node role-{node.role}"
+            + (" fused" if node.fused else "")
+            + (" broadcast-source" if node.broadcast else "")
         )
         stroke_w = 2.4 if node.fused else 1.0
         out.append(f'<g class="{classes}" id="{node.id}">')
@@ -119,6 +134,22 @@ def graph_svg(view: GraphView) -> str:
     return "\n".join(out)
 
 
+def _svg_open(cls: str, width: float, height: float, font_size: int) -> str:
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="{cls}" width="{width:.0f}" '
+        f'height="{height:.0f}" viewBox="0 0 {width:.0f} {height:.0f}" '
+        f'font-family="Helvetica, Arial, sans-serif" font-size="{font_size}">'
+    )
+
+
+def _marker(marker_id: str, color: str) -> str:
+    return (
+        f'<marker id="{marker_id}" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="6" '
+        f'markerHeight="6" orient="auto-start-reverse">'
+        f'<path d="M 0 0 L 10 5 L 0 10 z" fill="{color}"/></marker>'
+    )
+
+
 def _legend() -> str:
     items = []
     x = 10.0
@@ -137,7 +168,7 @@ def _legend() -> str:
     return '<g class="legend">' + "".join(items) + "</g>"
 
 
-# -- speedup plot ------------------------------------------------------------------------------
+# -- speedup plot ---------------------------------------------------------------------------------
 
 
 def speedup_svg(
@@ -174,26 +205,33 @@ def speedup_svg(
         return top + plot_h * (1 - s / y_max)
 
     out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="speedup-plot" width="{width}" '
-        f'height="{height}" viewBox="0 0 {width} {height}" '
-        'font-family="Helvetica, Arial, sans-serif" font-size="11">',
+        _svg_open("speedup-plot", width, height, 11),
         f"<title>ideal speedup vs number of candidates (R = {num_requests})</title>",
-        f'<text x="{width / 2}" y="20" text-anchor="middle" font-size="13" font-weight="bold">'
-        f"Ideal speedup vs candidates N (R = {num_requests})</text>",
-        f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="white" stroke="#999"/>',
+        (
+            f'<text x="{width / 2}" y="20" text-anchor="middle" font-size="13" '
+            f'font-weight="bold">Ideal speedup vs candidates N (R = {num_requests})</text>'
+        ),
+        (
+            f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="white" '
+            'stroke="#999"/>'
+        ),
     ]
     exponent = 0
     while 2**exponent <= max_candidates:
         n = 2**exponent
         x = px(n)
-        out.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + plot_h}" stroke="#eee"/>')
+        out.append(
+            f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + plot_h}" stroke="#eee"/>'
+        )
         out.append(f'<text x="{x:.1f}" y="{top + plot_h + 16}" text-anchor="middle">{n}</text>')
         exponent += 2
     step = _nice_step(y_max)
     value = 0.0
     while value <= y_max + 1e-9:
         y = py(value)
-        out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" stroke="#eee"/>')
+        out.append(
+            f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" stroke="#eee"/>'
+        )
         out.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{value:g}x</text>')
         value += step
     out.append(
@@ -213,7 +251,9 @@ def speedup_svg(
             f"limit {limit:.2f}x (N to infinity)</text>"
         )
     points = " ".join(f"{px(n):.1f},{py(ideal(n)):.1f}" for n in xs)
-    out.append(f'<polyline class="ideal" points="{points}" fill="none" stroke="#c86a12" stroke-width="2"/>')
+    out.append(
+        f'<polyline class="ideal" points="{points}" fill="none" stroke="#c86a12" stroke-width="2"/>'
+    )
     for n, s in measured:
         out.append(
             f'<circle class="measured" cx="{px(n):.1f}" cy="{py(s):.1f}" r="4" fill="#2b8a3e">'
@@ -252,4 +292,3 @@ def empty_svg(message: str, width: int = 400, height: int = 60) -> str:
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">'
         f'<text x="10" y="30">{_esc(message)}</text></svg>'
     )
-

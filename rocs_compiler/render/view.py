@@ -126,8 +126,13 @@ def view_from_pipeline(result, report, title: str = "") -> GraphView:
             role = node.meta[ROLE].name
             op = "input" if node.op == "placeholder" else op_name(node.target)
             item = ViewNode(
-                _ident(node.name), node.name, op, role, source_module(node),
-                costs.get(node.name, 0.0), _shape_text(node.meta.get("val")),
+                _ident(node.name),
+                node.name,
+                op,
+                role,
+                source_module(node),
+                costs.get(node.name, 0.0),
+                _shape_text(node.meta.get("val")),
             )
         else:
             continue
@@ -137,7 +142,7 @@ def view_from_pipeline(result, report, title: str = "") -> GraphView:
     return view
 
 
-# -- exported programs -------------------------------------------------------------------------
+# -- exported programs ----------------------------------------------------------------------------
 
 
 @dataclass
@@ -176,9 +181,15 @@ def _size_symbols(program) -> tuple[Optional[sympy.Symbol], Optional[sympy.Symbo
 
 
 def _role_of(val: Any, num_requests, num_candidates) -> str:
-    tensors = [val] if isinstance(val, torch.Tensor) else [
-        v for v in (val if isinstance(val, (list, tuple)) else []) if isinstance(v, torch.Tensor)
-    ]
+    tensors = (
+        [val]
+        if isinstance(val, torch.Tensor)
+        else [
+            v
+            for v in (val if isinstance(val, (list, tuple)) else [])
+            if isinstance(v, torch.Tensor)
+        ]
+    )
     symbols: set = set()
     for tensor in tensors:
         if tensor.dim():
@@ -228,9 +239,7 @@ def exported_costs(program) -> ExportedCosts:
     base = {k: v for k, v in base.items() if k is not None}
     at_base = _flops_at(program, base)
     more_requests = _flops_at(program, {**base, num_requests: 3}) if num_requests else at_base
-    more_candidates = (
-        _flops_at(program, {**base, num_candidates: 3}) if num_candidates else at_base
-    )
+    more_candidates = _flops_at(program, {**base, num_candidates: 3}) if num_candidates else at_base
     roles, per_req, per_cand, fixed, modules = {}, {}, {}, {}, {}
     for node in program.graph.nodes:
         if node.op not in ("placeholder", "call_function"):
@@ -245,7 +254,9 @@ def exported_costs(program) -> ExportedCosts:
     return ExportedCosts(roles, per_req, per_cand, fixed, modules)
 
 
-def view_from_exported(program, costs: Optional[ExportedCosts] = None, title: str = "") -> GraphView:
+def view_from_exported(
+    program, costs: Optional[ExportedCosts] = None, title: str = ""
+) -> GraphView:
     """The shared-layout graph of an exported program (weights and sizes left out)."""
     costs = costs or exported_costs(program)
     users = set(program.graph_signature.user_inputs)
@@ -256,7 +267,12 @@ def view_from_exported(program, costs: Optional[ExportedCosts] = None, title: st
             item = ViewNode(_ident(node.name), "output", "output", "CANDIDATE")
         elif node.op == "placeholder" and node.name in users:
             item = ViewNode(
-                _ident(node.name), node.name, "input", costs.roles[node.name], "", 0.0,
+                _ident(node.name),
+                node.name,
+                "input",
+                costs.roles[node.name],
+                "",
+                0.0,
                 _shape_text(node.meta.get("val")),
             )
         elif node.op == "call_function" and _has_tensor(node.meta.get("val")):
@@ -265,8 +281,13 @@ def view_from_exported(program, costs: Optional[ExportedCosts] = None, title: st
                 role, costs.fixed
             ).get(node.name, 0.0)
             item = ViewNode(
-                _ident(node.name), node.name, op_name(node.target), role,
-                costs.modules.get(node.name, ""), flops, _shape_text(node.meta.get("val")),
+                _ident(node.name),
+                node.name,
+                op_name(node.target),
+                role,
+                costs.modules.get(node.name, ""),
+                flops,
+                _shape_text(node.meta.get("val")),
                 fused=getattr(node.target, "namespace", "") == "rocs",
             )
         else:

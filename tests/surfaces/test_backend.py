@@ -1,0 +1,311 @@
+"""The ``torch.compile`` backend: entry-point registration, exactness, recompiles, graph breaks,
+shared-layout calls, Inductor lowering and its fallback.
+
+The oracle everywhere is the original eager model on the replicated batch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+import torch._dynamo.testing as dynamo_testing
+from torch import nn
+from torch.utils import _pytree as pytree
+
+import rocs_compiler as rocs
+from models_zoo import get_entry, names, request_index
+from rocs_compiler.backend import _Lowered
+
+RAGGED = [([3, 1, 5], True), ([7], False), ([2, 9, 1, 1], True)]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _assert_close(out, ref, what: str) -> None:
+    got, want = pytree.tree_leaves(out), pytree.tree_leaves(ref)
+    assert len(got) == len(want), what
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=lambda m: f"{what}: {m}")
+
+
+def _compile(entry, *, inductor=False, counter=False, **kwargs):
+    backend = rocs.backend(list(entry.request_inputs), inductor=inductor)
+    wrapped = dynamo_testing.CompileCounterWithBackend(backend) if counter else backend
+    return backend, wrapped, kwargs
+
+
+def _check_batches(model, compiled, entry, batches, label):
+    with torch.no_grad():
+        for counts, shuffle in batches:
+            batch = entry.make_batch(counts, seed=len(counts), shuffle=shuffle)
+            ref = model(**batch.replicated())
+            _assert_close(compiled(**batch.replicated()), ref, f"{label} drop-in {counts}")
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", UserWarning)  # warns when nothing was shared
+                shared = rocs.shared_call(
+                    compiled, **batch.kwargs, candidate_to_request=batch.candidate_to_request
+                )
+            _assert_close(shared, ref, f"{label} shared {counts}")
+
+
+# -- registration through the entry point ---------------------------------------------------------
+
+_FRESH_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    from torch.utils import _pytree as pytree
+    from models_zoo import get_entry
+
+    result = {"imported_before": "rocs_compiler" in sys.modules, "models": {}}
+    for name in sys.argv[1:]:
+        entry = get_entry(name)
+        model = entry.build()
+        options = {"request_inputs": list(entry.request_inputs), "inductor": False}
+        compiled = torch.compile(model, backend="rocs", options=options, dynamic=True)
+        errors = []
+        with torch.no_grad():
+            for counts in ([3, 1, 5], [6], [2, 2, 4]):
+                batch = entry.make_batch(counts, shuffle=True)
+                out, ref = compiled(**batch.replicated()), model(**batch.replicated())
+                errors += [
+                    (a - b).abs().max().item()
+                    for a, b in zip(pytree.tree_leaves(out), pytree.tree_leaves(ref))
+                ]
+        result["models"][name] = max(errors)
+    result["imported_after"] = "rocs_compiler" in sys.modules
+    print(json.dumps(result))
+    """
+)
+
+
+def test_backend_string_works_in_a_fresh_process_without_importing_rocs():
+    models = ["dlrm", "mmoe", "din"]  # plain args, a dict of inputs, a sequence model
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _FRESH_SCRIPT, *models],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["imported_before"] is False
+    assert result["imported_after"] is True, "the entry point should have loaded the backend"
+    for name in models:
+        assert result["models"][name] < 1e-5, (name, result["models"][name])
+
+
+# -- exactness on every zoo model -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", names())
+def test_drop_in_and_shared_calls_are_exact(name):
+    entry = get_entry(name)
+    model = entry.build()
+    backend, wrapped, _ = _compile(entry)
+    compiled = torch.compile(model, backend=wrapped, dynamic=True)
+    _check_batches(model, compiled, entry, RAGGED, name)
+    rewritten = [s for s in backend.subgraphs if s.compiled_model is not None]
+    assert rewritten, f"{name}: no dynamo graph was rewritten by rocs"
+    report = rewritten[0].compiled_model.report()
+    assert report.request_flops > 0, f"{name}: nothing runs per request"
+
+
+@pytest.mark.parametrize("name", ["dlrm", "din"])
+def test_inductor_lowering_is_exact(name):
+    entry = get_entry(name)
+    model = entry.build()
+    backend, wrapped, _ = _compile(entry, inductor=True)
+    compiled = torch.compile(model, backend=wrapped, dynamic=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # an FX fallback would warn
+        _check_batches(model, compiled, entry, RAGGED[:2], f"{name} inductor")
+    lowered = next(s.variants for s in backend.subgraphs if s.compiled_model is not None)
+    runner = next(iter(lowered.values())).runner
+    assert isinstance(runner.graph_module, _Lowered) and runner.graph_module.uses_inductor
+
+
+# -- recompiles -----------------------------------------------------------------------------------
+
+SHAPES = [[3, 1, 5], [6], [2, 2], [7, 1, 1, 4], [40, 40, 40]]  # R = 1 included, N >= 2
+
+
+def _frames(entry, model, shapes, **compile_kwargs) -> int:
+    counter = dynamo_testing.CompileCounterWithBackend(
+        rocs.backend(list(entry.request_inputs), inductor=False)
+    )
+    compiled = torch.compile(model, backend=counter, **compile_kwargs)
+    with torch.no_grad():
+        for i, counts in enumerate(shapes):
+            batch = entry.make_batch(counts, seed=i, shuffle=True)
+            _assert_close(compiled(**batch.replicated()), model(**batch.replicated()), str(counts))
+    return counter.frame_count
+
+
+def test_no_recompiles_across_r_and_n_with_dynamic_true():
+    entry = get_entry("dlrm")
+    assert _frames(entry, entry.build(), SHAPES, dynamic=True) == 1
+
+
+def test_no_recompiles_for_a_single_candidate_with_backed_size_oblivious():
+    """N = 1 is specialized by dynamo's 0/1 rule unless sizes are treated size-obliviously."""
+    entry = get_entry("dlrm")
+    with torch.fx.experimental._config.patch(backed_size_oblivious=True):
+        assert _frames(entry, entry.build(), [[1], *SHAPES], dynamic=True) == 1
+
+
+def test_default_dynamic_retraces_once():
+    """dynamic=None: a static first graph, then one dynamic graph (automatic dynamic shapes)."""
+    entry = get_entry("dlrm")
+    assert _frames(entry, entry.build(), SHAPES) == 2
+
+
+# -- graph breaks ---------------------------------------------------------------------------------
+
+
+class _BreakingModel(nn.Module):
+    """A user tower, a graph break, then the interaction with the item."""
+
+    def __init__(self):
+        super().__init__()
+        self.user = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16))
+        self.item = nn.Embedding(50, 16)
+        self.head = nn.Linear(32, 1)
+
+    def forward(self, user_dense, item_id):
+        u = self.user(user_dense)
+        torch._dynamo.graph_break()
+        return self.head(torch.cat([u, self.item(item_id)], dim=1)).squeeze(-1)
+
+
+def test_every_subgraph_of_a_graph_break_is_compiled():
+    torch.manual_seed(0)
+    model = _BreakingModel().eval()
+    backend = rocs.backend(["user_dense"], inductor=False)
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    with torch.no_grad():
+        for counts in ([3, 1, 5], [4], [2, 6]):
+            index = request_index(counts)
+            user, item = torch.randn(len(counts), 8), torch.randint(0, 50, (len(index),))
+            ref = model(user[index], item)
+            _assert_close(compiled(user[index], item), ref, f"drop-in {counts}")
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", UserWarning)  # warns when nothing was shared
+                shared = rocs.shared_call(compiled, user, item, candidate_to_request=index)
+            _assert_close(shared, ref, f"shared {counts}")
+    assert len(backend.subgraphs) == 2
+    first, second = backend.subgraphs
+    assert first.compiled_model is not None, "the user tower should be rewritten"
+    assert (
+        second.plain is not None and second.fallback_reason == "no request input reaches this graph"
+    )
+
+
+# -- state, errors, fallback ----------------------------------------------------------------------
+
+
+def test_in_place_weight_update_is_seen():
+    entry = get_entry("dcnv2")
+    model = entry.build()
+    compiled = torch.compile(
+        model, backend=rocs.backend(list(entry.request_inputs), inductor=False)
+    )
+    batch = entry.make_batch([2, 3])
+    with torch.no_grad():
+        compiled(**batch.replicated())
+        weight = next(p for p in model.parameters() if p.dim() == 2 and p.shape[0] > 1)
+        weight.mul_(1.5)
+        _assert_close(compiled(**batch.replicated()), model(**batch.replicated()), "updated")
+
+
+def test_missing_request_inputs_is_a_clear_error():
+    model = get_entry("dlrm").build()
+    compiled = torch.compile(model, backend="rocs")
+    batch = get_entry("dlrm").make_batch([2])
+    with pytest.raises(Exception, match="request_inputs"), torch.no_grad():
+        compiled(**batch.replicated())
+
+
+def test_unknown_request_input_is_a_clear_error():
+    model = get_entry("dlrm").build()
+    compiled = torch.compile(model, backend=rocs.backend(["user_dens"], inductor=False))
+    batch = get_entry("dlrm").make_batch([2])
+    with pytest.raises(Exception, match="unknown request input.*user_dens"), torch.no_grad():
+        compiled(**batch.replicated())
+
+
+def test_shared_call_checks_the_index():
+    entry = get_entry("dlrm")
+    model = entry.build()
+    compiled = torch.compile(
+        model, backend=rocs.backend(list(entry.request_inputs), inductor=False)
+    )
+    batch = entry.make_batch([2, 3])
+    with pytest.raises(rocs.InputError, match="int64"):
+        rocs.shared_call(
+            compiled, **batch.kwargs, candidate_to_request=batch.candidate_to_request.int()
+        )
+    bad = batch.candidate_to_request.clone()
+    bad[0] = 5
+    with pytest.raises(rocs.InputError, match=r"\[0, 2\)"):
+        rocs.shared_call(compiled, **batch.kwargs, candidate_to_request=bad)
+
+
+def test_shared_call_without_rocs_graphs_warns_and_stays_exact():
+    entry = get_entry("dlrm")
+    model = entry.build()
+    compiled = torch.compile(model, backend="eager")
+    batch = entry.make_batch([2, 3], shuffle=True)
+    with pytest.warns(UserWarning, match="replicated layout"), torch.no_grad():
+        out = rocs.shared_call(
+            compiled,
+            **batch.kwargs,
+            candidate_to_request=batch.candidate_to_request,
+            request_inputs=list(entry.request_inputs),
+        )
+    _assert_close(out, model(**batch.replicated()), "eager backend")
+
+
+def test_inductor_failure_falls_back_to_fx_with_a_warning():
+    gm = torch.fx.symbolic_trace(nn.Linear(4, 2))
+    lowered = _Lowered(gm, use_inductor=True)
+
+    def broken(*args):
+        raise RuntimeError("inductor exploded")
+
+    lowered._compiled = {s: broken for s in lowered._compiled}
+    x = torch.randn(3, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.testing.assert_close(lowered(x), gm(x))  # first strategy failed, the next one is due
+    with pytest.warns(UserWarning, match="inductor exploded"):
+        out = lowered(x)
+    torch.testing.assert_close(out, gm(x))
+    assert not lowered.uses_inductor
+
+
+def test_bad_inputs_do_not_switch_inductor_off():
+    gm = torch.fx.symbolic_trace(nn.Linear(4, 2))
+    lowered = _Lowered(gm, use_inductor=True)
+
+    def failing(*args):
+        raise RuntimeError("shape mismatch")
+
+    lowered._compiled = {s: failing for s in lowered._compiled}
+    with pytest.raises(RuntimeError):
+        lowered(torch.randn(3, 5))  # wrong width: the FX graph fails as well
+    assert lowered.uses_inductor and len(lowered._strategies) == 2

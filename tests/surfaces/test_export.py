@@ -1,0 +1,161 @@
+"""``rocs.export`` / ``rocs.save`` / ``rocs.load``: dynamic R and N, exactness, loading in a fresh
+process, and AOTInductor packaging.
+
+The oracle is the original model on the replicated batch (and the CompiledModel itself).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+import rocs_compiler as rocs
+from models_zoo import get_entry
+
+BATCHES = [([3, 1, 5], True), ([1], False), ([6], False), ([2, 2, 9, 1], True)]
+
+
+def _assert_close(out, ref, what: str) -> None:
+    got, want = pytree.tree_leaves(out), pytree.tree_leaves(ref)
+    assert len(got) == len(want), what
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=lambda m: f"{what}: {m}")
+
+
+def _compiled(name):
+    entry = get_entry(name)
+    model = entry.build()
+    example = entry.make_batch([3, 1, 5]).replicated()
+    return entry, model, rocs.compile(model, list(entry.request_inputs), example_kwargs=example)
+
+
+@pytest.mark.parametrize("name", ["dlrm", "mmoe", "bst"])  # plain args; dicts in and out; sequences
+def test_exported_program_is_exact_for_any_r_and_n(name):
+    entry, model, cm = _compiled(name)
+    program = rocs.export(cm)
+    assert isinstance(program, torch.export.ExportedProgram)
+    assert len(program.range_constraints) == 2, "one dynamic size for R and one for N"
+    module = program.module()
+    with torch.no_grad():
+        for i, (counts, shuffle) in enumerate(BATCHES):
+            batch = entry.make_batch(counts, seed=i, shuffle=shuffle)
+            out = module(**batch.kwargs, candidate_to_request=batch.candidate_to_request)
+            _assert_close(out, model(**batch.replicated()), f"{name} {counts}")
+            compiled = cm(**batch.kwargs, candidate_to_request=batch.candidate_to_request)
+            _assert_close(out, compiled, f"{name} {counts} vs CompiledModel")
+
+
+def test_export_accepts_an_example_batch():
+    entry, model, cm = _compiled("dcnv2")
+    batch = entry.make_batch([2, 4], seed=3)
+    program = rocs.export(cm, example=batch)
+    out = program.module()(**batch.kwargs, candidate_to_request=batch.candidate_to_request)
+    _assert_close(out, model(**batch.replicated()), "example batch")
+    with pytest.raises(rocs.InputError, match="candidate_to_request"):
+        rocs.export(cm, example=batch.kwargs)
+
+
+def test_export_of_an_eager_fallback_is_an_error():
+    class Untraceable(nn.Module):
+        def forward(self, user, item):
+            if user.sum() > 0:  # data-dependent control flow
+                return user + item
+            return user - item
+
+    with pytest.warns(UserWarning):
+        cm = rocs.compile(
+            Untraceable().eval(),
+            ["user"],
+            example_inputs=(torch.ones(4, 2), torch.ones(4, 2)),
+            fallback="eager",
+        )
+    with pytest.raises(rocs.CompileError, match="nothing to export"):
+        rocs.export(cm)
+
+
+_LOAD_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import torch
+    import rocs_compiler as rocs
+
+    program = rocs.load(sys.argv[1])
+    cases = torch.load(sys.argv[2])
+    worst = 0.0
+    for kwargs, index, expected in cases:
+        out = program.module()(**kwargs, candidate_to_request=index)
+        worst = max(worst, (out - expected).abs().max().item())
+    print("MAX_ERROR", worst)
+    print("FOREIGN", sorted(m for m in sys.modules if m.split(".")[0] in ("models_zoo",)))
+    """
+)
+
+_BARE_LOAD_SCRIPT = "import sys, torch; torch.export.load(sys.argv[1])"
+
+
+def test_saved_program_loads_in_a_fresh_process(tmp_path):
+    entry, model, cm = _compiled("dlrm")
+    program = rocs.export(cm)
+    assert any(
+        n.target.namespace == "rocs"
+        for n in program.graph.nodes
+        if n.op == "call_function" and hasattr(n.target, "namespace")
+    ), "the test needs a graph with rocs:: ops"
+    path = tmp_path / "dlrm.pt2"
+    rocs.save(program, path)
+    cases = []
+    with torch.no_grad():
+        for i, (counts, shuffle) in enumerate(BATCHES):
+            batch = entry.make_batch(counts, seed=10 + i, shuffle=shuffle)
+            cases.append((batch.kwargs, batch.candidate_to_request, model(**batch.replicated())))
+    torch.save(cases, tmp_path / "cases.pt")
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _LOAD_SCRIPT, str(path), str(tmp_path / "cases.pt")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
+    assert float(lines["MAX_ERROR"]) < 1e-5
+    assert lines["FOREIGN"] == "[]", "the loading process should import only torch and rocs"
+
+    bare = subprocess.run(
+        [sys.executable, "-c", _BARE_LOAD_SCRIPT, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert bare.returncode != 0, "loading without rocs_compiler should fail on the rocs:: ops"
+    assert "rocs" in bare.stderr
+
+
+@pytest.mark.slow
+def test_aot_inductor_package_is_exact(tmp_path):
+    """AOTInductor compiles the exported program (rocs:: ops included) into a .pt2 package.
+
+    About 45 s on two CPU cores (C++ compile).
+    """
+    entry, model, cm = _compiled("dlrm")
+    program = rocs.export(cm)
+    start = time.perf_counter()
+    path = rocs.aoti_package(program, tmp_path / "dlrm_aoti.pt2")
+    elapsed = time.perf_counter() - start
+    runner = torch._inductor.aoti_load_package(path)
+    with torch.no_grad():
+        for i, (counts, shuffle) in enumerate(BATCHES):
+            batch = entry.make_batch(counts, seed=20 + i, shuffle=shuffle)
+            out = runner(**batch.kwargs, candidate_to_request=batch.candidate_to_request)
+            _assert_close(out, model(**batch.replicated()), f"aoti {counts}")
+    print(f"AOTInductor package built in {elapsed:.1f} s")
