@@ -243,7 +243,26 @@ def _lift_to_attrs(program, tensor_names):
         env[node] = graph.node_copy(node, lambda n: env[n])
     gm = fx.GraphModule(root, graph)
     gm.graph.lint()
+    _reject_mutation(gm)
     return gm, placeholder_of, param_names
+
+
+def _reject_mutation(gm: fx.GraphModule) -> None:
+    """A forward that writes to a buffer or an input has state the rewrite cannot share."""
+    for node in gm.graph.nodes:
+        target = node.target
+        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+            continue
+        if not target._schema.is_mutable:
+            continue
+        for arg, schema_arg in zip(node.args, target._schema.arguments):
+            written = schema_arg.alias_info is not None and schema_arg.alias_info.is_write
+            if written and isinstance(arg, fx.Node) and arg.op in ("get_attr", "placeholder"):
+                kind = "buffer" if arg.op == "get_attr" else "input"
+                raise CompileError(
+                    f"the model's forward mutates {kind} {arg.target!r} in place ({target}); "
+                    "rocs needs a forward without side effects"
+                )
 
 
 def _batch_symbol(gm, placeholder_of, batched) -> sympy.Symbol:

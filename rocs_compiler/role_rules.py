@@ -300,6 +300,11 @@ register(aten.flip)(multi_dim_rule("dims"))
 register(aten.roll)(multi_dim_rule("dims"))
 
 
+@register(aten.arange, aten.randperm)
+def _values_from_batch_size(ctx: RuleContext) -> Optional[str]:
+    return "values depend on the batch size"
+
+
 @register(aten.repeat)
 def _repeat(ctx: RuleContext) -> Optional[str]:
     x = ctx.val(ctx.node.args[0])

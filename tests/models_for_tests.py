@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -187,7 +188,9 @@ class Case:
         model = model if model is not None else self.build()
         example = self.batch(example_counts, seed=123).replicated()
         opts = OPTIONS if options is None else options
-        return rocs.compile(model, list(self.request_inputs), example_kwargs=example, options=opts, **kw)
+        return rocs.compile(
+            model, list(self.request_inputs), example_kwargs=example, options=opts, **kw
+        )
 
 
 # ------------------------------------------------------------------------------------------
@@ -423,7 +426,7 @@ ZOO_NAMES = list(ZOO)
 ZOO_EXAMPLE_COUNTS = (2, 3)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def zoo_model(name: str) -> nn.Module:
     return ZOO[name].build(seed=0)
 
@@ -432,7 +435,7 @@ def zoo_example(name: str) -> dict:
     return ZOO[name].make_batch(list(ZOO_EXAMPLE_COUNTS), seed=100).replicated()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def zoo_pipeline(name: str, options_key: tuple = ()):
     """``compile_graph`` of a zoo model; ``options_key`` is ``tuple(sorted(options.items()))``."""
     from rocs_compiler.pipeline import compile_graph
@@ -443,11 +446,13 @@ def zoo_pipeline(name: str, options_key: tuple = ()):
     )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def zoo_compiled(name: str, options_key: tuple = ()):
     entry = ZOO[name]
     return rocs.compile(
-        zoo_model(name), list(entry.request_inputs), example_kwargs=zoo_example(name),
+        zoo_model(name),
+        list(entry.request_inputs),
+        example_kwargs=zoo_example(name),
         options=dict(options_key),
     )
 

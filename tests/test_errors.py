@@ -6,18 +6,17 @@ import warnings
 
 import pytest
 import torch
-from torch import nn
-
-import rocs_compiler as rocs
-
 from models_for_tests import (
-    D,
     DICT_FEATURES,
     OPTIONS,
     USER_ITEM_MLP,
+    D,
     assert_outputs_match,
     eager,
 )
+from torch import nn
+
+import rocs_compiler as rocs
 
 R, N = 3, 7
 INDEX = torch.tensor([0, 2, 2, 1, 0, 2, 1])
@@ -44,7 +43,7 @@ def compiled():
 
 @pytest.fixture
 def spied(compiled):
-    model, cm = compiled
+    _model, cm = compiled
     graph = cm.graph_module
     spy = Spy(graph)
     cm.graph_module = spy
@@ -96,7 +95,9 @@ def test_unknown_dotted_request_input_lists_valid_names():
 def test_training_mode_is_rejected():
     model = USER_ITEM_MLP.build().train()
     with pytest.raises(rocs.InputError, match=r"eval"):
-        rocs.compile(model, ["user", "user_ids"], example_kwargs=replicated_inputs(), options=OPTIONS)
+        rocs.compile(
+            model, ["user", "user_ids"], example_kwargs=replicated_inputs(), options=OPTIONS
+        )
 
 
 def test_unknown_fallback_mode():
@@ -119,22 +120,63 @@ def _bad_calls():
     idx = INDEX
     return {
         "missing_input_dropin": (_without(rep, "item"), r"missing.*item"),
-        "missing_input_shared": ({**_without(sh, "user_ids"), "candidate_to_request": idx}, r"missing.*user_ids"),
+        "missing_input_shared": (
+            {**_without(sh, "user_ids"), "candidate_to_request": idx},
+            r"missing.*user_ids",
+        ),
         "unknown_extra_input": ({**rep, "extra": torch.zeros(N)}, r"extra"),
-        "index_too_large": ({**sh, "candidate_to_request": torch.tensor([0, 1, 2, 3, 0, 0, 1])}, r"candidate_to_request.*\[0, 3\)"),
-        "index_negative": ({**sh, "candidate_to_request": torch.tensor([0, 1, 2, -1, 0, 0, 1])}, r"candidate_to_request"),
-        "index_int32": ({**sh, "candidate_to_request": idx.to(torch.int32)}, r"candidate_to_request.*int64"),
-        "index_float": ({**sh, "candidate_to_request": idx.float()}, r"candidate_to_request.*int64"),
+        "index_too_large": (
+            {**sh, "candidate_to_request": torch.tensor([0, 1, 2, 3, 0, 0, 1])},
+            r"candidate_to_request.*\[0, 3\)",
+        ),
+        "index_negative": (
+            {**sh, "candidate_to_request": torch.tensor([0, 1, 2, -1, 0, 0, 1])},
+            r"candidate_to_request",
+        ),
+        "index_int32": (
+            {**sh, "candidate_to_request": idx.to(torch.int32)},
+            r"candidate_to_request.*int64",
+        ),
+        "index_float": (
+            {**sh, "candidate_to_request": idx.float()},
+            r"candidate_to_request.*int64",
+        ),
         "index_bool": ({**sh, "candidate_to_request": idx > 0}, r"candidate_to_request.*int64"),
-        "index_too_long": ({**sh, "candidate_to_request": torch.cat([idx, idx[:1]])}, r"candidate_to_request.*8.*7"),
-        "index_too_short": ({**sh, "candidate_to_request": idx[:-1]}, r"candidate_to_request.*6.*7"),
+        "index_too_long": (
+            {**sh, "candidate_to_request": torch.cat([idx, idx[:1]])},
+            r"candidate_to_request.*8.*7",
+        ),
+        "index_too_short": (
+            {**sh, "candidate_to_request": idx[:-1]},
+            r"candidate_to_request.*6.*7",
+        ),
         "index_2d": ({**sh, "candidate_to_request": idx.view(1, -1)}, r"candidate_to_request.*1-D"),
-        "index_list": ({**sh, "candidate_to_request": idx.tolist()}, r"candidate_to_request.*Tensor"),
-        "request_rows_below_R": ({**sh, "user": sh["user"][:2], "user_ids": sh["user_ids"][:2], "candidate_to_request": idx}, r"\[0, 2\)"),
-        "request_inputs_disagree_on_R": ({**sh, "user": torch.randn(R + 1, D), "candidate_to_request": idx}, r"user.*user_ids|disagree"),
-        "candidate_inputs_disagree": ({**sh, "item": torch.randn(N + 1, D), "candidate_to_request": idx}, r"candidate_to_request|rows"),
+        "index_list": (
+            {**sh, "candidate_to_request": idx.tolist()},
+            r"candidate_to_request.*Tensor",
+        ),
+        "request_rows_below_R": (
+            {
+                **sh,
+                "user": sh["user"][:2],
+                "user_ids": sh["user_ids"][:2],
+                "candidate_to_request": idx,
+            },
+            r"\[0, 2\)",
+        ),
+        "request_inputs_disagree_on_R": (
+            {**sh, "user": torch.randn(R + 1, D), "candidate_to_request": idx},
+            r"user.*user_ids|disagree",
+        ),
+        "candidate_inputs_disagree": (
+            {**sh, "item": torch.randn(N + 1, D), "candidate_to_request": idx},
+            r"candidate_to_request|rows",
+        ),
         "dropin_rows_disagree": ({**rep, "item": torch.randn(N + 1, D)}, r"disagree"),
-        "validate_rows_neither_R_nor_N": ({**sh, "user": torch.randn(R + 2, D), "candidate_to_request": idx, "validate": True}, r"user"),
+        "validate_rows_neither_R_nor_N": (
+            {**sh, "user": torch.randn(R + 2, D), "candidate_to_request": idx, "validate": True},
+            r"user",
+        ),
     }
 
 
@@ -203,7 +245,13 @@ def test_validate_accepts_mixed_replicated_and_shared_request_inputs(compiled):
     model, cm = compiled
     sh, rep = shared_inputs(), replicated_inputs()
     expected = eager(model, rep)
-    got = cm(user=rep["user"], user_ids=sh["user_ids"], item=sh["item"], candidate_to_request=INDEX, validate=True)
+    got = cm(
+        user=rep["user"],
+        user_ids=sh["user_ids"],
+        item=sh["item"],
+        candidate_to_request=INDEX,
+        validate=True,
+    )
     assert_outputs_match(got, expected, "validate=True, user replicated, user_ids shared")
 
 
@@ -247,8 +295,13 @@ def _scaled_inputs():
 def test_non_tensor_input_differing_from_compile_time_is_rejected():
     model = Scaled().eval()
     user, item = _scaled_inputs()
-    cm = rocs.compile(model, ["user"], example_kwargs=dict(user=user, item=item, scale=2.0), options=OPTIONS)
-    assert_outputs_match(cm(user=user, item=item, scale=2.0), eager(model, dict(user=user, item=item, scale=2.0)))
+    cm = rocs.compile(
+        model, ["user"], example_kwargs={"user": user, "item": item, "scale": 2.0}, options=OPTIONS
+    )
+    assert_outputs_match(
+        cm(user=user, item=item, scale=2.0),
+        eager(model, {"user": user, "item": item, "scale": 2.0}),
+    )
     with pytest.raises(rocs.InputError, match=r"scale"):
         cm(user=user, item=item, scale=3.0)
 
@@ -258,8 +311,8 @@ def test_non_tensor_input_given_at_call_but_defaulted_at_compile_time():
     compute with 1.0."""
     model = Scaled().eval()
     user, item = _scaled_inputs()
-    cm = rocs.compile(model, ["user"], example_kwargs=dict(user=user, item=item), options=OPTIONS)
-    expected = eager(model, dict(user=user, item=item, scale=3.0))
+    cm = rocs.compile(model, ["user"], example_kwargs={"user": user, "item": item}, options=OPTIONS)
+    expected = eager(model, {"user": user, "item": item, "scale": 3.0})
     try:
         got = cm(user=user, item=item, scale=3.0)
     except rocs.InputError:
@@ -274,8 +327,10 @@ def test_non_tensor_input_omitted_at_call_but_given_at_compile_time():
     """Compiled with scale=2.0, called without ``scale`` (the model's default is 1.0)."""
     model = Scaled().eval()
     user, item = _scaled_inputs()
-    cm = rocs.compile(model, ["user"], example_kwargs=dict(user=user, item=item, scale=2.0), options=OPTIONS)
-    expected = eager(model, dict(user=user, item=item))
+    cm = rocs.compile(
+        model, ["user"], example_kwargs={"user": user, "item": item, "scale": 2.0}, options=OPTIONS
+    )
+    expected = eager(model, {"user": user, "item": item})
     try:
         got = cm(user=user, item=item)
     except rocs.InputError:
@@ -305,7 +360,12 @@ class DataDependent(nn.Module):
 def test_untraceable_model_raises_compile_error_naming_the_route():
     user, item = _scaled_inputs()
     with pytest.raises(rocs.CompileError) as err:
-        rocs.compile(DataDependent().eval(), ["user"], example_kwargs=dict(user=user, item=item), options=OPTIONS)
+        rocs.compile(
+            DataDependent().eval(),
+            ["user"],
+            example_kwargs={"user": user, "item": item},
+            options=OPTIONS,
+        )
     message = str(err.value)
     assert "export (non-strict)" in message and "export (strict)" in message, message
     assert "data-dependent" in message.lower(), message
@@ -316,7 +376,11 @@ def test_eager_fallback_warns_once_and_matches_the_original():
     user, item = _scaled_inputs()
     with pytest.warns(UserWarning, match="rocs"):
         cm = rocs.compile(
-            model, ["user"], example_kwargs=dict(user=user, item=item), fallback="eager", options=OPTIONS
+            model,
+            ["user"],
+            example_kwargs={"user": user, "item": item},
+            fallback="eager",
+            options=OPTIONS,
         )
     assert cm.is_fallback
     g = torch.Generator().manual_seed(9)
@@ -325,7 +389,7 @@ def test_eager_fallback_warns_once_and_matches_the_original():
         for sign in (1.0, -1.0, 1.0):
             u_shared = sign * torch.randn(R, D, generator=g).abs()
             c = torch.randn(N, D, generator=g)
-            expected = eager(model, dict(user=u_shared[INDEX], item=c))
+            expected = eager(model, {"user": u_shared[INDEX], "item": c})
             assert_outputs_match(cm(user=u_shared[INDEX], item=c), expected, "fallback drop-in")
             got = cm(user=u_shared, item=c, candidate_to_request=INDEX)
             assert_outputs_match(got, expected, "fallback shared layout")
@@ -337,10 +401,113 @@ def test_eager_fallback_still_checks_inputs():
     model = DataDependent().eval()
     user, item = _scaled_inputs()
     with pytest.warns(UserWarning):
-        cm = rocs.compile(model, ["user"], example_kwargs=dict(user=user, item=item), fallback="eager")
+        cm = rocs.compile(
+            model, ["user"], example_kwargs={"user": user, "item": item}, fallback="eager"
+        )
     calls = model.calls
     with pytest.raises(rocs.InputError, match="candidate_to_request"):
         cm(user=user[:R], item=item, candidate_to_request=INDEX.to(torch.int32))
     with pytest.raises(rocs.InputError, match="missing"):
         cm(user=user)
     assert model.calls == calls, "the original model ran on bad inputs"
+
+
+# ------------------------------------------------------------------------------------------
+# Impure models and reserved names
+
+
+class CountingBuffer(nn.Module):
+    """Mutates a buffer in forward: its output changes from call to call."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(D, D)
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, user, item):
+        self.calls += 1
+        return self.lin(user) + item + self.calls
+
+
+def test_model_mutating_a_buffer_is_rejected():
+    user, item = _scaled_inputs()
+    try:
+        cm = rocs.compile(
+            CountingBuffer().eval(),
+            ["user"],
+            example_kwargs={"user": user, "item": item},
+            options=OPTIONS,
+        )
+    except rocs.CompileError as err:
+        assert "mutat" in str(err)
+        return
+    raise AssertionError(
+        "a forward that mutates a buffer compiled (capture.py checks buffers_to_mutate, which the "
+        "non-functional export graph leaves empty; the in-place add_ stays in the graph and "
+        f"updates the compiled model's own copy of the buffer):\n{cm.graph_module.code}"
+    )
+
+
+class InPlaceOnInput(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(D, D)
+
+    def forward(self, user, item):
+        user.mul_(2)
+        return self.lin(user) + item
+
+
+def test_model_mutating_an_input_is_rejected_or_exact():
+    user, item = _scaled_inputs()
+    model = InPlaceOnInput().eval()
+    try:
+        cm = rocs.compile(
+            model, ["user"], example_kwargs={"user": user.clone(), "item": item}, options=OPTIONS
+        )
+    except rocs.CompileError:
+        return
+    expected = eager(model, {"user": user.clone(), "item": item})
+    assert_outputs_match(cm(user=user.clone(), item=item), expected, "drop-in")
+    got = cm(
+        user=user[:R].clone(),
+        item=item[: len(INDEX)],
+        candidate_to_request=torch.zeros(len(INDEX), dtype=torch.long),
+    )
+    expected = eager(
+        model, {"user": user[:1].clone().expand(len(INDEX), -1).clone(), "item": item[: len(INDEX)]}
+    )
+    assert_outputs_match(got, expected, "shared layout")
+
+
+class ReservedName(nn.Module):
+    def forward(self, user, item, candidate_to_request):
+        return user + item * candidate_to_request
+
+
+def test_input_named_like_the_index_is_a_clear_error():
+    user, item = _scaled_inputs()
+    example = {"user": user, "item": item, "candidate_to_request": item.clone()}
+    try:
+        rocs.compile(ReservedName().eval(), ["user"], example_kwargs=example, options=OPTIONS)
+    except (rocs.CompileError, rocs.InputError) as err:
+        assert "candidate_to_request" in str(err)
+    except Exception as err:  # noqa: BLE001
+        raise AssertionError(
+            f"an input named candidate_to_request raises {type(err).__name__} from the share pass "
+            "instead of rocs.CompileError / rocs.InputError"
+        ) from None
+    else:
+        raise AssertionError("an input named candidate_to_request was accepted")
+
+
+@pytest.mark.parametrize("shape", [(3, D), (3,), ()], ids=["rows_not_n", "1d_not_n", "scalar"])
+def test_request_input_without_batch_dim_is_rejected(shape):
+    _, item = _scaled_inputs()
+    with pytest.raises(rocs.InputError, match="user"):
+        rocs.compile(
+            Scaled().eval(),
+            ["user"],
+            example_kwargs={"user": torch.randn(shape), "item": item},
+            options=OPTIONS,
+        )

@@ -7,22 +7,21 @@ import threading
 
 import pytest
 import torch
+from models_for_tests import (
+    DICT_FEATURES,
+    OPTIONS,
+    SEQUENCE_3D,
+    USER_ITEM_MLP,
+    D,
+    assert_outputs_match,
+    check_both_conventions,
+    eager,
+)
 from torch import nn
 
 import rocs_compiler as rocs
 from models_zoo import Batch, request_index
 from rocs_compiler.grouping import group_requests, rows_consistent
-
-from models_for_tests import (
-    D,
-    DICT_FEATURES,
-    OPTIONS,
-    SEQUENCE_3D,
-    USER_ITEM_MLP,
-    assert_outputs_match,
-    check_both_conventions,
-    eager,
-)
 
 SHAPES = {
     "one": ([1], False),
@@ -70,7 +69,9 @@ def test_request_without_candidates_and_empty_batch():
     sparse = Batch(base.kwargs, index, base.request_inputs)
     sparse.kwargs["item"] = sparse.kwargs["item"][:5]
     expected = eager(model, sparse.replicated())
-    assert_outputs_match(cm(**sparse.kwargs, candidate_to_request=index), expected, "unused request")
+    assert_outputs_match(
+        cm(**sparse.kwargs, candidate_to_request=index), expected, "unused request"
+    )
 
     empty = USER_ITEM_MLP.batch([0], seed=4)
     expected = eager(model, empty.replicated())
@@ -83,9 +84,11 @@ def test_request_without_candidates_and_empty_batch():
 # Threads
 
 
-def test_concurrent_calls_from_four_threads():
+@pytest.mark.parametrize("pointwise", [False, True], ids=["default", "ikbo-pointwise"])
+def test_concurrent_calls_from_four_threads(pointwise):
     model = SEQUENCE_3D.build()
-    cm = SEQUENCE_3D.compile(model)
+    options = {**OPTIONS, "ikbo_pointwise": True} if pointwise else OPTIONS
+    cm = SEQUENCE_3D.compile(model, options=options)
     batches = [
         SEQUENCE_3D.batch(counts, seed=i, shuffle=True)
         for i, counts in enumerate([[3, 1, 5], [1], [2, 2, 2, 2, 2], [8, 1]])
@@ -148,7 +151,9 @@ def test_a_dict_argument_named_as_a_whole():
     from models_for_tests import Case, Spec
 
     case = Case(
-        "nested_user", NestedUser, ("user",),
+        "nested_user",
+        NestedUser,
+        ("user",),
         (("user.age", Spec((), 10)), ("user.dense", Spec()), ("item", Spec())),
     )
     model = case.build()
@@ -190,11 +195,11 @@ def test_non_batched_tensor_input_is_read_at_every_call():
     g = torch.Generator().manual_seed(0)
     index = torch.tensor([0, 0, 1, 1, 1])
     user, item = torch.randn(2, D, generator=g), torch.randn(5, D, generator=g)
-    example = dict(user=user[index], item=item, weights=torch.ones(D))
+    example = {"user": user[index], "item": item, "weights": torch.ones(D)}
     cm = rocs.compile(model, ["user"], example_kwargs=example, options=OPTIONS)
     for _ in range(2):
         w = torch.randn(D, generator=g)
-        expected = eager(model, dict(user=user[index], item=item, weights=w))
+        expected = eager(model, {"user": user[index], "item": item, "weights": w})
         assert_outputs_match(cm(user=user[index], item=item, weights=w), expected, "drop-in")
         got = cm(user=user, item=item, weights=w, candidate_to_request=index)
         assert_outputs_match(got, expected, "shared")
@@ -328,7 +333,9 @@ def test_to_cpu():
     assert cm.to("cpu") is cm
     assert cm.to(torch.device("cpu")) is cm
     assert all(b.device.type == "cpu" for b in cm.buffers())
-    check_both_conventions(cm, model, USER_ITEM_MLP.batch([2, 3], seed=8, shuffle=True), "after .to")
+    check_both_conventions(
+        cm, model, USER_ITEM_MLP.batch([2, 3], seed=8, shuffle=True), "after .to"
+    )
 
 
 # ------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ import torch
 from torch import fx
 
 from ..analysis import ROLE
+from ..errors import CompileError
 from ..roles import Role
 from ..symbolic import emit_expr, expr_of
 
@@ -70,16 +71,23 @@ class _Emitter:
         return self.broadcasts[node]
 
     def scalar(self, node: fx.Node, domain: str) -> Any:
+        """A batch-size value for ``domain``: sizes of tensors are re-derived from their sympy
+        expression; arithmetic on sizes is copied with its operands taken in ``domain``."""
         key = (node, domain)
         if key not in self.scalars:
+            if any(isinstance(a.meta.get("val"), torch.Tensor) for a in node.all_input_nodes):
 
-            def call(fn, args):
-                new = self.graph.call_function(fn, args)
-                new.meta[DOMAIN] = domain
-                return new
+                def call(fn, args):
+                    new = self.graph.call_function(fn, args)
+                    new.meta[DOMAIN] = domain
+                    return new
 
-            expr = expr_of(node.meta["val"])
-            self.scalars[key] = emit_expr(expr, self.symbol, self.size(domain), call)
+                expr = expr_of(node.meta["val"])
+                value = emit_expr(expr, self.symbol, self.size(domain), call)
+            else:
+                value = self.graph.node_copy(node, lambda a: self.get(a, domain))
+                value.meta[DOMAIN] = domain
+            self.scalars[key] = value
         return self.scalars[key]
 
 
@@ -93,7 +101,7 @@ def share(gm: fx.GraphModule, symbol: sympy.Symbol) -> fx.GraphModule:
     emit = _Emitter(graph, symbol)
     names = {n.name for n in gm.graph.nodes if n.op == "placeholder"}
     if INDEX_NAME in names:
-        raise ValueError(f"the model has an input named {INDEX_NAME!r}, which rocs reserves")
+        raise CompileError(f"the model has an input named {INDEX_NAME!r}, which rocs reserves")
     domain_of = {Role.CONST: "C", Role.REQUEST: "R", Role.CANDIDATE: "N"}
     nodes = list(gm.graph.nodes)
     for node in (n for n in nodes if n.op == "placeholder"):
