@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 import warnings
 
 import torch
 import torch.nn.functional as F
 
 import rocs_compiler as rocs
+from rocs_compiler.timing import median_ms
 from models_zoo import ZOO
 
 
@@ -57,16 +57,6 @@ def handwritten(model, user_profile, hist_item_ids, item_id, item_cat, candidate
     return model.top(features).squeeze(-1)
 
 
-def _median_ms(fn, repeats):
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--candidates", type=int, default=1024, help="candidates per request")
@@ -99,7 +89,7 @@ def main(argv=None) -> int:
         with torch.no_grad():
             for _ in range(3):  # interleave so drift hits all three alike
                 for name, fn in calls.items():
-                    timings[name].append(_median_ms(fn, max(args.repeats // 3, 1)))
+                    timings[name].append(median_ms(fn, max(args.repeats // 3, 1)))
         eager, hand, ours_ms = (statistics.median(timings[k]) for k in ("eager", "hand", "rocs"))
         print(
             f"| {num_requests} | {args.candidates} | {eager:.1f} | {hand:.2f} | {ours_ms:.2f} | "

@@ -6,23 +6,13 @@ Run with ``python -m rocs_compiler.demo [MODEL ...]``.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 import warnings
 
 import torch
 
 import rocs_compiler as rocs
-
-
-def _median_ms(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+from rocs_compiler.timing import median_ms
 
 
 def main(argv=None) -> int:
@@ -56,12 +46,12 @@ def main(argv=None) -> int:
             for a, b in zip(torch.utils._pytree.tree_leaves(shared), torch.utils._pytree.tree_leaves(expected))
         )
         with torch.no_grad():
-            eager_ms = _median_ms(lambda: model(**replicated), args.repeats)
-        shared_ms = _median_ms(
+            eager_ms = median_ms(lambda: model(**replicated), args.repeats)
+        shared_ms = median_ms(
             lambda: compiled(**batch.kwargs, candidate_to_request=batch.candidate_to_request),
             args.repeats,
         )
-        dropin_ms = _median_ms(lambda: compiled(**replicated), args.repeats)
+        dropin_ms = median_ms(lambda: compiled(**replicated), args.repeats)
         rows.append((name, eager_ms, shared_ms, dropin_ms, report.ideal_speedup(), exact))
     print(f"\nSpeed at R=1 request x N={args.candidates} candidates (median of {args.repeats} runs)")
     print(f"{'model':<10} {'eager ms':>9} {'rocs ms':>9} {'drop-in ms':>10} {'speedup':>8} {'ideal':>6} exact")
