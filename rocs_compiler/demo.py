@@ -19,10 +19,15 @@ def main(argv=None) -> int:
     from models_zoo import ZOO
 
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("models", nargs="*", default=["two_tower", "dlrm", "hstu"])
+    parser.add_argument("models", nargs="*", default=["target_attention", "two_tower", "dlrm"])
     parser.add_argument("--candidates", type=int, default=1024, help="candidates per request")
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument(
+        "--threads", type=int, default=1,
+        help="torch threads (default 1: stable timings on a shared machine)",
+    )
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", category=UserWarning)
     rows = []
     for name in args.models:
@@ -53,7 +58,10 @@ def main(argv=None) -> int:
         )
         dropin_ms = median_ms(lambda: compiled(**replicated), args.repeats)
         rows.append((name, eager_ms, shared_ms, dropin_ms, report.ideal_speedup(), exact))
-    print(f"\nSpeed at R=1 request x N={args.candidates} candidates (median of {args.repeats} runs)")
+    print(
+        f"\nSpeed at R=1 request x N={args.candidates} candidates "
+        f"(median of {args.repeats} runs, {args.threads} thread(s))"
+    )
     print(f"{'model':<10} {'eager ms':>9} {'rocs ms':>9} {'drop-in ms':>10} {'speedup':>8} {'ideal':>6} exact")
     for name, eager_ms, shared_ms, dropin_ms, ideal, exact in rows:
         print(
