@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch.utils import _pytree as pytree
 
 from ..role_rules import is_mutating, is_random
 from .share import DOMAIN
@@ -45,7 +46,7 @@ def fold_constants(gm: fx.GraphModule) -> int:
         args, kwargs = fx.map_arg((node.args, node.kwargs), lambda a: values[a])
         value = node.target(*args, **kwargs)
         values[node] = value
-        if not isinstance(value, torch.Tensor) or value.numel() > _FOLD_LIMIT_ELEMENTS:
+        if not isinstance(value, torch.Tensor) or value.numel() > _fold_limit(args):
             continue
         if all(_foldable_user(u, values, node) for u in node.users):
             continue  # an intermediate: its users fold too
@@ -60,6 +61,13 @@ def fold_constants(gm: fx.GraphModule) -> int:
         folded += 1
     gm.graph.eliminate_dead_code()
     return folded
+
+
+def _fold_limit(args: Any) -> int:
+    """Fold anything no larger than its largest input (a masked weight, a slice), and small
+    results of ops that expand; never materialize a large expansion."""
+    largest = max((t.numel() for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)), default=0)
+    return max(largest, _FOLD_LIMIT_ELEMENTS)
 
 
 def _foldable_user(user: fx.Node, values: dict, node: fx.Node) -> bool:
