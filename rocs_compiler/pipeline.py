@@ -23,6 +23,16 @@ class PipelineResult:
     logical_graph: fx.GraphModule  # after defer: every node at batch size (the cost model's view)
     shared_graph: fx.GraphModule  # what the runtime executes
     pass_counts: dict[str, int] = field(default_factory=dict)
+    _costs: dict | None = None
+
+    @property
+    def costs(self) -> dict:
+        """FLOPs per node of the logical graph (computed on first use)."""
+        if self._costs is None:
+            from .flops import node_costs
+
+            self._costs = node_costs(self.logical_graph, self.captured.batch_symbol)
+        return self._costs
 
 
 def _debug_print(stage: str, gm: fx.GraphModule) -> None:
@@ -59,6 +69,9 @@ def compile_graph(
         counts.update(fired)
         analysis = analyze(gm, request_placeholders, symbol)
         _debug_print("defer", gm)
+    from .verify import verify_roles
+
+    verify_roles(gm)
 
     shared = share(gm, symbol)
     _debug_print("share", shared)

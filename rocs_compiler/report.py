@@ -13,7 +13,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .analysis import ROLE, Fallback, op_name, source_module
-from .flops import node_costs
 from .roles import Role
 
 
@@ -141,7 +140,7 @@ def _fmt(flops: float) -> str:
 def build_report(result, num_candidates: int = 1024, num_requests: int = 1) -> Report:
     """Report for a :class:`~rocs_compiler.pipeline.PipelineResult`."""
     gm = result.logical_graph
-    costs = result.costs if getattr(result, "costs", None) else node_costs(gm, result.captured.batch_symbol)
+    costs = result.costs
     nodes, per_role = [], {Role.CONST: 0.0, Role.REQUEST: 0.0, Role.CANDIDATE: 0.0}
     for node in gm.graph.nodes:
         if node.op not in ("call_function", "placeholder"):

@@ -7,9 +7,8 @@ from torch import fx
 
 from .analysis import ROLE
 from .errors import CompileError
-from .passes.share import BROADCAST, DOMAIN, INDEX_NAME
+from .passes.share import BROADCAST, DOMAIN, DOMAIN_ORDER, INDEX_NAME
 
-_ORDER = {"C": 0, "R": 1, "N": 2}
 
 
 def verify_roles(gm: fx.GraphModule) -> None:
@@ -21,6 +20,8 @@ def verify_roles(gm: fx.GraphModule) -> None:
         if node.op == "output":
             continue
         role = node.meta[ROLE]
+        if not isinstance(node.meta.get("val"), (torch.Tensor, list, tuple)):
+            continue  # a batch size read off a candidate tensor is evaluated per domain
         for arg in node.all_input_nodes:
             if arg.meta[ROLE] > role:
                 raise CompileError(
@@ -41,7 +42,7 @@ def verify_shared(gm: fx.GraphModule) -> None:
             raise CompileError(f"node {node.name} has no domain after sharing")
         for arg in node.all_input_nodes:
             arg_domain = arg.meta.get(DOMAIN)
-            if _ORDER[arg_domain] > _ORDER[domain]:
+            if DOMAIN_ORDER[arg_domain] > DOMAIN_ORDER[domain]:
                 raise CompileError(f"{domain}-node {node.name} reads {arg_domain}-node {arg.name}")
             if (domain, arg_domain) == ("N", "R") and not _takes_index(node):
                 raise CompileError(f"{node.name} reads request value {arg.name} without broadcast")

@@ -26,11 +26,10 @@ from torch._guards import detect_fake_mode
 
 from .. import codegen  # noqa: F401 - registers the rocs:: ops
 from .engine import Builder, Rewrite, rewrite_to_fixpoint
-from .share import BROADCAST, DOMAIN, INDEX_NAME
+from .share import BROADCAST, DOMAIN, DOMAIN_ORDER, INDEX_NAME
 
 aten = torch.ops.aten
 rocs = torch.ops.rocs
-_ORDER = {"C": 0, "R": 1, "N": 2}
 
 
 def _broadcast_source(node: Any) -> Optional[fx.Node]:
@@ -279,7 +278,7 @@ def _assign_domains(gm: fx.GraphModule) -> None:
     for node in gm.graph.nodes:
         if DOMAIN not in node.meta:
             domains = [a.meta.get(DOMAIN, "C") for a in node.all_input_nodes] or ["C"]
-            node.meta[DOMAIN] = max(domains, key=_ORDER.__getitem__)
+            node.meta[DOMAIN] = max(domains, key=DOMAIN_ORDER.__getitem__)
 
 
 def ikbo(gm: fx.GraphModule, pointwise: bool = False) -> tuple[fx.GraphModule, dict[str, int]]:

@@ -28,6 +28,7 @@ from ..symbolic import emit_expr, expr_of
 aten = torch.ops.aten
 INDEX_NAME = "candidate_to_request"
 DOMAIN = "rocs_domain"  # "R", "N" or "C": how many rows a node of the shared graph has
+DOMAIN_ORDER = {"C": 0, "R": 1, "N": 2}  # a node never reads a value of a later domain
 BROADCAST = "rocs_broadcast"
 
 
