@@ -44,15 +44,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
             raise
         return _eager_fallback(model, list(request_inputs), tuple(example_inputs), example_kwargs, err)
     captured = result.captured
-    contract = InputContract(
-        captured.signature,
-        captured.input_names,
-        captured.request_inputs,
-        captured.batched,
-        captured.constant_inputs,
-        captured.out_spec,
-        captured.out_constants,
-    )
+    contract = _contract(captured)
     def report_builder(num_candidates: int, num_requests: int):
         from .report import build_report
 
@@ -63,27 +55,22 @@ def compile(  # noqa: A001 - mirrors torch.compile
     return compiled
 
 
+def _contract(described) -> InputContract:
+    """The runtime contract of a :class:`CapturedGraph` or an :class:`ExampleCall`."""
+    return InputContract(
+        described.signature,
+        described.input_names,
+        described.request_inputs,
+        described.batched,
+        described.constant_inputs,
+        described.out_spec,
+        described.out_constants,
+    )
+
+
 def _eager_fallback(model, request_inputs, example_args, example_kwargs, err) -> CompiledModel:
-    import inspect
-
-    import torch
-    from torch.utils import _pytree as pytree
-
-    from .inputs import GRAPH_OUTPUT, bind_inputs, is_graph_leaf, is_tensor, match_names, named_leaves
+    from .capture import describe_example
 
     warnings.warn(f"rocs: compilation failed, the model will run eagerly: {err}", stacklevel=3)
-    signature = inspect.signature(model.forward)
-    leaves = named_leaves(bind_inputs(signature, example_args, example_kwargs))
-    tensors = [n for n, v in leaves.items() if is_tensor(v)]
-    requests = [leaf for hits in match_names(request_inputs, tensors).values() for leaf in hits]
-    rows = max(leaves[n].shape[0] for n in tensors if leaves[n].dim())
-    batched = {n: leaves[n].dim() > 0 and leaves[n].shape[0] == rows for n in tensors}
-    with torch.no_grad():
-        out = model(*example_args, **example_kwargs)
-    flat, spec = pytree.tree_flatten(out)
-    contract = InputContract(
-        signature, tensors, requests, batched,
-        {n: v for n, v in leaves.items() if not is_tensor(v)},
-        spec, [GRAPH_OUTPUT if is_graph_leaf(v) else v for v in flat],
-    )
-    return CompiledModel(None, contract, {}, None, model, fallback_reason=str(err).splitlines()[0])
+    call = describe_example(model, example_args, example_kwargs, request_inputs)
+    return CompiledModel(None, _contract(call), {}, None, model, fallback_reason=str(err).splitlines()[0])

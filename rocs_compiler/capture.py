@@ -109,15 +109,29 @@ def _first_error_lines(err: BaseException, limit: int = 12) -> str:
     return "\n    ".join(keep)
 
 
-def capture(
-    model: nn.Module,
-    example_args: tuple,
-    example_kwargs: Mapping[str, Any],
-    request_inputs: list[str],
-    strict_fallback: bool = True,
-) -> CapturedGraph:
-    """Capture ``model``; ``strict_fallback=False`` skips the strict (dynamo) route, which
-    resets dynamo's caches and so must not run inside a ``torch.compile`` backend."""
+@dataclass
+class ExampleCall:
+    """The example call, described by leaf name: what capture and the runtime contract share."""
+
+    signature: inspect.Signature
+    bound: dict
+    leaves: dict[str, Any]
+    input_names: list[str]  # tensor leaves, in call order
+    request_inputs: list[str]  # tensor leaves declared request-side
+    batch_rows: int
+    batched: dict[str, bool]
+    out_spec: pytree.TreeSpec
+    out_constants: list[Any]
+
+    @property
+    def constant_inputs(self) -> dict[str, Any]:
+        return {n: v for n, v in self.leaves.items() if not is_tensor(v)}
+
+
+def describe_example(
+    model: nn.Module, example_args: tuple, example_kwargs: Mapping[str, Any], request_inputs: list[str]
+) -> ExampleCall:
+    """Name the example's leaves, find the batched ones, and run it once for the output layout."""
     if model.training:
         raise InputError("rocs compiles models for inference: call model.eval() first")
     signature = inspect.signature(model.forward)
@@ -129,7 +143,6 @@ def capture(
     covered = match_names(request_inputs, tensor_names)
     request_leaves = [leaf for hits in covered.values() for leaf in hits]
     candidate_leaves = [n for n in tensor_names if n not in request_leaves]
-
     batch_rows = _batch_rows(leaves, candidate_leaves or request_leaves)
     batched = {n: leaves[n].dim() > 0 and leaves[n].shape[0] == batch_rows for n in tensor_names}
     for name in request_leaves:
@@ -138,21 +151,35 @@ def capture(
                 f"request input {name!r} has shape {tuple(leaves[name].shape)}; request inputs "
                 f"need the batch dim first ({batch_rows} rows in the example)"
             )
+    args, kwargs = rebuild_call(signature, bound)
+    with torch.no_grad():
+        out_flat, out_spec = pytree.tree_flatten(model(*args, **kwargs))
+    out_constants = [GRAPH_OUTPUT if is_graph_leaf(v) else v for v in out_flat]
+    return ExampleCall(
+        signature, bound, leaves, tensor_names, request_leaves, batch_rows, batched, out_spec,
+        out_constants,
+    )
 
-    flat, treespec = pytree.tree_flatten(bound)
-    flat_names = list(leaves)
+
+def capture(
+    model: nn.Module,
+    example_args: tuple,
+    example_kwargs: Mapping[str, Any],
+    request_inputs: list[str],
+    strict_fallback: bool = True,
+) -> CapturedGraph:
+    """Capture ``model``; ``strict_fallback=False`` skips the strict (dynamo) route, which
+    resets dynamo's caches and so must not run inside a ``torch.compile`` backend."""
+    call = describe_example(model, example_args, example_kwargs, request_inputs)
+    signature, leaves, tensor_names, batched = call.signature, call.leaves, call.input_names, call.batched
+    flat, treespec = pytree.tree_flatten(call.bound)
     tensor_positions = [i for i, v in enumerate(flat) if is_tensor(v)]
     template = [None if is_tensor(v) else v for v in flat]
-    rows = max(batch_rows, MIN_CAPTURE_ROWS)
+    rows = max(call.batch_rows, MIN_CAPTURE_ROWS)
     example = [
-        _grow_rows(leaves[n], rows) if batched[n] and rows != batch_rows else leaves[n]
+        _grow_rows(leaves[n], rows) if batched[n] and rows != call.batch_rows else leaves[n]
         for n in tensor_names
     ]
-
-    with torch.no_grad():
-        eager_out = model(*rebuild_call(signature, bound)[0], **rebuild_call(signature, bound)[1])
-    out_flat, out_spec = pytree.tree_flatten(eager_out)
-    out_constants = [GRAPH_OUTPUT if is_graph_leaf(v) else v for v in out_flat]
 
     wrapper = _FlatForward(model, signature, template, treespec, tensor_positions).eval()
     batch = Dim("batch")
@@ -177,17 +204,16 @@ def capture(
 
     gm, placeholder_of, param_names = _lift_to_attrs(program, tensor_names)
     symbol = _batch_symbol(gm, placeholder_of, batched)
-    del flat_names
     return CapturedGraph(
         graph_module=gm,
         signature=signature,
         input_names=tensor_names,
         placeholder_of=placeholder_of,
         batched=batched,
-        request_inputs=request_leaves,
-        constant_inputs={n: v for n, v in leaves.items() if not is_tensor(v)},
-        out_spec=out_spec,
-        out_constants=out_constants,
+        request_inputs=call.request_inputs,
+        constant_inputs=call.constant_inputs,
+        out_spec=call.out_spec,
+        out_constants=call.out_constants,
         batch_symbol=symbol,
         route=route,
         param_names=param_names,

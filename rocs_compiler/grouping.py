@@ -30,7 +30,8 @@ def group_requests(request_leaves: Sequence[torch.Tensor], rows: int) -> tuple[t
     change = torch.zeros(rows - 1, dtype=torch.bool, device=device)
     for leaf in request_leaves:
         bits = _bit_rows(leaf)
-        change |= (bits[1:] != bits[:-1]).any(dim=1) if bits.shape[1] else change
+        if bits.shape[1]:  # a leaf with no elements per row cannot tell requests apart
+            change |= (bits[1:] != bits[:-1]).any(dim=1)
     is_start = torch.cat([torch.ones(1, dtype=torch.bool, device=device), change])
     starts = is_start.nonzero().squeeze(1)
     return starts, torch.cumsum(is_start, 0) - 1

@@ -7,7 +7,7 @@ from torch import fx
 
 from .analysis import ROLE
 from .errors import CompileError
-from .passes.share import BROADCAST, DOMAIN, DOMAIN_ORDER, INDEX_NAME
+from .passes.share import BROADCAST, DOMAIN, DOMAIN_ORDER, INDEX_NAME, is_scalar_node
 
 
 
@@ -20,7 +20,7 @@ def verify_roles(gm: fx.GraphModule) -> None:
         if node.op == "output":
             continue
         role = node.meta[ROLE]
-        if not isinstance(node.meta.get("val"), (torch.Tensor, list, tuple)):
+        if is_scalar_node(node):
             continue  # a batch size read off a candidate tensor is evaluated per domain
         for arg in node.all_input_nodes:
             if arg.meta[ROLE] > role:

@@ -31,7 +31,7 @@ from torch import fx
 
 from ..analysis import analyze
 from ..roles import Role
-from .concat import Concat, as_concat, mixed_concat, role_of, val_of
+from .concat import Concat, mixed_concat, role_of, val_of
 from .engine import Builder, Rewrite, rewrite_to_fixpoint
 from .cleanup import fold_constants
 from .mask import mask_rewrites
@@ -296,17 +296,13 @@ def _distribute_reshape(b: Builder, node: fx.Node) -> Optional[fx.Node]:
         return None
     outs = []
     for piece, size in zip(info.pieces, info.sizes):
-        shape = [_size_arg(s) for s in node.args[1]] if node.target != aten.flatten.using_ints else None
+        shape = list(node.args[1]) if node.target != aten.flatten.using_ints else None
         if shape is None:
             outs.append(b.call(node.target, piece, *node.args[1:]))
             continue
         shape[d] = size * merged
         outs.append(b.call(node.target, piece, shape))
     return _cat_pieces(b, outs, d)
-
-
-def _size_arg(s: Any) -> Any:
-    return s
 
 
 def _same_size(a: Any, b: Any) -> bool:

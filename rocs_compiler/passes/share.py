@@ -58,7 +58,7 @@ class _Emitter:
         if role == Role.CANDIDATE:
             assert domain == "N", f"{node.name} is CANDIDATE but wanted in domain {domain}"
             return self.env["N"][node]
-        if _is_scalar(node):
+        if is_scalar_node(node):
             return self.scalar(node, "N" if domain == "N" else "R")
         if domain == "R":
             return self.env["R"][node]
@@ -92,7 +92,8 @@ class _Emitter:
         return self.scalars[key]
 
 
-def _is_scalar(node: fx.Node) -> bool:
+def is_scalar_node(node: fx.Node) -> bool:
+    """A node whose value is a number (a batch size, say) rather than tensors."""
     return not isinstance(node.meta.get("val"), (torch.Tensor, list, tuple))
 
 
@@ -117,7 +118,7 @@ def share(gm: fx.GraphModule, symbol: sympy.Symbol) -> fx.GraphModule:
     emit.index.meta[DOMAIN] = "N"
     for node in (n for n in nodes if n.op not in ("placeholder", "output")):
         role = node.meta[ROLE]
-        if role == Role.REQUEST and _is_scalar(node):
+        if role == Role.REQUEST and is_scalar_node(node):
             continue  # batch sizes are emitted per consumer domain
         domain = domain_of[role]
         new = graph.node_copy(node, lambda a, d=domain: emit.get(a, d))
