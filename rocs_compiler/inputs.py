@@ -36,6 +36,8 @@ def _key_name(key: Any) -> str:
 
 def named_leaves(bound: Mapping[str, Any]) -> dict[str, Any]:
     """Flatten bound arguments into ``{dotted name: leaf}`` in a stable order."""
+    if all(isinstance(v, torch.Tensor) for v in bound.values()):
+        return dict(bound)  # tensors are leaves: the common flat call needs no tree walk
     leaves, _ = pytree.tree_flatten_with_path(dict(bound))
     return {".".join(_key_name(k) for k in path): leaf for path, leaf in leaves}
 

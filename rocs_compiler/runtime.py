@@ -99,6 +99,8 @@ class CompiledModel(nn.Module):
         self._fallback_reason = fallback_reason
         self._warned = False
         self._constant_outputs = _constant_output_positions(graph_module)
+        # Not a submodule either: a view of graph_module's tensors, rebuilt when they move.
+        object.__setattr__(self, "_runner", None)
         # Not a submodule: the compiled graph owns its own copy of the weights' references.
         object.__setattr__(self, "_original", original)
 
@@ -126,10 +128,25 @@ class CompiledModel(nn.Module):
             inputs = []
             for name in self.contract.input_names:
                 inputs.append(requests[name] if name in requests else candidates.get(name, leaves[name]))
-            outputs = list(self.graph_module(*inputs, index))
+            outputs = list(self._graph_runner()(*inputs, index))
         for i in self._constant_outputs:  # never hand out the compiled model's own buffers
             outputs[i] = outputs[i].clone()
         return self.contract.outputs(outputs)
+
+    def _graph_runner(self) -> Callable:
+        """The graph with its ops called directly: ``index`` was range-checked above."""
+        if self._runner is None:
+            from .codegen.direct import direct_module
+
+            gm = self.graph_module
+            runner = direct_module(gm) if isinstance(gm, fx.GraphModule) else gm
+            object.__setattr__(self, "_runner", runner)
+        return self._runner
+
+    def _apply(self, fn, recurse=True):
+        # ``.to()`` and friends may replace the graph's buffers: rebuild the runner on next call.
+        object.__setattr__(self, "_runner", None)
+        return super()._apply(fn, recurse)
 
     # -- conventions ---------------------------------------------------------------------------
 

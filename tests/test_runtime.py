@@ -338,6 +338,40 @@ def test_to_cpu():
     )
 
 
+def test_runner_calls_the_ops_directly_on_the_same_weights():
+    """The runtime runs a copy of the graph whose rocs ops skip the dispatcher and their checks;
+    the copy must read the compiled graph's own tensors, not copies of them."""
+    from rocs_compiler.codegen.direct import RUNNERS
+
+    model = USER_ITEM_MLP.build()
+    cm = USER_ITEM_MLP.compile(model)
+    graph_ops = [n.target for n in cm.graph_module.graph.nodes if n.op == "call_function"]
+    assert torch.ops.rocs.broadcast_linear.default in graph_ops
+    runner = cm._graph_runner()
+    runner_ops = [n.target for n in runner.graph.nodes if n.op == "call_function"]
+    assert not any(t in RUNNERS for t in runner_ops)
+    assert RUNNERS[torch.ops.rocs.broadcast_linear.default] in runner_ops
+    def tensors(module):
+        return {name: t for name, t in [*module.named_parameters(), *module.named_buffers()]}
+
+    held, in_runner = tensors(cm.graph_module), tensors(runner)
+    assert in_runner and all(t is held[name] for name, t in in_runner.items())
+    assert not any(name.startswith("_runner") for name in cm.state_dict())
+
+
+def test_dtype_change_rebuilds_the_runner():
+    model = USER_ITEM_MLP.build()
+    cm = USER_ITEM_MLP.compile(model)
+    batch = USER_ITEM_MLP.batch([2, 3], seed=4, shuffle=True)
+    cm(**batch.replicated())  # builds the runner on the float32 buffers
+    cm.to(torch.float64)
+    model.to(torch.float64)
+    inputs = {k: v.double() if v.is_floating_point() else v for k, v in batch.replicated().items()}
+    got = cm(**inputs)
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, eager(model, inputs), rtol=1e-10, atol=1e-10)
+
+
 # ------------------------------------------------------------------------------------------
 # Exactness corner cases
 

@@ -59,6 +59,12 @@ def broadcast_attention(
         if key_mask.dtype != torch.bool:
             raise TypeError(f"rocs::{op}: key_mask must be bool, got {key_mask.dtype}")
     check_candidate_index(candidate_to_request, num_candidates, num_requests, op)
+    return run_broadcast_attention(q, k, v, candidate_to_request, key_mask, scale)
+
+
+def run_broadcast_attention(q, k, v, candidate_to_request, key_mask, scale) -> torch.Tensor:
+    """The op's device dispatch without its argument checks (callers checked them)."""
+    num_requests, h, _, d = k.shape
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     if use_triton(q):
         from rocs_compiler.codegen import attention_kernels

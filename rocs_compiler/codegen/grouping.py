@@ -14,6 +14,7 @@ distinct count (at most about ``sqrt(2 N)`` of them).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -53,8 +54,34 @@ class RequestGroup:
             out.index_copy_(0, self.candidates.reshape(-1), flat)
 
 
+# The groups of the most recent index: every op of one graph call receives the same
+# ``candidate_to_request`` tensor, so the grouping is computed once per call, not once per op.
+# The entry holds the tensor itself, so ``is`` cannot match a new tensor at a recycled address,
+# and its version counter, so an in-place change of the index is noticed.
+_last: Optional[tuple] = None
+
+
 def group_by_request(idx: torch.Tensor, num_requests: int) -> list[RequestGroup]:
     """Bucket candidates by request, requests by candidate count; ``idx`` is int64 [N]."""
+    global _last
+    version = _version_of(idx)
+    cached = _last
+    if cached is not None and version is not None:
+        if cached[0] is idx and cached[1] == version and cached[2] == num_requests:
+            return cached[3]
+    groups = _group_by_request(idx, num_requests)
+    if version is not None:
+        _last = (idx, version, num_requests, groups)
+    return groups
+
+
+def _version_of(idx: torch.Tensor) -> Optional[int]:
+    if idx.is_inference():  # inference tensors have no version counter: never cached
+        return None
+    return idx._version
+
+
+def _group_by_request(idx: torch.Tensor, num_requests: int) -> list[RequestGroup]:
     num_candidates = idx.shape[0]
     if num_candidates == 0:
         return []

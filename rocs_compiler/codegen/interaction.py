@@ -41,6 +41,11 @@ def broadcast_interaction(
     num_candidates, fc, _ = candidate_stack.shape
     check_same_dtype(op, request_stack=request_stack, candidate_stack=candidate_stack)
     check_candidate_index(candidate_to_request, num_candidates, num_requests, op)
+    return run_broadcast_interaction(request_stack, candidate_stack, candidate_to_request)
+
+
+def run_broadcast_interaction(request_stack, candidate_stack, candidate_to_request) -> torch.Tensor:
+    """The op's device dispatch without its argument checks (callers checked them)."""
     if use_triton(candidate_stack):
         from rocs_compiler.codegen import interaction_kernels
 
@@ -48,6 +53,8 @@ def broadcast_interaction(
             request_stack, candidate_stack, candidate_to_request
         )
 
+    num_requests, fu, d = request_stack.shape
+    num_candidates, fc, _ = candidate_stack.shape
     out = candidate_stack.new_empty((num_candidates, fc, fu))
     if out.numel() == 0:
         return out

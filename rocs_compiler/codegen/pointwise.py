@@ -31,6 +31,7 @@ from rocs_compiler.codegen.pointwise_program import (
     Const,
     Input,
     Node,
+    as_program,
     as_tensor_arg,
     check_program,
     distinct_subexpressions,
@@ -77,6 +78,18 @@ def broadcast_pointwise(
     # Without request inputs nothing is read through the index: only its dtype and length matter.
     num_requests = request_inputs[0].shape[0] if request_inputs else None
     check_candidate_index(candidate_to_request, num_candidates, num_requests, "broadcast_pointwise")
+    return _run(node, candidate_inputs, request_inputs, candidate_to_request)
+
+
+def run_broadcast_pointwise(program, candidate_inputs, request_inputs, candidate_to_request):
+    """The op's device dispatch without its argument checks (callers checked them)."""
+    return _run(as_program(program), candidate_inputs, request_inputs, candidate_to_request)
+
+
+def _run(node: Node, candidate_inputs, request_inputs, candidate_to_request) -> torch.Tensor:
+    first = candidate_inputs[0] if candidate_inputs else request_inputs[0]
+    trailing = tuple(first.shape[1:])
+    num_candidates = candidate_to_request.shape[0]
     if use_triton(first):
         from rocs_compiler.codegen import pointwise_kernels
 

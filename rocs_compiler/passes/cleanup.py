@@ -1,8 +1,10 @@
-"""cleanup: constant folding, common subexpressions, dead code.
+"""cleanup: constant folding, common subexpressions, full slices, dead code.
 
 Identities: a node whose inputs are all weights (no input reaches it) has the same value on every
 call, so it is evaluated once at compile time and stored as a buffer; two pure nodes with the
-same op and the same arguments have the same value; a pure node nobody uses can go.
+same op and the same arguments have the same value; ``slice(x, d, 0, end)`` with ``end`` at or
+past the size of dim ``d`` is ``x`` (export spells ``x[:]`` over the batch dim this way); a pure
+node nobody uses can go.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ _FOLD_LIMIT_ELEMENTS = 1 << 24  # never fold a constant into something larger th
 
 def cleanup(gm: fx.GraphModule) -> fx.GraphModule:
     fold_constants(gm)
+    drop_full_slices(gm)
     eliminate_common_subexpressions(gm)
     gm.graph.eliminate_dead_code()
     gm.recompile()
@@ -87,6 +90,31 @@ def _fresh_attr(gm: fx.GraphModule, base: str) -> str:
         i += 1
         name = f"{base}_{i}"
     return name
+
+
+def drop_full_slices(gm: fx.GraphModule) -> int:
+    """Replace ``slice(x, d, 0, end)`` covering all of dim ``d`` by ``x``."""
+    dropped = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target != torch.ops.aten.slice.Tensor:
+            continue
+        bound = {"dim": 0, "start": None, "end": None, "step": 1}
+        bound.update(zip(["source", "dim", "start", "end", "step"], node.args), **node.kwargs)
+        source, end = bound["source"], bound["end"]
+        if not isinstance(source, fx.Node) or bound["step"] != 1 or bound["start"] not in (0, None):
+            continue
+        if end is not None and not isinstance(end, int):
+            continue
+        val = source.meta.get("val")
+        size = val.shape[bound["dim"]] if isinstance(val, torch.Tensor) else None
+        if end is None or end >= _INT64_MAX or (isinstance(size, int) and end >= size):
+            node.replace_all_uses_with(source)
+            gm.graph.erase_node(node)
+            dropped += 1
+    return dropped
+
+
+_INT64_MAX = 2**63 - 1
 
 
 def _key(value: Any) -> Any:

@@ -10,6 +10,9 @@ the identity each rule relies on is the definition of its op:
 - ``W @ E + x[idx]`` (matmul or the equivalent einsum) -> ``broadcast_linear_compression``;
 - ``sdpa(q, k[idx], v[idx], mask[idx])`` with a key-padding mask -> ``broadcast_attention``;
 - ``bmm(C, X[idx])`` / ``bmm(X[idx], C)`` -> ``broadcast_interaction`` (transposed as needed);
+- ``matmul(x [N, *B, m, k], W [*B, k, n])`` with a constant ``W`` broadcast over candidates
+  (which ``matmul`` copies once per candidate) -> one GEMM per ``B`` index over the candidates
+  folded into the rows: ``permute(matmul(reshape(permute(x), [*B, N m, k]), W), back)``;
 - a chain of elementwise ops over candidate tensors and broadcasts -> ``broadcast_pointwise``
   with a generated kernel (enabled by default only for models on a GPU, where the saved memory
   traffic pays for the kernel launch).
@@ -176,6 +179,26 @@ def _fuse_interaction(ctx: _Context):
     return apply
 
 
+def _fuse_weight_matmul(b: Builder, node: fx.Node) -> Optional[fx.Node]:
+    x, w = node.args
+    if not isinstance(x, fx.Node) or x.meta.get(DOMAIN) != "N" or not _const(w):
+        return None
+    xv, wv = _val(x), _val(w)
+    nb = wv.dim() - 2  # the batch dims B shared by x and W
+    if nb < 1 or xv.dim() != wv.dim() + 1 or tuple(xv.shape[1:-2]) != tuple(wv.shape[:-2]):
+        return None
+    m, k = xv.shape[-2], xv.shape[-1]
+    if not isinstance(m, int) or not isinstance(k, int):
+        return None
+    batch = list(wv.shape[:-2])
+    to_front = [*range(1, nb + 1), 0, nb + 1, nb + 2]  # [N, *B, m, k] -> [*B, N, m, k]
+    rows = b.call(aten.reshape.default, b.call(aten.permute.default, x, to_front), [*batch, -1, k])
+    product = b.call(aten.matmul.default, rows, w)  # [*B, N m, n]
+    n_out = wv.shape[-1]
+    grouped = b.call(aten.reshape.default, product, [*batch, -1, m, n_out])
+    return b.call(aten.permute.default, grouped, [nb, *range(nb), nb + 1, nb + 2])
+
+
 # -- pointwise chains --------------------------------------------------------------------------
 
 _PROGRAM_OPS = {
@@ -291,6 +314,7 @@ def ikbo(gm: fx.GraphModule, pointwise: bool = False) -> tuple[fx.GraphModule, d
         Rewrite("ikbo_linear_compression", frozenset({aten.add}), _fuse_linear_compression(ctx)),
         Rewrite("ikbo_attention", frozenset({aten.scaled_dot_product_attention}), _fuse_attention(ctx)),
         Rewrite("ikbo_interaction", frozenset({aten.bmm}), _fuse_interaction(ctx)),
+        Rewrite("ikbo_weight_matmul", frozenset({aten.matmul}), _fuse_weight_matmul),
     ]
     if pointwise:
         rewrites.append(Rewrite("ikbo_pointwise", frozenset(p.overloadpacket for p in _PROGRAM_OPS),

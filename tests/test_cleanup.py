@@ -1,0 +1,52 @@
+"""cleanup on compiled graphs: full slices vanish, partial ones stay, results unchanged."""
+
+from __future__ import annotations
+
+import torch
+from models_for_tests import Case, Spec, check_both_conventions
+from torch import nn
+
+from rocs_compiler.codegen.grouping import group_by_request
+
+
+class Slices(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.user_lin = nn.Linear(8, 8)
+
+    def forward(self, user, item):
+        u = self.user_lin(user)[:]  # a full slice over the batch dim
+        whole = item[:, :100]  # past the end: all 8 columns
+        part = item[:, 1:5]
+        return (u * whole).sum(-1) + part.sum(-1)
+
+
+SLICES = Case("slices", Slices, ("user",), (("user", Spec((8,))), ("item", Spec((8,)))))
+
+
+def _slices(gm) -> list[tuple]:
+    return [
+        tuple(n.args[1:])
+        for n in gm.graph.nodes
+        if n.op == "call_function" and n.target == torch.ops.aten.slice.Tensor
+    ]
+
+
+def test_full_slices_are_dropped_and_partial_ones_kept():
+    model = SLICES.build()
+    cm = SLICES.compile(model)
+    assert _slices(cm.graph_module) == [(1, 1, 5)]
+    for counts, shuffle in (([2, 3], True), ([1], False), ([4, 1, 2], True)):
+        check_both_conventions(cm, model, SLICES.batch(counts, seed=3, shuffle=shuffle), str(counts))
+
+
+def test_grouping_is_reused_for_one_index_and_redone_after_a_change():
+    idx = torch.tensor([1, 0, 1, 2, 0])
+    first = group_by_request(idx, 3)
+    assert group_by_request(idx, 3) is first
+    idx[0] = 2  # in place: the version counter moves on
+    regrouped = group_by_request(idx, 3)
+    assert regrouped is not first
+    rows = {int(r): g.candidates[i].tolist() for g in regrouped for i, r in enumerate(g.requests)}
+    assert rows == {0: [1, 4], 1: [2], 2: [0, 3]}
+    assert group_by_request(idx.clone(), 3) is not regrouped
