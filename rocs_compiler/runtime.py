@@ -136,10 +136,10 @@ class CompiledModel(nn.Module):
     def _graph_runner(self) -> Callable:
         """The graph with its ops called directly: ``index`` was range-checked above."""
         if self._runner is None:
-            from .codegen.direct import direct_module
+            from .codegen.direct import direct_program
 
             gm = self.graph_module
-            runner = direct_module(gm) if isinstance(gm, fx.GraphModule) else gm
+            runner = direct_program(gm) if isinstance(gm, fx.GraphModule) else gm
             object.__setattr__(self, "_runner", runner)
         return self._runner
 

@@ -1,4 +1,4 @@
-"""Direct calls of the ``rocs::`` ops for running a compiled graph.
+"""Straight-line Python for running a compiled graph, with its ops called directly.
 
 A compiled graph keeps ``torch.ops.rocs.*`` nodes: that is what export, the reports and the
 verifier read. Calling them through the dispatcher costs each call the custom-op machinery
@@ -6,16 +6,22 @@ plus the op's argument checks, about 50 us on a CPU, which for the small GEMMs o
 model is as much as the GEMM itself. Inside the runtime those checks are redundant: shapes
 and dtypes were fixed when the graph was traced (fake-tensor propagation through each op's
 fake kernel), and ``candidate_to_request`` is checked once per call by the runtime before
-the graph runs. ``direct_module(gm)`` is a copy of the graph whose op nodes call each op's
-device dispatch (``run_*``: Triton on CUDA, the torch path on the CPU) with no checks.
+the graph runs. A :class:`DirectProgram` therefore calls each op's device dispatch (``run_*``:
+Triton on CUDA, the torch path on the CPU) with no checks.
 
-Identity relied on: ``torch.ops.rocs.X(*args) == run_X(*args)`` whenever the op's checks
-pass; the op body is ``checks; return run_X(*args)``.
+The rest of the graph is small ops on a few rows (the request side runs on R rows), where the
+Python around each call matters as much as the call: FX's generated code reaches every op
+through ``torch.ops.aten.<op>.<overload>`` and every weight through ``Module.__getattr__``.
+The program binds each op's C++ callable and each weight once, as globals of its code.
+
+Identities relied on: ``torch.ops.rocs.X(*args) == run_X(*args)`` whenever the op's checks
+pass (the op body is ``checks; return run_X(*args)``), and ``overload(*a) == overload._op(*a)``
+(``OpOverload.__call__`` is exactly that call).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import fx
@@ -30,20 +36,99 @@ RUNNERS: dict[object, Callable[..., torch.Tensor]] = {
     torch.ops.rocs.broadcast_pointwise.default: pointwise.run_broadcast_pointwise,
 }
 
+_INLINE_LITERALS = (bool, int, str, type(None))
 
-def direct_module(gm: fx.GraphModule) -> fx.GraphModule:
-    """A copy of ``gm`` calling the ops' ``run_*`` functions; it shares ``gm``'s tensors.
 
-    Returns ``gm`` itself when it has no ``rocs::`` op. The copy holds references to the
-    same parameters and buffers, so it must be rebuilt if ``gm``'s tensors are replaced
-    (``Module.to`` replaces buffers).
+class DirectProgram:
+    """``gm``'s graph as one Python function; ``source`` holds its text.
+
+    The program holds references to ``gm``'s parameters and buffers as they are when it is
+    built: rebuild it when they are replaced (``Module.to`` replaces buffers); in-place updates
+    (``load_state_dict``, optimizers) are seen.
     """
-    if not any(n.op == "call_function" and n.target in RUNNERS for n in gm.graph.nodes):
+
+    def __init__(self, gm: fx.GraphModule):
+        self._globals: dict[str, Any] = {}
+        self._ids: dict[int, str] = {}
+        self._names: dict[fx.Node, str] = {}  # a node's local variable, or its constant's global
+        nodes = list(gm.graph.nodes)
+        last_use = {}
+        for node in nodes:
+            for arg in node.all_input_nodes:
+                last_use[arg] = node
+        params, body = [], []
+        for node in nodes:
+            if node.op == "get_attr":
+                self._names[node] = self._bind(_fetch_attr(gm, node.target), "w")
+                continue
+            var = self._names[node] = f"v_{node.name}"
+            if node.op == "placeholder":
+                params.append(var)
+                continue
+            if node.op == "output":
+                body.append(f"return {self._render(node.args[0])}")
+                continue
+            if node.op != "call_function":
+                raise NotImplementedError(f"DirectProgram: {node.op} node {node.name}")
+            fn = self._bind(_callable(node.target), "f")
+            args = [self._render(a) for a in node.args]
+            args += [f"{k}={self._render(v)}" for k, v in node.kwargs.items()]
+            body.append(f"{var} = {fn}({', '.join(args)})")
+            # Drop values after their last use, as FX's code does, so temporaries free early.
+            dead = [
+                self._names[a] for a in node.all_input_nodes if last_use[a] is node and a.op != "get_attr"
+            ]
+            if dead:
+                body.append(f"del {', '.join(dict.fromkeys(dead))}")
+        self.source = "def program({}):\n    {}\n".format(", ".join(params), "\n    ".join(body))
+        exec(compile(self.source, "<rocs direct program>", "exec"), self._globals)
+        self._fn = self._globals["program"]
+
+    def __call__(self, *args: Any) -> Any:
+        return self._fn(*args)
+
+    def constants(self) -> list[Any]:
+        """The tensors the program holds (weights and folded constants)."""
+        return [v for k, v in self._globals.items() if k.startswith("w") and isinstance(v, torch.Tensor)]
+
+    def _bind(self, value: Any, prefix: str) -> str:
+        name = self._ids.get(id(value))
+        if name is None:
+            name = f"{prefix}{len(self._ids)}"
+            self._ids[id(value)] = name
+            self._globals[name] = value
+        return name
+
+    def _render(self, arg: Any) -> str:
+        if isinstance(arg, fx.Node):
+            return self._names[arg]
+        if isinstance(arg, (list, tuple)):
+            items = ", ".join(self._render(a) for a in arg)
+            return f"[{items}]" if isinstance(arg, list) else f"({items}{',' if len(arg) == 1 else ''})"
+        if isinstance(arg, dict):
+            return "{" + ", ".join(f"{k!r}: {self._render(v)}" for k, v in arg.items()) + "}"
+        if isinstance(arg, _INLINE_LITERALS):
+            return repr(arg)
+        return self._bind(arg, "k")
+
+
+def _callable(target: Any) -> Callable:
+    if target in RUNNERS:
+        return RUNNERS[target]
+    if isinstance(target, torch._ops.OpOverload):
+        return target._op
+    return target
+
+
+def _fetch_attr(gm: fx.GraphModule, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def direct_program(gm: fx.GraphModule) -> Callable:
+    """``gm`` as a :class:`DirectProgram`; ``gm`` itself if its graph has other node kinds."""
+    if any(n.op in ("call_module", "call_method") for n in gm.graph.nodes):
         return gm
-    graph = fx.Graph()
-    values: dict[fx.Node, fx.Node] = {}
-    graph.output(graph.graph_copy(gm.graph, values))
-    for node in graph.nodes:
-        if node.op == "call_function" and node.target in RUNNERS:
-            node.target = RUNNERS[node.target]
-    return fx.GraphModule(gm, graph, class_name=type(gm).__name__ + "Direct")
+    return DirectProgram(gm)
