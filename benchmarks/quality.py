@@ -491,7 +491,7 @@ def parse_args(argv: list[str] | None = None):
     parser.add_argument(
         "--search-steps", type=int, default=6, help="compiles spent on the scale search"
     )
-    parser.add_argument("--speed-repeats", type=int, default=15)
+    parser.add_argument("--speed-repeats", type=int, default=31)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", help="write the results as JSON to this file")
     parser.add_argument("--no-progress", action="store_true")
