@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextvars
 import inspect
-import re
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -43,295 +42,12 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import torch
 from torch import fx, nn
 
+from .dynamo_graph import Slot, classify, dotted, graph_model, nest
 from .errors import CompileError, InputError
 from .inputs import bind_inputs, is_tensor, named_leaves, replace_leaves
+from .lowering import Lowered, lower_plain
 
 __all__ = ["RocsBackend", "backend", "rocs_backend", "shared_call"]
-
-_MODULE_STATE_KEYS = {"_modules", "_parameters", "_buffers"}
-
-
-# -- where a placeholder came from ----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Slot:
-    """One dynamo placeholder: a model input, module state, a size/stride of an input, or other."""
-
-    kind: str  # "input" | "const" | "scalar" | "size" | "stride" | "unsupported"
-    name: str  # dotted input name, a label for constants, or the source text
-    path: tuple = ()  # input: (argument, key, key, ...)
-    dim: Optional[int] = None
-
-
-def _source_chain(source) -> tuple[Any, list]:
-    """(root source, [step sources from the root outwards])."""
-    steps = []
-    while getattr(source, "base", None) is not None:
-        steps.append(source)
-        source = source.base
-    return source, steps[::-1]
-
-
-def _step_key(step) -> Any:
-    from torch._dynamo import source as S
-
-    if isinstance(step, S.AttrSource):
-        return step.member
-    if isinstance(step, (S.DictGetItemSource, S.GetItemSource)):
-        index = step.index
-        if isinstance(index, S.ConstDictKeySource):
-            return None  # a key known only by position: not nameable
-        return index
-    return None
-
-
-def _path_of(source) -> Optional[tuple]:
-    """(local name, key, ...) for a value reached from a frame local by item/attr access."""
-    from torch._dynamo import source as S
-
-    root, steps = _source_chain(source)
-    if not isinstance(root, S.LocalSource):
-        return None
-    path = [root.local_name]
-    for step in steps:
-        key = _step_key(step)
-        if key is None or not isinstance(key, (str, int)):
-            return None
-        path.append(key)
-    return tuple(path)
-
-
-def _classify(node: fx.Node) -> _Slot:
-    from torch._dynamo import source as S
-
-    grapharg = node.meta.get("grapharg")
-    source = getattr(grapharg, "source", None)
-    example = node.meta.get("example_value")
-    label = source.name if source is not None else node.name
-    if callable(label):  # older torch: Source.name() is a method
-        label = label()
-    if source is None:
-        return _Slot("unsupported", label)
-    if getattr(grapharg, "pass_arg_as_tensor", False):
-        # A Python float/int that dynamo passes as a 0-d tensor (unspecialized scalars under
-        # dynamic shapes). Its value is baked into the rewritten graph and checked at every call.
-        return _Slot("scalar", label)
-    if isinstance(source, S.TensorPropertySource):
-        path = _path_of(source.base)
-        kind = {S.TensorProperty.SIZE: "size", S.TensorProperty.STRIDE: "stride"}.get(source.prop)
-        if path is None or kind is None:
-            return _Slot("unsupported", label)
-        return _Slot(kind, _dotted(path), path, source.idx)
-    if not isinstance(example, torch.Tensor):
-        return _Slot("unsupported", label)
-    path = _path_of(source)
-    is_state = (
-        path is None
-        or path[0] == "self"
-        or any(k in _MODULE_STATE_KEYS for k in path[1:])
-        or isinstance(example, nn.Parameter)
-    )
-    if is_state:
-        return _Slot("const", _state_name(source, label))
-    return _Slot("input", _dotted(path), path)
-
-
-def _state_name(source, label: str) -> str:
-    """``head.0.weight`` for ``L['self']._modules['head']._modules['0']._parameters['weight']``."""
-    from torch._dynamo import source as S
-
-    root, steps = _source_chain(source)
-    keys = (
-        []
-        if isinstance(root, S.LocalSource) and root.local_name == "self"
-        else [getattr(root, "local_name", None) or getattr(root, "global_name", None) or label]
-    )
-    keys += [k for k in map(_step_key, steps) if k is not None and k not in _MODULE_STATE_KEYS]
-    return ".".join(str(k) for k in keys) or label
-
-
-def _dotted(path: tuple) -> str:
-    return ".".join(str(k) for k in path)
-
-
-def _nest(values: Mapping[tuple, Any]) -> dict:
-    """Nested dicts from {(argument, key, ...): value}."""
-    out: dict = {}
-    for path, value in values.items():
-        node = out
-        for key in path[:-1]:
-            node = node.setdefault(key, {})
-        node[path[-1]] = value
-    return out
-
-
-# -- the dynamo graph as a model ------------------------------------------------------------------
-
-
-class _GraphModel(nn.Module):
-    """Runs a dynamo graph from named inputs; module state is held as buffers.
-
-    The graph runs under ``fx.Interpreter`` with node metadata preserved, so the ATen graph that
-    capture exports from it keeps each node's ``nn_module_stack`` (reports name the source module).
-    """
-
-    def __init__(self, gm: fx.GraphModule, slots: list[_Slot], values: list[Any]):
-        super().__init__()
-        self.gm = gm
-        self._slots = slots
-        self._const_attrs: dict[int, str] = {}
-        self._scalars: dict[int, tuple[Any, torch.dtype]] = {}
-        taken = set(dir(self))
-        for i, (slot, value) in enumerate(zip(slots, values)):
-            if slot.kind == "const":
-                attr = _attribute(slot.name, taken)
-                self.register_buffer(attr, value.detach())
-                self._const_attrs[i] = attr
-            elif slot.kind == "scalar":
-                self._scalars[i] = (value.item(), value.dtype)
-        self.eval()
-
-    def _run(self, args: tuple, kwargs: dict):
-        from torch.fx import traceback as fx_traceback
-
-        leaves = named_leaves(bind_inputs(inspect.signature(self.forward), args, kwargs))
-        graph_args = []
-        for i, slot in enumerate(self._slots):
-            if slot.kind == "const":
-                graph_args.append(getattr(self, self._const_attrs[i]))
-            elif slot.kind == "scalar":
-                # Made here, not held as a buffer, so that export sees a constant it can fold.
-                graph_args.append(torch.tensor(self._scalars[i][0], dtype=self._scalars[i][1]))
-            elif slot.kind == "input":
-                graph_args.append(leaves[slot.name])
-            elif slot.kind == "size":
-                graph_args.append(leaves[slot.name].size(slot.dim))
-            else:
-                graph_args.append(leaves[slot.name].stride(slot.dim))
-        with fx_traceback.preserve_node_meta():
-            out = fx.Interpreter(self.gm).run(*graph_args)
-        return tuple(out) if isinstance(out, (list, tuple)) else (out,)
-
-
-def _attribute(name: str, taken: set[str]) -> str:
-    base = re.sub(r"\W", "_", name).strip("_") or "state"
-    if base[0].isdigit():
-        base = "_" + base
-    out, i = base, 1
-    while out in taken:
-        out, i = f"{base}_{i}", i + 1
-    taken.add(out)
-    return out
-
-
-def _graph_model(gm: fx.GraphModule, slots: list[_Slot], values: list[Any]) -> _GraphModel:
-    """A ``_GraphModel`` whose forward has one parameter per top-level input argument."""
-    arguments = list(dict.fromkeys(s.path[0] for s in slots if s.kind == "input"))
-    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
-    signature = inspect.Signature(
-        [inspect.Parameter("self", kind), *(inspect.Parameter(a, kind) for a in arguments)]
-    )
-
-    def forward(self, *args, **kwargs):
-        return self._run(args, kwargs)
-
-    forward.__signature__ = signature
-    cls = type("DynamoSubgraph", (_GraphModel,), {"forward": forward})
-    return cls(gm, slots, values)
-
-
-# -- lowering -------------------------------------------------------------------------------------
-
-
-class _Lowered(nn.Module):
-    """Runs the rewritten FX graph through Inductor; through FX if Inductor fails (with a warning).
-
-    The graph is compiled lazily at the first call, dynamic in R and N. R and N are first marked
-    *unbacked* so that neither dynamo's 0/1 specialization nor Inductor's size guards recompile for
-    R = 1 or N = 1 (one request per batch is the common serving case); if Inductor cannot compile
-    with unbacked sizes, the ordinary dynamic-shape compile is tried next.
-    """
-
-    def __init__(self, gm: fx.GraphModule, use_inductor: bool):
-        super().__init__()
-        from .passes.share import DOMAIN
-
-        self.gm = gm
-        self._batched = [
-            n.meta.get(DOMAIN) in ("R", "N") for n in gm.graph.nodes if n.op == "placeholder"
-        ]
-        self._strategies = ["unbacked", "dynamic"] if use_inductor else []
-        self._compiled = {
-            s: torch.compile(gm, backend="inductor", dynamic=True) for s in self._strategies
-        }
-        self._errors: list[str] = []
-        self._succeeded = False
-
-    @property
-    def graph(self) -> fx.Graph:
-        """The FX graph it runs: the runtime reads graph-level facts (e.g. constant outputs)."""
-        return self.gm.graph
-
-    @property
-    def uses_inductor(self) -> bool:
-        return bool(self._strategies)
-
-    def forward(self, *args):
-        if not self._strategies:
-            return self.gm(*args)
-        strategy = self._strategies[0]
-        try:
-            out = self._compiled[strategy](*self._prepare(strategy, args))
-        except Exception as err:
-            # Bad inputs fail the FX graph too and propagate from here; Inductor is not blamed.
-            out = self.gm(*args)
-            self._errors.append(f"{strategy}: {type(err).__name__}: {_first_line(err)}")
-            self._strategies.pop(0)
-            if self._succeeded or not self._strategies:
-                warnings.warn(
-                    "rocs: Inductor failed on the rewritten graph; running it as an FX graph "
-                    "instead (" + "; ".join(self._errors) + ")",
-                    stacklevel=2,
-                )
-                self._strategies.clear()
-            return out
-        self._succeeded = True
-        return out
-
-    def _prepare(self, strategy: str, args: tuple) -> tuple:
-        if strategy != "unbacked":
-            return args
-        from torch._dynamo.decorators import mark_unbacked
-
-        out = []
-        for value, batched in zip(args, self._batched):
-            if batched and isinstance(value, torch.Tensor) and value.dim():
-                value = value.detach()  # mark an alias, never the caller's tensor
-                mark_unbacked(value, 0)
-            out.append(value)
-        return tuple(out)
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else ""
-
-
-def _lower_plain(gm: fx.GraphModule, example_inputs: Sequence[Any], use_inductor: bool) -> Callable:
-    """Lower a dynamo graph that rocs does not rewrite (Inductor, or the graph itself)."""
-    if use_inductor:
-        try:
-            from torch._inductor.compile_fx import compile_fx
-
-            return compile_fx(gm, list(example_inputs))
-        except Exception as err:
-            warnings.warn(
-                f"rocs: Inductor failed, running the FX graph instead: {type(err).__name__}: {err}",
-                stacklevel=2,
-            )
-    return gm.forward
-
 
 # -- shared-layout calls --------------------------------------------------------------------------
 
@@ -365,7 +81,7 @@ class _Subgraph:
     """What the backend returns to dynamo for one graph: callable with the graph's arguments."""
 
     gm: fx.GraphModule
-    slots: list[_Slot]
+    slots: list[Slot]
     request_inputs: list[str]
     use_inductor: bool
     pipeline_options: dict
@@ -394,12 +110,12 @@ class _Subgraph:
         if state is not None and self._takes_shared(state, leaves):
             state.graphs_shared += 1
             for path in leaves:
-                name = _dotted(path)
+                name = dotted(path)
                 if name in state.shared:
                     leaves[path] = state.shared[name]
-            out = variant.runner(**_nest(leaves), candidate_to_request=state.index)
+            out = variant.runner(**nest(leaves), candidate_to_request=state.index)
         else:
-            out = variant.runner(**_nest(leaves))
+            out = variant.runner(**nest(leaves))
         return list(out)
 
     def _state_changed(self, args: tuple) -> bool:
@@ -408,9 +124,9 @@ class _Subgraph:
         ) or any(args[i].item() != value for i, value in self.scalars)
 
     def _takes_shared(self, state: _SharedCall, leaves: dict) -> bool:
-        requests = [p for p in leaves if _dotted(p) in self._request_leaves()]
+        requests = [p for p in leaves if dotted(p) in self._request_leaves()]
         return bool(requests) and all(
-            state.replicated.get(_dotted(p)) is leaves[p] for p in requests
+            state.replicated.get(dotted(p)) is leaves[p] for p in requests
         )
 
     def _request_leaves(self) -> set[str]:
@@ -430,12 +146,12 @@ class _Subgraph:
         # Aliases, not the caller's tensors: export marks its example inputs dynamic, and dynamo's
         # guards on the frame being compiled must not see that.
         leaves = {s.path: args[i].detach() for i, s in enumerate(self.slots) if s.kind == "input"}
-        model = _graph_model(self.gm, self.slots, list(args))
+        model = graph_model(self.gm, self.slots, list(args))
         try:
             compiled = api.compile(
                 model,
                 self.request_inputs,
-                example_kwargs=_nest(leaves),
+                example_kwargs=nest(leaves),
                 # The strict route resets dynamo, which must not happen inside a backend.
                 options={"capture_strict": False, **self.pipeline_options},
             )
@@ -452,25 +168,12 @@ class _Subgraph:
                 stacklevel=2,
             )
             self.fallback_reason = str(err)
-            self.plain = _lower_plain(self.gm, args, self.use_inductor)
+            self.plain = lower_plain(self.gm, args, self.use_inductor)
             return None
-        lowered = _Lowered(compiled.graph_module, self.use_inductor)
-        variant = _Variant(compiled, _with_graph(compiled, lowered))
+        lowered = Lowered(compiled.graph_module, self.use_inductor)
+        variant = _Variant(compiled, compiled.with_graph(lowered))
         self.variants[self._key(leaves)] = variant
         return variant
-
-
-def _with_graph(compiled, graph: nn.Module):
-    """A CompiledModel with the same contract that runs ``graph`` instead of the FX graph."""
-    from .runtime import CompiledModel
-
-    return CompiledModel(
-        graph,
-        compiled.contract,
-        compiled._placeholder_of,
-        compiled._report_builder,
-        compiled._original,
-    )
 
 
 # -- the backend ----------------------------------------------------------------------------------
@@ -497,7 +200,7 @@ class RocsBackend:
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any], **_: Any) -> Callable:
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        slots = [_classify(n) for n in placeholders]
+        slots = [classify(n) for n in placeholders]
         inputs = [s.name for s in slots if s.kind == "input"]
         present = [r for r in self.request_inputs if any(_covers(r, n) for n in inputs)]
         _check_request_names(self.request_inputs, present)
@@ -515,7 +218,7 @@ class RocsBackend:
             # Dynamo specializes a batch of one; one candidate has nothing to share.
             subgraph.fallback_reason = "static batch of one row"
         if subgraph.fallback_reason is not None:
-            subgraph.plain = _lower_plain(gm, example_inputs, self.inductor)
+            subgraph.plain = lower_plain(gm, example_inputs, self.inductor)
         else:
             # The rewrite runs at the first call, not here: export inside dynamo's tracing context
             # would share dynamo's shape environment and add guards on export's own inputs.
@@ -525,7 +228,7 @@ class RocsBackend:
         return subgraph
 
 
-def _static_rows(placeholders: list[fx.Node], slots: list[_Slot]) -> Optional[int]:
+def _static_rows(placeholders: list[fx.Node], slots: list[Slot]) -> Optional[int]:
     """The batch size dynamo specialized this graph to, or None when the batch dim is symbolic."""
     rows = []
     for node, slot in zip(placeholders, slots):

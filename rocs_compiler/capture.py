@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import inspect
-import re
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -26,6 +25,7 @@ from .errors import CompileError, InputError
 from .inputs import (
     GRAPH_OUTPUT,
     bind_inputs,
+    fresh_identifier,
     is_graph_leaf,
     is_tensor,
     match_names,
@@ -83,17 +83,6 @@ class _FlatForward(nn.Module):
         args, kwargs = rebuild_call(self._signature, bound)
         out = self.model(*args, **kwargs)
         return tuple(x for x in pytree.tree_leaves(out) if is_graph_leaf(x))
-
-
-def _identifier(name: str, taken: set[str]) -> str:
-    base = re.sub(r"\W", "_", name)
-    if not base or base[0].isdigit():
-        base = "_" + base
-    out, i = base, 1
-    while out in taken:
-        out, i = f"{base}_{i}", i + 1
-    taken.add(out)
-    return out
 
 
 def _grow_rows(value: torch.Tensor, rows: int) -> torch.Tensor:
@@ -246,7 +235,7 @@ def _lift_to_attrs(program, tensor_names):
         if spec.kind == InputKind.USER_INPUT:
             name = tensor_names[user_index]
             user_index += 1
-            new = graph.placeholder(_identifier(name, taken))
+            new = graph.placeholder(fresh_identifier(name, taken))
             new.meta.update(node.meta)
             placeholder_of[name] = new.name
             env[node] = new
@@ -254,7 +243,7 @@ def _lift_to_attrs(program, tensor_names):
             attr_nodes.append((node, spec))
     for node, spec in attr_nodes:
         fqn = spec.target.removeprefix("model.")
-        attr = _identifier(fqn, taken)
+        attr = fresh_identifier(fqn, taken)
         value = state[spec.target]
         root.register_buffer(attr, value.detach() if isinstance(value, torch.Tensor) else value)
         new = graph.get_attr(attr)

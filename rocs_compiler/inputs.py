@@ -9,6 +9,7 @@ leaf whether the input came positionally, by keyword, or nested.
 from __future__ import annotations
 
 import inspect
+import re
 from typing import Any, Iterable, Mapping
 
 import torch
@@ -96,3 +97,15 @@ def replace_leaves(
         name = ".".join(_key_name(k) for k in path)
         leaves.append(values.get(name, leaf))
     return rebuild_call(signature, pytree.tree_unflatten(leaves, spec))
+
+
+def fresh_identifier(name: str, taken: set[str]) -> str:
+    """``name`` as a Python identifier not in ``taken`` (which it is added to)."""
+    base = re.sub(r"\W", "_", name)
+    if not base or base[0].isdigit():
+        base = "_" + base
+    out, i = base, 1
+    while out in taken:
+        out, i = f"{base}_{i}", i + 1
+    taken.add(out)
+    return out

@@ -37,12 +37,21 @@ class InputContract:
         self.constant_inputs: dict[str, Any] = dict(constant_inputs)
         self.out_spec = out_spec
         self.out_constants = list(out_constants)
+        # A forward whose parameters are exactly the tensor inputs can take keyword calls as they
+        # are (no binding, no flattening); None when any input is nested or non-tensor.
+        params = signature.parameters
+        plain = all(p.kind == p.POSITIONAL_OR_KEYWORD or p.kind == p.KEYWORD_ONLY for p in params.values())
+        flat = plain and not self.constant_inputs and set(params) == set(self.input_names)
+        self._keyword_names = frozenset(self.input_names) if flat else None
 
     @property
     def candidate_inputs(self) -> list[str]:
         return [n for n in self.input_names if self.batched[n] and n not in self.request_inputs]
 
     def leaves(self, args: tuple, kwargs: dict) -> dict[str, Any]:
+        if not args and kwargs.keys() == self._keyword_names:
+            if all(isinstance(v, torch.Tensor) for v in kwargs.values()):
+                return kwargs
         leaves = named_leaves(bind_inputs(self.signature, args, kwargs))
         tensors = {n for n, v in leaves.items() if is_tensor(v)}
         missing = [n for n in self.input_names if n not in tensors]
@@ -133,8 +142,18 @@ class CompiledModel(nn.Module):
             outputs[i] = outputs[i].clone()
         return self.contract.outputs(outputs)
 
+    def with_graph(self, graph: nn.Module) -> "CompiledModel":
+        """A compiled model with this one's contract and report that runs ``graph`` instead
+        (e.g. the graph lowered by Inductor): a module taking the graph module's inputs, whose
+        ``graph`` attribute is the FX graph it computes."""
+        return CompiledModel(
+            graph, self.contract, self._placeholder_of, self._report_builder, self._original
+        )
+
     def _graph_runner(self) -> Callable:
         """The graph with its ops called directly: ``index`` was range-checked above."""
+        if torch.compiler.is_compiling():
+            return self.graph_module  # tracers (dynamo, export) read the graph's ops themselves
         if self._runner is None:
             from .codegen.direct import direct_program
 

@@ -13,9 +13,10 @@ H, K = 3, 5
 class BilinearHeads(nn.Module):
     """FinalMLP-style per-head bilinear form between a user and an item vector."""
 
-    def __init__(self, weight_batch: tuple[int, ...] = (H,), rows: int = 1):
+    def __init__(self, weight_batch: tuple[int, ...] = (H,), rows: int = 1, view_after: bool = False):
         super().__init__()
         self.rows = rows
+        self.view_after = view_after
         self.user_lin = nn.Linear(4, H * K)
         self.w = nn.Parameter(torch.randn(*weight_batch, K, K))
 
@@ -23,6 +24,8 @@ class BilinearHeads(nn.Module):
         x = item.view(-1, H, self.rows, K)  # [N, H, m, K]
         y = self.user_lin(user).view(-1, H, K, 1)
         xw = torch.matmul(x, self.w)  # W broadcast over candidates
+        if self.view_after:  # .view needs the rewritten (permuted) result made contiguous
+            return (xw.view(xw.shape[0], -1) * y.view(y.shape[0], -1).repeat(1, self.rows)).sum(-1)
         return torch.matmul(xw, y).flatten(1).sum(-1)
 
 
@@ -36,9 +39,9 @@ def _case(**kw) -> Case:
     )
 
 
-@pytest.mark.parametrize("rows", [1, 2])
-def test_broadcast_weight_matmul_is_rewritten_and_exact(rows):
-    case = _case(rows=rows)
+@pytest.mark.parametrize("rows, view_after", [(1, False), (2, False), (2, True)])
+def test_broadcast_weight_matmul_is_rewritten_and_exact(rows, view_after):
+    case = _case(rows=rows, view_after=view_after)
     model = case.build()
     cm = case.compile(model)
     assert cm.report().pass_counts["ikbo_weight_matmul"] == 1

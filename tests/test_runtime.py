@@ -356,6 +356,24 @@ def test_runner_calls_the_ops_directly_on_the_same_weights():
     assert not any(name.startswith("_runner") for name in cm.state_dict())
 
 
+def test_dynamo_traces_the_graph_not_the_direct_program():
+    """Under torch.compile the runtime hands dynamo the FX graph, whose ops it can trace."""
+    model = USER_ITEM_MLP.build()
+    cm = USER_ITEM_MLP.compile(model)
+    batch = USER_ITEM_MLP.batch([2, 3], seed=6, shuffle=True)
+    seen = []
+
+    def recording_backend(gm, example_inputs):
+        seen.extend(n.target for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(cm, backend=recording_backend)
+    shared = dict(batch.kwargs, candidate_to_request=batch.candidate_to_request)
+    torch.testing.assert_close(compiled(**shared), cm(**shared))
+    assert any("broadcast_linear" in str(t) for t in seen)
+
+
 def test_dtype_change_rebuilds_the_runner():
     model = USER_ITEM_MLP.build()
     cm = USER_ITEM_MLP.compile(model)

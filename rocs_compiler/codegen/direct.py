@@ -12,7 +12,8 @@ Triton on CUDA, the torch path on the CPU) with no checks.
 The rest of the graph is small ops on a few rows (the request side runs on R rows), where the
 Python around each call matters as much as the call: FX's generated code reaches every op
 through ``torch.ops.aten.<op>.<overload>`` and every weight through ``Module.__getattr__``.
-The program binds each op's C++ callable and each weight once, as globals of its code.
+The program binds each op's C++ callable and each weight once, as globals of its code, and
+runs an elementwise op in place when its operand is a dying temporary (``codegen/inplace.py``).
 
 Identities relied on: ``torch.ops.rocs.X(*args) == run_X(*args)`` whenever the op's checks
 pass (the op body is ``checks; return run_X(*args)``), and ``overload(*a) == overload._op(*a)``
@@ -21,12 +22,15 @@ pass (the op body is ``checks; return run_X(*args)``), and ``overload(*a) == ove
 
 from __future__ import annotations
 
+import itertools
+import linecache
 from typing import Any, Callable
 
 import torch
 from torch import fx
 
 from rocs_compiler.codegen import attention, interaction, linear, pointwise
+from rocs_compiler.codegen.inplace import inplace_plan
 
 RUNNERS: dict[object, Callable[..., torch.Tensor]] = {
     torch.ops.rocs.broadcast_linear.default: linear.run_broadcast_linear,
@@ -37,6 +41,7 @@ RUNNERS: dict[object, Callable[..., torch.Tensor]] = {
 }
 
 _INLINE_LITERALS = (bool, int, str, type(None))
+_PROGRAM_IDS = itertools.count()
 
 
 class DirectProgram:
@@ -56,6 +61,7 @@ class DirectProgram:
         for node in nodes:
             for arg in node.all_input_nodes:
                 last_use[arg] = node
+        inplace = inplace_plan(nodes, last_use, set(RUNNERS))
         params, body = [], []
         for node in nodes:
             if node.op == "get_attr":
@@ -70,8 +76,9 @@ class DirectProgram:
                 continue
             if node.op != "call_function":
                 raise NotImplementedError(f"DirectProgram: {node.op} node {node.name}")
-            fn = self._bind(_callable(node.target), "f")
-            args = [self._render(a) for a in node.args]
+            target, node_args = inplace.get(node, (node.target, node.args))
+            fn = self._bind(_callable(target), "f")
+            args = [self._render(a) for a in node_args]
             args += [f"{k}={self._render(v)}" for k, v in node.kwargs.items()]
             body.append(f"{var} = {fn}({', '.join(args)})")
             # Drop values after their last use, as FX's code does, so temporaries free early.
@@ -81,7 +88,10 @@ class DirectProgram:
             if dead:
                 body.append(f"del {', '.join(dict.fromkeys(dead))}")
         self.source = "def program({}):\n    {}\n".format(", ".join(params), "\n    ".join(body))
-        exec(compile(self.source, "<rocs direct program>", "exec"), self._globals)
+        # Registered with linecache so that tracebacks through the program show its lines.
+        filename = f"<rocs direct program {next(_PROGRAM_IDS)}>"
+        linecache.cache[filename] = (len(self.source), None, self.source.splitlines(True), filename)
+        exec(compile(self.source, filename, "exec"), self._globals)
         self._fn = self._globals["program"]
 
     def __call__(self, *args: Any) -> Any:

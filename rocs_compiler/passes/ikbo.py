@@ -196,7 +196,11 @@ def _fuse_weight_matmul(b: Builder, node: fx.Node) -> Optional[fx.Node]:
     product = b.call(aten.matmul.default, rows, w)  # [*B, N m, n]
     n_out = wv.shape[-1]
     grouped = b.call(aten.reshape.default, product, [*batch, -1, m, n_out])
-    return b.call(aten.permute.default, grouped, [nb, *range(nb), nb + 1, nb + 2])
+    out = b.call(aten.permute.default, grouped, [nb, *range(nb), nb + 1, nb + 2])
+    if any(u.target == aten.view.default for u in node.users):
+        # matmul returned a contiguous tensor; a view of the permuted result would fail.
+        out = b.call(aten.clone.default, out, memory_format=torch.contiguous_format)
+    return out
 
 
 # -- pointwise chains --------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from torch.utils import _pytree as pytree
 
 import rocs_compiler as rocs
 from models_zoo import get_entry, names, request_index
-from rocs_compiler.backend import _Lowered
+from rocs_compiler.lowering import Lowered
 
 RAGGED = [([3, 1, 5], True), ([7], False), ([2, 9, 1, 1], True)]
 
@@ -136,7 +136,7 @@ def test_inductor_lowering_is_exact(name):
         _check_batches(model, compiled, entry, RAGGED[:2], f"{name} inductor")
     lowered = next(s.variants for s in backend.subgraphs if s.compiled_model is not None)
     runner = next(iter(lowered.values())).runner
-    assert isinstance(runner.graph_module, _Lowered) and runner.graph_module.uses_inductor
+    assert isinstance(runner.graph_module, Lowered) and runner.graph_module.uses_inductor
 
 
 # -- recompiles -----------------------------------------------------------------------------------
@@ -282,7 +282,7 @@ def test_shared_call_without_rocs_graphs_warns_and_stays_exact():
 
 def test_inductor_failure_falls_back_to_fx_with_a_warning():
     gm = torch.fx.symbolic_trace(nn.Linear(4, 2))
-    lowered = _Lowered(gm, use_inductor=True)
+    lowered = Lowered(gm, use_inductor=True)
 
     def broken(*args):
         raise RuntimeError("inductor exploded")
@@ -300,7 +300,7 @@ def test_inductor_failure_falls_back_to_fx_with_a_warning():
 
 def test_bad_inputs_do_not_switch_inductor_off():
     gm = torch.fx.symbolic_trace(nn.Linear(4, 2))
-    lowered = _Lowered(gm, use_inductor=True)
+    lowered = Lowered(gm, use_inductor=True)
 
     def failing(*args):
         raise RuntimeError("shape mismatch")
