@@ -30,6 +30,18 @@ class ReluOfOutput(nn.Module):
         return torch.relu(y), y
 
 
+class ReluAfterEvalDropout(nn.Module):
+    """Eval-mode ``aten.dropout`` returns its input itself: its result is not a fresh tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.dropout = nn.Dropout(0.2)
+
+    def forward(self, x, w):
+        y = x @ w
+        return torch.relu(self.dropout(y)), y
+
+
 class AddBias(nn.Module):
     def forward(self, x, w, b):
         return b + x @ w  # the dying product is the second operand: add commutes
@@ -71,6 +83,7 @@ CASES = [
     (Relu(), (X, W), {aten.relu.default: aten.relu_.default}),
     (ReluWithLiveView(), (X, W), {}),
     (ReluOfOutput(), (X, W), {}),
+    (ReluAfterEvalDropout().eval(), (X, W), {}),
     (AddBias(), (X, W, B), {aten.add.Tensor: aten.add_.Tensor}),
     (SubFromBias(), (X, W, B), {}),
     (Broadcasting(), (X, W), {aten.add.Tensor: aten.add_.Tensor}),

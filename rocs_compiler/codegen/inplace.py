@@ -8,8 +8,9 @@ CPU (fresh pages fault on first touch).
 Identities: ``f(x) == f_(x)`` for the elementwise ops below, ``a + b == b + a`` and
 ``a * b == b * a`` exactly in IEEE arithmetic. Safety conditions, checked per use:
 
-- the overwritten operand is produced by an op whose schema says its result aliases no input
-  (or by a ``rocs::`` op, whose results are fresh), so no other tensor shares its memory;
+- the overwritten operand is produced by an op known to compute a new tensor (a pointwise op,
+  a GEMM, a lookup, ...; see ``_COMPUTING``) or by a ``rocs::`` op, so no other tensor shares
+  its memory;
 - every reader of it is such a non-aliasing op (no view of it outlives this use) and this op
   is its last reader; it is not a graph output;
 - it has the result's shape and dtype (no broadcast into it, no type promotion past it).
@@ -81,14 +82,31 @@ def _dims(t: torch.Tensor) -> list[str]:
     return [str(d) for d in t.shape]
 
 
+# Ops whose result is always newly computed memory, besides pointwise-tagged ones. A schema
+# without alias annotation is not enough: ``aten.dropout`` in eval mode and ``_unsafe_view``
+# return (a view of) their input unannotated, and ``einsum('ij->ji', x)`` returns a view.
+_COMPUTING = {
+    aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default,
+    aten.linear.default, aten.matmul.default, aten.embedding.default, aten.index_select.default,
+    aten.cat.default, aten.sum.dim_IntList, aten.mean.dim, aten._softmax.default,
+    aten.softmax.int, aten.layer_norm.default, aten.batch_norm.default, aten.clone.default,
+    aten.scaled_dot_product_attention.default,
+}
+
+
 def _fresh(target: Any, fresh_targets: set) -> bool:
     """True if ``target``'s result never shares memory with its inputs."""
     if target in fresh_targets:
         return True
     if not isinstance(target, torch._ops.OpOverload):
         return False
-    returns = target._schema.returns
-    return len(returns) == 1 and returns[0].alias_info is None and not target._schema.is_mutable
+    schema = target._schema
+    if len(schema.returns) != 1 or schema.returns[0].alias_info is not None or schema.is_mutable:
+        return False
+    if target in _COMPUTING:
+        return True
+    tags = target.tags
+    return torch.Tag.pointwise in tags and torch.Tag.maybe_aliasing_or_mutating not in tags
 
 
 def _val(node: fx.Node) -> Optional[Any]:
