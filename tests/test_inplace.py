@@ -47,6 +47,11 @@ class AddBias(nn.Module):
         return b + x @ w  # the dying product is the second operand: add commutes
 
 
+class ScaleAndShift(nn.Module):
+    def forward(self, x, w):
+        return (x @ w) * 0.5 - 1.5  # Python scalars as the other operand
+
+
 class SubFromBias(nn.Module):
     def forward(self, x, w, b):
         return b - x @ w  # sub does not commute, and b is an input
@@ -85,6 +90,7 @@ CASES = [
     (ReluOfOutput(), (X, W), {}),
     (ReluAfterEvalDropout().eval(), (X, W), {}),
     (AddBias(), (X, W, B), {aten.add.Tensor: aten.add_.Tensor}),
+    (ScaleAndShift(), (X, W), {aten.mul.Tensor: aten.mul_.Tensor, aten.sub.Tensor: aten.sub_.Tensor}),
     (SubFromBias(), (X, W, B), {}),
     (Broadcasting(), (X, W), {aten.add.Tensor: aten.add_.Tensor}),
     (Promoting(), (X, W), {}),
