@@ -9,6 +9,7 @@ attention; elementwise work is not counted, as is customary.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,30 +44,29 @@ class NodeCost:
     fixed: float
 
 
-def _concrete(value: Any, symbol: sympy.Symbol, batch: int) -> Any:
+def _concrete(value: Any, sizes: dict) -> Any:
     if isinstance(value, torch.SymInt):
-        return int(value.node.expr.subs(symbol, batch))
+        return int(value.node.expr.subs(sizes))
     return value
 
 
-def _fake_input(val: torch.Tensor, symbol, batch: int, mode: FakeTensorMode) -> torch.Tensor:
-    shape = [_concrete(s, symbol, batch) for s in val.shape]
+def _fake_input(val: torch.Tensor, sizes: dict, mode: FakeTensorMode) -> torch.Tensor:
+    shape = [_concrete(s, sizes) for s in val.shape]
     with mode:
         return torch.zeros(shape, dtype=val.dtype, device=val.device)
 
 
-def _flops_at(gm: fx.GraphModule, symbol: sympy.Symbol, batch: int) -> dict[str, int]:
+def flops_at(gm: fx.GraphModule, sizes: dict) -> dict[str, int]:
+    """FLOPs of every call node of ``gm`` with its size symbols set to ``sizes``, on fake tensors."""
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     env: dict[fx.Node, Any] = {}
     counts: dict[str, int] = {}
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             val = node.meta.get("val")
-            env[node] = _fake_input(val, symbol, batch, mode) if isinstance(val, torch.Tensor) else val
+            env[node] = _fake_input(val, sizes, mode) if isinstance(val, torch.Tensor) else _concrete(val, sizes)
         elif node.op == "get_attr":
-            obj: Any = gm
-            for part in node.target.split("."):
-                obj = getattr(obj, part)
+            obj = operator.attrgetter(node.target)(gm)
             env[node] = mode.from_tensor(obj) if isinstance(obj, torch.Tensor) else obj
         elif node.op == "call_function":
             args, kwargs = fx.map_arg((node.args, node.kwargs), lambda a: env[a])
@@ -78,7 +78,7 @@ def _flops_at(gm: fx.GraphModule, symbol: sympy.Symbol, batch: int) -> dict[str,
 
 def node_costs(gm: fx.GraphModule, symbol: sympy.Symbol) -> dict[str, NodeCost]:
     """Per-node cost as ``per_row * batch + fixed``."""
-    low, high = (_flops_at(gm, symbol, b) for b in _BATCHES)
+    low, high = (flops_at(gm, {symbol: b}) for b in _BATCHES)
     span = _BATCHES[1] - _BATCHES[0]
     out = {}
     for name, f_low in low.items():

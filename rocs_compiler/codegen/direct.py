@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import linecache
+import operator
 from typing import Any, Callable
 
 import torch
@@ -65,7 +66,7 @@ class DirectProgram:
         params, body = [], []
         for node in nodes:
             if node.op == "get_attr":
-                self._names[node] = self._bind(_fetch_attr(gm, node.target), "w")
+                self._names[node] = self._bind(operator.attrgetter(node.target)(gm), "w")
                 continue
             var = self._names[node] = f"v_{node.name}"
             if node.op == "placeholder":
@@ -128,13 +129,6 @@ def _callable(target: Any) -> Callable:
     if isinstance(target, torch._ops.OpOverload):
         return target._op
     return target
-
-
-def _fetch_attr(gm: fx.GraphModule, target: str) -> Any:
-    obj: Any = gm
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def direct_program(gm: fx.GraphModule) -> Callable:

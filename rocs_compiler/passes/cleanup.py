@@ -9,6 +9,7 @@ node nobody uses can go.
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
@@ -40,7 +41,7 @@ def fold_constants(gm: fx.GraphModule) -> int:
     folded = 0
     for node in list(gm.graph.nodes):
         if node.op == "get_attr":
-            values[node] = _fetch_attr(gm, node.target)
+            values[node] = operator.attrgetter(node.target)(gm)
             continue
         if not _pure(node) or not node.all_input_nodes:
             continue
@@ -75,13 +76,6 @@ def _fold_limit(args: Any) -> int:
 
 def _foldable_user(user: fx.Node, values: dict, node: fx.Node) -> bool:
     return _pure(user) and all(a in values or a is node for a in user.all_input_nodes)
-
-
-def _fetch_attr(gm: fx.GraphModule, target: str) -> Any:
-    obj: Any = gm
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def _fresh_attr(gm: fx.GraphModule, base: str) -> str:

@@ -10,6 +10,7 @@ Weights are read at compile time, after weight-only subgraphs (parametrizations)
 
 from __future__ import annotations
 
+import operator
 from typing import Optional
 
 import torch
@@ -25,9 +26,7 @@ aten = torch.ops.aten
 def _weight_value(gm: fx.GraphModule, node) -> Optional[torch.Tensor]:
     if not isinstance(node, fx.Node) or node.op != "get_attr":
         return None
-    obj = gm
-    for part in node.target.split("."):
-        obj = getattr(obj, part)
+    obj = operator.attrgetter(node.target)(gm)
     return obj if isinstance(obj, torch.Tensor) else None
 
 

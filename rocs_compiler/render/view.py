@@ -21,6 +21,7 @@ import torch
 from torch import fx
 
 from ..analysis import ROLE, op_name, source_module
+from ..flops import flops_at
 from ..passes.share import INDEX_NAME
 
 ROLES = ("REQUEST", "CANDIDATE", "CONST")
@@ -203,43 +204,14 @@ def _role_of(val: Any, num_requests, num_candidates) -> str:
     return "CONST"
 
 
-def _flops_at(program, sizes: dict) -> dict[str, int]:
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.utils.flop_counter import FlopCounterMode
-
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-
-    def concrete(value):
-        if isinstance(value, torch.SymInt):
-            return int(value.node.expr.subs(sizes))
-        return value
-
-    env: dict[fx.Node, Any] = {}
-    counts: dict[str, int] = {}
-    for node in program.graph.nodes:
-        if node.op == "placeholder":
-            val = node.meta.get("val")
-            if isinstance(val, torch.Tensor):
-                with mode:
-                    env[node] = torch.zeros([concrete(s) for s in val.shape], dtype=val.dtype)
-            else:
-                env[node] = concrete(val)
-        elif node.op == "call_function":
-            args, kwargs = fx.map_arg((node.args, node.kwargs), lambda a: env[a])
-            with mode, FlopCounterMode(display=False) as counter:
-                env[node] = node.target(*args, **kwargs)
-            counts[node.name] = counter.get_total_flops()
-    return counts
-
-
 def exported_costs(program) -> ExportedCosts:
     """Roles and FLOPs of every node of an exported shared-layout program."""
     num_requests, num_candidates = _size_symbols(program)
     base = {num_requests: 2, num_candidates: 2}
     base = {k: v for k, v in base.items() if k is not None}
-    at_base = _flops_at(program, base)
-    more_requests = _flops_at(program, {**base, num_requests: 3}) if num_requests else at_base
-    more_candidates = _flops_at(program, {**base, num_candidates: 3}) if num_candidates else at_base
+    at_base = flops_at(program, base)
+    more_requests = flops_at(program, {**base, num_requests: 3}) if num_requests else at_base
+    more_candidates = flops_at(program, {**base, num_candidates: 3}) if num_candidates else at_base
     roles, per_req, per_cand, fixed, modules = {}, {}, {}, {}, {}
     for node in program.graph.nodes:
         if node.op not in ("placeholder", "call_function"):
