@@ -170,8 +170,9 @@ class _Subgraph:
             self.fallback_reason = str(err)
             self.plain = lower_plain(self.gm, args, self.use_inductor)
             return None
-        lowered = Lowered(compiled.graph_module, self.use_inductor)
-        variant = _Variant(compiled, compiled.with_graph(lowered))
+        # Without Inductor the compiled model runs its graph itself (as a direct program).
+        runner = compiled.with_graph(Lowered(compiled.graph_module, True)) if self.use_inductor else compiled
+        variant = _Variant(compiled, runner)
         self.variants[self._key(leaves)] = variant
         return variant
 

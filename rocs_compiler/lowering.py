@@ -10,8 +10,7 @@ from torch import fx, nn
 
 
 class Lowered(nn.Module):
-    """Runs the rewritten FX graph through Inductor; as a direct program (``codegen/direct.py``)
-    without Inductor or if Inductor fails (with a warning).
+    """Runs the rewritten FX graph through Inductor; through FX if Inductor fails (with a warning).
 
     The graph is compiled lazily at the first call, dynamic in R and N. R and N are first marked
     *unbacked* so that neither dynamo's 0/1 specialization nor Inductor's size guards recompile for
@@ -33,7 +32,6 @@ class Lowered(nn.Module):
         }
         self._errors: list[str] = []
         self._succeeded = False
-        object.__setattr__(self, "_direct", None)
 
     @property
     def graph(self) -> fx.Graph:
@@ -46,7 +44,7 @@ class Lowered(nn.Module):
 
     def forward(self, *args):
         if not self._strategies:
-            return self._program()(*args)
+            return self.gm(*args)
         strategy = self._strategies[0]
         try:
             out = self._compiled[strategy](*self._prepare(strategy, args))
@@ -65,18 +63,6 @@ class Lowered(nn.Module):
             return out
         self._succeeded = True
         return out
-
-    def _program(self) -> Callable:
-        # Built on first use and after ``.to()``, like the runtime's (same reasons).
-        if self._direct is None:
-            from .codegen.direct import direct_program
-
-            object.__setattr__(self, "_direct", direct_program(self.gm))
-        return self._direct
-
-    def _apply(self, fn, recurse=True):
-        object.__setattr__(self, "_direct", None)
-        return super()._apply(fn, recurse)
 
     def _prepare(self, strategy: str, args: tuple) -> tuple:
         if strategy != "unbacked":
