@@ -356,6 +356,17 @@ def test_runner_calls_the_ops_directly_on_the_same_weights():
     assert not any(name.startswith("_runner") for name in cm.state_dict())
 
 
+def test_graphs_with_module_calls_stay_fx_graphs():
+    from torch import fx
+
+    from rocs_compiler.codegen.direct import DirectProgram, direct_program
+
+    gm = fx.symbolic_trace(nn.Sequential(nn.Linear(3, 2), nn.ReLU()))
+    assert direct_program(gm) is gm
+    with pytest.raises(ValueError, match="call_module"):
+        DirectProgram(gm)
+
+
 def test_dynamo_traces_the_graph_not_the_direct_program():
     """Under torch.compile the runtime hands dynamo the FX graph, whose ops it can trace."""
     model = USER_ITEM_MLP.build()

@@ -41,6 +41,9 @@ RUNNERS: dict[object, Callable[..., torch.Tensor]] = {
     torch.ops.rocs.broadcast_pointwise.default: pointwise.run_broadcast_pointwise,
 }
 
+# The node kinds of the graphs rocs builds (torch.export output, rewritten); ``direct_program``
+# leaves any other graph to FX.
+NODE_KINDS = frozenset({"placeholder", "get_attr", "call_function", "output"})
 _INLINE_LITERALS = (bool, int, str, type(None))
 _PROGRAM_IDS = itertools.count()
 
@@ -54,6 +57,9 @@ class DirectProgram:
     """
 
     def __init__(self, gm: fx.GraphModule):
+        unsupported = [f"{n.name} ({n.op})" for n in gm.graph.nodes if n.op not in NODE_KINDS]
+        if unsupported:
+            raise ValueError(f"DirectProgram runs {sorted(NODE_KINDS)} nodes only, not {unsupported}")
         self._globals: dict[str, Any] = {}
         self._ids: dict[int, str] = {}
         self._names: dict[fx.Node, str] = {}  # a node's local variable, or its constant's global
@@ -75,8 +81,6 @@ class DirectProgram:
             if node.op == "output":
                 body.append(f"return {self._render(node.args[0])}")
                 continue
-            if node.op != "call_function":
-                raise NotImplementedError(f"DirectProgram: {node.op} node {node.name}")
             target, node_args = inplace.get(node, (node.target, node.args))
             fn = self._bind(_callable(target), "f")
             args = [self._render(a) for a in node_args]
@@ -133,6 +137,6 @@ def _callable(target: Any) -> Callable:
 
 def direct_program(gm: fx.GraphModule) -> Callable:
     """``gm`` as a :class:`DirectProgram`; ``gm`` itself if its graph has other node kinds."""
-    if any(n.op in ("call_module", "call_method") for n in gm.graph.nodes):
+    if any(n.op not in NODE_KINDS for n in gm.graph.nodes):
         return gm
     return DirectProgram(gm)
