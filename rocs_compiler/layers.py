@@ -99,7 +99,28 @@ def _init_rows(weight: torch.Tensor, bias: torch.Tensor | None, fans: Sequence[t
             start += rows
 
 
-class GLMLinear(nn.Module):
+class _BlockLowerTriangular(nn.Module):
+    """A module whose ``weight`` [out, in] keeps the GLM mask: request rows read request inputs only.
+
+    Subclasses set ``self.weight`` and then call ``_mask_weight()``.
+    """
+
+    def __init__(self, layer: str, in_request: int, in_candidate: int, out_request: int, out_candidate: int):
+        super().__init__()
+        _check_groups(layer, in_request, in_candidate, out_request, out_candidate)
+        self.in_request, self.in_candidate = in_request, in_candidate
+        self.out_request, self.out_candidate = out_request, out_candidate
+
+    def _mask_weight(self) -> None:
+        mask = glm_mask(self.in_request, self.in_candidate, self.out_request, self.out_candidate)
+        parametrize.register_parametrization(self, "weight", BlockMask(mask))
+
+    @property
+    def mask(self) -> torch.Tensor:
+        return self.parametrizations.weight[0].mask
+
+
+class GLMLinear(_BlockLowerTriangular):
     """A linear layer whose request outputs read request inputs only.
 
     ``x`` is ``cat([x_r, x_c], -1)`` with ``in_request`` request lanes first. The weight is block
@@ -119,10 +140,7 @@ class GLMLinear(nn.Module):
         out_candidate: int,
         bias: bool = True,
     ):
-        super().__init__()
-        _check_groups("GLMLinear", in_request, in_candidate, out_request, out_candidate)
-        self.in_request, self.in_candidate = in_request, in_candidate
-        self.out_request, self.out_candidate = out_request, out_candidate
+        super().__init__("GLMLinear", in_request, in_candidate, out_request, out_candidate)
         self.in_features = in_request + in_candidate
         self.out_features = out_request + out_candidate
         self.weight = nn.Parameter(torch.empty(self.out_features, self.in_features))
@@ -130,12 +148,7 @@ class GLMLinear(nn.Module):
         _init_rows(
             self.weight, self.bias, [(out_request, in_request), (out_candidate, self.in_features)]
         )
-        mask = glm_mask(in_request, in_candidate, out_request, out_candidate)
-        parametrize.register_parametrization(self, "weight", BlockMask(mask))
-
-    @property
-    def mask(self) -> torch.Tensor:
-        return self.parametrizations.weight[0].mask
+        self._mask_weight()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
@@ -176,7 +189,7 @@ class GroupLayerNorm(nn.Module):
         return torch.cat([self.request(x[..., :d]), self.candidate(x[..., d:])], dim=-1)
 
 
-class GLMLinearCompression(nn.Module):
+class GLMLinearCompression(_BlockLowerTriangular):
     """Linear compression over the feature axis (Wukong/DHEN LCB) with request fields first.
 
     ``X`` [B, F, D] holds ``in_request`` request fields first. ``W`` [M, F] is block
@@ -189,21 +202,13 @@ class GLMLinearCompression(nn.Module):
     """
 
     def __init__(self, in_request: int, in_candidate: int, out_request: int, out_candidate: int):
-        super().__init__()
-        _check_groups("GLMLinearCompression", in_request, in_candidate, out_request, out_candidate)
-        self.in_request, self.in_candidate = in_request, in_candidate
-        self.out_request, self.out_candidate = out_request, out_candidate
+        super().__init__("GLMLinearCompression", in_request, in_candidate, out_request, out_candidate)
         num_in, num_out = in_request + in_candidate, out_request + out_candidate
         weight = torch.randn(num_out, num_in)
         weight[:out_request] /= math.sqrt(in_request) if in_request else 1.0
         weight[out_request:] /= math.sqrt(num_in)
         self.weight = nn.Parameter(weight)
-        mask = glm_mask(in_request, in_candidate, out_request, out_candidate)
-        parametrize.register_parametrization(self, "weight", BlockMask(mask))
-
-    @property
-    def mask(self) -> torch.Tensor:
-        return self.parametrizations.weight[0].mask
+        self._mask_weight()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [B, F, D] -> [B, M, D]."""
