@@ -388,6 +388,37 @@ TARGET:
 """
 
 
+def _target_command(sub, common, func, name: str, help: str, description: str):  # noqa: A002
+    """A subcommand acting on a TARGET: the target, ``--request`` and ``--options``."""
+    command = sub.add_parser(
+        name,
+        parents=[common],
+        help=help,
+        description=description,
+        epilog=_TARGET_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    command.add_argument(
+        "target",
+        metavar="TARGET",
+        help="models_zoo:NAME, package.module:factory, path/to/file.py:factory, or FILE.pt2",
+    )
+    command.add_argument(
+        "--request",
+        type=_names,
+        metavar="NAMES",
+        help="request-side inputs, comma-separated (default: the target's own)",
+    )
+    command.add_argument(
+        "--options",
+        type=_json_object,
+        metavar="JSON",
+        help="pipeline options, e.g. '{\"defer\": false}'",
+    )
+    command.set_defaults(func=func)
+    return command
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", help="show tracebacks on errors")
@@ -399,21 +430,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    target_help = "models_zoo:NAME, package.module:factory, path/to/file.py:factory, or FILE.pt2"
-    inspect = sub.add_parser(
-        "inspect",
-        parents=[common],
+    inspect = _target_command(
+        sub, common, cmd_inspect, "inspect",
         help="roles, FLOPs and a drawing of a compiled model",
         description="Compile TARGET and show what runs per request and per candidate.",
-        epilog=_TARGET_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    inspect.add_argument("target", metavar="TARGET", help=target_help)
-    inspect.add_argument(
-        "--request",
-        type=_names,
-        metavar="NAMES",
-        help="request-side inputs, comma-separated (default: the target's own)",
     )
     inspect.add_argument(
         "--candidates",
@@ -444,32 +464,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="also time the original model and the shared-layout call "
         f"(N in {', '.join(map(str, MEASURE_CANDIDATES))} up to --candidates)",
     )
-    inspect.add_argument(
-        "--options",
-        type=_json_object,
-        metavar="JSON",
-        help="pipeline options, e.g. '{\"defer\": false}'",
-    )
-    inspect.set_defaults(func=cmd_inspect)
 
-    export = sub.add_parser(
-        "export",
-        parents=[common],
+    export = _target_command(
+        sub, common, cmd_export, "export",
         help="compile TARGET and save a torch.export program",
         description="Compile TARGET and save its shared-layout program (load with rocs.load).",
-        epilog=_TARGET_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    export.add_argument("target", metavar="TARGET", help=target_help)
     export.add_argument("-o", "--output", required=True, metavar="FILE", help="output .pt2 file")
-    export.add_argument("--request", type=_names, metavar="NAMES", help="request-side inputs")
     export.add_argument(
         "--aoti",
         action="store_true",
         help="compile with AOTInductor into a package (needs a C++ compiler)",
     )
-    export.add_argument("--options", type=_json_object, metavar="JSON", help="pipeline options")
-    export.set_defaults(func=cmd_export)
 
     zoo = sub.add_parser(
         "zoo",
