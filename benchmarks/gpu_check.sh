@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything that needs a GPU, in one run (step limits add up to 7m40s; one H100/H200-class GPU):
-#   1. the Triton kernel tests on CUDA tensors (tests/codegen/triton_cases.py, no interpreter),
+#   1. the Triton kernel tests on CUDA tensors (tests/kernels/triton_cases.py, no interpreter),
 #   2. the IKBO kernel benchmarks at full shapes (benchmarks/kernels.py --device cuda),
 #   3. the model speed benchmark, if benchmarks/speed.py exists (--device cuda --quick).
 #
@@ -80,7 +80,7 @@ fi
 
 # Index range checks (a device sync per call) only for the tests, not the benchmarks.
 step "triton kernel tests ($DEVICE)" 120 \
-  env ROCS_DEBUG_CHECKS=1 "$PYTHON" -m pytest -q -o addopts= -p no:cacheprovider -rfEs tests/codegen/triton_cases.py
+  env ROCS_DEBUG_CHECKS=1 "$PYTHON" -m pytest -q -o addopts= -p no:cacheprovider -rfEs tests/kernels/triton_cases.py
 
 step "IKBO kernel benchmarks ($DEVICE)" 200 \
   "$PYTHON" benchmarks/kernels.py "${KERNEL_ARGS[@]}" --json "${STEM}_kernels.json"

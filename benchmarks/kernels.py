@@ -1,6 +1,6 @@
 """IKBO op micro-benchmarks: each fused op against its materialized-broadcast baseline.
 
-Baseline = ``rocs_compiler.codegen.OPS[name]``: gather the request tensors to N rows with
+Baseline = ``rocs_compiler.kernels.OPS[name]``: gather the request tensors to N rows with
 ``index_select``, then the plain op (what a graph without IKBO runs). For the two GEMMs a
 third row, ``replicated``, is the original layer before ROCS: the request features are
 gathered and concatenated, and the full weight runs on N rows
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-import rocs_compiler.codegen as cg
+import rocs_compiler.kernels as cg
 
 
 @dataclass

@@ -45,7 +45,7 @@ from torch import fx, nn
 from .dynamo_graph import Slot, classify, dotted, graph_model, nest
 from .errors import CompileError, InputError
 from .inputs import bind_inputs, is_tensor, named_leaves, replace_leaves
-from .lowering import Lowered, lower_plain
+from .runtime.lowering import Lowered, lower_plain
 
 __all__ = ["RocsBackend", "backend", "rocs_backend", "shared_call"]
 

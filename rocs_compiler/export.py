@@ -35,8 +35,7 @@ from torch.export import Dim, ExportedProgram
 
 # Registration of every rocs:: custom op, so that loading a saved program works after
 # ``import rocs_compiler``.
-from . import codegen as _codegen  # noqa: F401
-from . import ops as _ops  # noqa: F401
+from . import kernels as _kernels  # noqa: F401
 from .errors import CompileError, InputError
 from .passes.share import DOMAIN, INDEX_NAME
 

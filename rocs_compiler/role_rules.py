@@ -511,7 +511,7 @@ def is_mutating(target: Any) -> bool:
 
 
 def _register_rocs_rules() -> None:
-    from . import ops  # noqa: F401 - defines rocs::embedding_bag_rows
+    from .kernels import embedding_bag_rows  # noqa: F401 - defines rocs::embedding_bag_rows
 
     register(torch.ops.rocs.embedding_bag_rows)(_embedding)
 

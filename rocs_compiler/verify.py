@@ -56,8 +56,8 @@ def verify_shared(gm: fx.GraphModule) -> None:
 
 
 def _references() -> dict:
-    from . import ops
-    from .codegen import OPS
+    from .kernels import embedding_bag_rows as ops
+    from .kernels import OPS
 
     return {**OPS, **ops.REFERENCES}
 

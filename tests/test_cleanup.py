@@ -6,7 +6,7 @@ import torch
 from models_for_tests import Case, Spec, check_both_conventions
 from torch import nn
 
-from rocs_compiler.codegen.grouping import group_by_request
+from rocs_compiler.kernels.request_groups import group_by_request
 
 
 class Slices(nn.Module):

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from rocs_compiler.codegen.direct import DirectProgram
-from rocs_compiler.codegen.inplace import inplace_plan
+from rocs_compiler.runtime.direct import DirectProgram
+from rocs_compiler.runtime.inplace import inplace_plan
 
 aten = torch.ops.aten
 

@@ -21,7 +21,7 @@ from torch import nn
 
 import rocs_compiler as rocs
 from models_zoo import Batch, request_index
-from rocs_compiler.grouping import group_requests, rows_consistent
+from rocs_compiler.runtime.request_detection import group_requests, rows_consistent
 
 SHAPES = {
     "one": ([1], False),
@@ -341,7 +341,7 @@ def test_to_cpu():
 def test_runner_calls_the_ops_directly_on_the_same_weights():
     """The runtime runs the graph as straight-line code whose rocs ops skip the dispatcher and
     their checks; it must read the compiled graph's own tensors, not copies of them."""
-    from rocs_compiler.codegen.direct import DirectProgram
+    from rocs_compiler.runtime.direct import DirectProgram
 
     model = USER_ITEM_MLP.build()
     cm = USER_ITEM_MLP.compile(model)
@@ -359,7 +359,7 @@ def test_runner_calls_the_ops_directly_on_the_same_weights():
 def test_graphs_with_module_calls_stay_fx_graphs():
     from torch import fx
 
-    from rocs_compiler.codegen.direct import DirectProgram, direct_program
+    from rocs_compiler.runtime.direct import DirectProgram, direct_program
 
     gm = fx.symbolic_trace(nn.Sequential(nn.Linear(3, 2), nn.ReLU()))
     assert direct_program(gm) is gm

@@ -3,7 +3,7 @@
 After *share*, every request value that candidate computation reads arrives through
 ``index_select(x, 0, idx)``, a replicated ``[N, ...]`` copy. Each rule below replaces a consumer
 of such a broadcast with a ``rocs::`` op that takes ``x`` at its natural ``[R, ...]`` size plus
-``idx``; the op's reference (``rocs_compiler.codegen.OPS``) is exactly the replaced subgraph, so
+``idx``; the op's reference (``rocs_compiler.kernels.OPS``) is exactly the replaced subgraph, so
 the identity each rule relies on is the definition of its op:
 
 - ``linear(c, W, b) + x[idx]`` -> ``broadcast_linear(c, W, b, x, idx)``;
@@ -27,7 +27,7 @@ import torch
 from torch import fx
 from torch._guards import detect_fake_mode
 
-from .. import codegen  # noqa: F401 - registers the rocs:: ops
+from .. import kernels  # noqa: F401 - registers the rocs:: ops
 from .engine import Builder, Rewrite, rewrite_to_fixpoint
 from .share import BROADCAST, DOMAIN, DOMAIN_ORDER, INDEX_NAME
 

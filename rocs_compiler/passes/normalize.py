@@ -100,7 +100,7 @@ def _embedding_bag_rows(b: Builder, node: fx.Node) -> Optional[fx.Node]:
         return None
     if any(u is not node and u.users for u in bag.users):
         return None
-    from .. import ops  # noqa: F401 - registers rocs::embedding_bag_rows
+    from ..kernels import embedding_bag_rows  # noqa: F401 - registers rocs::embedding_bag_rows
 
     return b.call(torch.ops.rocs.embedding_bag_rows.default, weight, rows, mode, padding_idx)
 

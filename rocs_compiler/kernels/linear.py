@@ -20,7 +20,7 @@ the GEMM accumulates into it in place (``addmm_`` / ``baddbmm_`` with beta = 1),
 request row is the GEMM's broadcast bias. A compression with a tiny weight
 (``M * Kc <= FOLD_CANDIDATES_MAX_MK``) runs as one GEMM over a ``[Kc, N * D]`` copy of ``ec``
 instead of N tiny ones. CUDA path: Triton kernels in
-``linear_kernels.py``. FLOPs count the candidate GEMM only (``2 N M K`` and ``2 N M Kc D``);
+``linear_triton.py``. FLOPs count the candidate GEMM only (``2 N M K`` and ``2 N M Kc D``);
 the broadcast add is not a per-candidate matmul.
 """
 
@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 from torch.utils.flop_counter import register_flop_formula
 
-from rocs_compiler.codegen._common import (
+from rocs_compiler.kernels.common import (
     check_candidate_index,
     check_same_dtype,
     check_shape,
@@ -73,9 +73,9 @@ def broadcast_linear(
 def run_broadcast_linear(c, weight, bias, request_term, candidate_to_request) -> torch.Tensor:
     """The op's device dispatch without its argument checks (callers checked them)."""
     if use_triton(c):
-        from rocs_compiler.codegen import linear_kernels
+        from rocs_compiler.kernels import linear_triton
 
-        return linear_kernels.broadcast_linear(c, weight, bias, request_term, candidate_to_request)
+        return linear_triton.broadcast_linear(c, weight, bias, request_term, candidate_to_request)
 
     # Fold the bias into the R-row request term (R x M adds instead of N x M), gather it into
     # the output buffer, then let the GEMM accumulate into that buffer.
@@ -124,9 +124,9 @@ def broadcast_linear_compression(
 def run_broadcast_linear_compression(ec, weight, request_term, candidate_to_request) -> torch.Tensor:
     """The op's device dispatch without its argument checks (callers checked them)."""
     if use_triton(ec):
-        from rocs_compiler.codegen import linear_kernels
+        from rocs_compiler.kernels import linear_triton
 
-        return linear_kernels.broadcast_linear_compression(
+        return linear_triton.broadcast_linear_compression(
             ec, weight, request_term, candidate_to_request
         )
 

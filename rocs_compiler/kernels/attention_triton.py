@@ -15,7 +15,7 @@ go through ``order``, so nothing is permuted or scattered in memory.
 Fully masked rows: the running max stays -inf, every probability is 0 and the row sum is
 0; the kernel writes zeros there, as ``F.scaled_dot_product_attention`` does.
 
-Tested in ``tests/codegen/triton_cases.py``. Limits: float16/bfloat16/float32; D up to 256
+Tested in ``tests/kernels/triton_cases.py``. Limits: float16/bfloat16/float32; D up to 256
 (one D block); contiguous q/k/v (the launcher makes them so).
 """
 
@@ -27,14 +27,14 @@ import torch
 import triton
 import triton.language as tl
 
-from rocs_compiler.codegen._common import (
+from rocs_compiler.kernels.common import (
     check_candidate_index,
     check_contiguous,
     check_launch_device,
     check_launch_dtypes,
     check_shape,
 )
-from rocs_compiler.codegen._triton_utils import (
+from rocs_compiler.kernels.triton_utils import (
     autotune_configs,
     input_precision,
     next_pow2_at_least,

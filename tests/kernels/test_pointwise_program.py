@@ -1,9 +1,9 @@
 """Pointwise programs: parser, canonical text, evaluator, generated Triton source.
 
 Golden snapshots: the generated source for a few representative programs is pinned in
-``tests/codegen/golden/``. After an intended change to the template, regenerate them with
+``tests/kernels/golden/``. After an intended change to the template, regenerate them with
 
-    ROCS_UPDATE_GOLDEN=1 python -m pytest tests/codegen/test_pointwise_program.py
+    ROCS_UPDATE_GOLDEN=1 python -m pytest tests/kernels/test_pointwise_program.py
 
 and review the diff.
 """
@@ -19,7 +19,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rocs_compiler.codegen.pointwise_program import (
+from rocs_compiler.kernels.pointwise_program import (
     PRIMITIVES,
     Call,
     Const,
@@ -158,8 +158,8 @@ def test_random_programs_cpu_op_matches_reference(program, trailing, chunk_rows,
     """The CPU op (chunked, buffer-reusing) against the functional evaluator on gathered rows."""
     from unittest import mock
 
-    import rocs_compiler.codegen as cg
-    from rocs_compiler.codegen import pointwise
+    import rocs_compiler.kernels as cg
+    from rocs_compiler.kernels import pointwise
 
     gen = torch.Generator().manual_seed(seed)
     idx = torch.randint(0, 3, (7,), generator=gen)

@@ -12,7 +12,7 @@ CPU path: torch ops in the inputs' dtype (the eager chain's own kernels), over c
 candidates of about ``CHUNK_BYTES`` per tensor; request rows are gathered per chunk, so
 the full ``[N, *S]`` request gather never exists, and temporaries live in a few reused
 chunk buffers (peak memory: the output plus a few chunks). CUDA path: a kernel generated from the
-program (``pointwise_kernels.py``), math in float32. FLOPs: one per op application per
+program (``pointwise_triton.py``), math in float32. FLOPs: one per op application per
 output element (torch's own counter does not count elementwise ops; these do, so that
 fused chains are visible in reports).
 """
@@ -24,8 +24,8 @@ import math
 import torch
 from torch.utils.flop_counter import register_flop_formula
 
-from rocs_compiler.codegen._common import check_candidate_index, use_triton
-from rocs_compiler.codegen.pointwise_program import (
+from rocs_compiler.kernels.common import check_candidate_index, use_triton
+from rocs_compiler.kernels.pointwise_program import (
     PRIMITIVES,
     Call,
     Const,
@@ -91,9 +91,9 @@ def _run(node: Node, candidate_inputs, request_inputs, candidate_to_request) -> 
     trailing = tuple(first.shape[1:])
     num_candidates = candidate_to_request.shape[0]
     if use_triton(first):
-        from rocs_compiler.codegen import pointwise_kernels
+        from rocs_compiler.kernels import pointwise_triton
 
-        return pointwise_kernels.broadcast_pointwise(
+        return pointwise_triton.broadcast_pointwise(
             node, candidate_inputs, request_inputs, candidate_to_request
         )
 

@@ -17,7 +17,7 @@ CPU path: candidates are grouped by request (``grouping.py``). For a group of G 
 with c candidates each, the queries of a request's candidates are stacked along the query
 axis, ``[G, H, c * Lq, D]``, and one SDPA call runs against that request's K/V, so each
 K/V is read once and never replicated. CUDA path: flash-attention style kernel in
-``attention_kernels.py``. FLOPs: ``4 N H Lq L D`` (the two matmuls, as torch counts SDPA).
+``attention_triton.py``. FLOPs: ``4 N H Lq L D`` (the two matmuls, as torch counts SDPA).
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import register_flop_formula
 
-from rocs_compiler.codegen._common import (
+from rocs_compiler.kernels.common import (
     check_candidate_index,
     check_same_dtype,
     check_shape,
     use_triton,
 )
-from rocs_compiler.codegen.grouping import group_by_request
+from rocs_compiler.kernels.request_groups import group_by_request
 
 
 @torch.library.custom_op("rocs::broadcast_attention", mutates_args=())
@@ -67,9 +67,9 @@ def run_broadcast_attention(q, k, v, candidate_to_request, key_mask, scale) -> t
     num_requests, h, _, d = k.shape
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     if use_triton(q):
-        from rocs_compiler.codegen import attention_kernels
+        from rocs_compiler.kernels import attention_triton
 
-        return attention_kernels.broadcast_attention(q, k, v, candidate_to_request, key_mask, scale)
+        return attention_triton.broadcast_attention(q, k, v, candidate_to_request, key_mask, scale)
 
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if q.numel() == 0:

@@ -1,6 +1,6 @@
 """IKBO ops on their CPU (torch) path against the materialized-broadcast references.
 
-The oracle is ``rocs_compiler.codegen.OPS``: gather the request tensors with
+The oracle is ``rocs_compiler.kernels.OPS``: gather the request tensors with
 ``index_select``, then run the plain op. Shapes are drawn by hypothesis (non-divisible
 sizes, R = 1, single-candidate and empty requests, equal counts, shuffled order).
 """
@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ikbo_testing import candidate_index, make_index, randn, random_mask
 
-import rocs_compiler.codegen as cg
-from rocs_compiler.codegen.grouping import group_by_request
+import rocs_compiler.kernels as cg
+from rocs_compiler.kernels.request_groups import group_by_request
 
 SETTINGS = settings(max_examples=25, deadline=None)
 MATMUL_TOL = dict(rtol=1e-4, atol=1e-5)
@@ -139,7 +139,7 @@ def test_broadcast_pointwise(index, program, trailing, seed):
 
 
 def test_pointwise_chunks_match_single_pass(monkeypatch):
-    from rocs_compiler.codegen import pointwise
+    from rocs_compiler.kernels import pointwise
 
     idx = make_index([3, 1, 5, 2], perm_seed=0)
     c0, r0 = randn(11, 4, 3, seed=0), randn(4, 4, 3, seed=1)
@@ -297,7 +297,7 @@ class BlockTriton:
 
 sys.meta_path.insert(0, BlockTriton())
 import torch
-import rocs_compiler.codegen as cg
+import rocs_compiler.kernels as cg
 
 idx = torch.tensor([1, 0, 1])
 out = cg.broadcast_pointwise("add(c0, r0)", [torch.ones(3, 2)], [torch.ones(2, 2)], idx)

@@ -21,9 +21,9 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from .errors import InputError
-from .grouping import group_requests, rows_consistent
-from .inputs import GRAPH_OUTPUT, bind_inputs, is_tensor, named_leaves, replace_leaves
+from ..errors import InputError
+from .request_detection import group_requests, rows_consistent
+from ..inputs import GRAPH_OUTPUT, bind_inputs, is_tensor, named_leaves, replace_leaves
 
 
 class InputContract:
@@ -119,7 +119,7 @@ class CompiledModel(nn.Module):
 
     def report(self, num_candidates: int = 1024, num_requests: int = 1):
         """Structured report: roles, FLOPs per request / per candidate, fallbacks, ideal speedup."""
-        from .report import Report
+        from ..report import Report
 
         if self._report_builder is None:
             return Report.for_fallback(self._fallback_reason or "eager fallback")
@@ -155,7 +155,7 @@ class CompiledModel(nn.Module):
         if torch.compiler.is_compiling():
             return self.graph_module  # tracers (dynamo, export) read the graph's ops themselves
         if self._runner is None:
-            from .codegen.direct import direct_program
+            from .direct import direct_program
 
             gm = self.graph_module
             runner = direct_program(gm) if isinstance(gm, fx.GraphModule) else gm
@@ -250,7 +250,7 @@ class CompiledModel(nn.Module):
 def _constant_output_positions(graph_module: Optional[fx.GraphModule]) -> list[int]:
     if graph_module is None:
         return []
-    from .passes.share import DOMAIN
+    from ..passes.share import DOMAIN
 
     output = next(n for n in graph_module.graph.nodes if n.op == "output")
     results = output.args[0]

@@ -30,8 +30,8 @@ from typing import Any, Callable
 import torch
 from torch import fx
 
-from rocs_compiler.codegen import attention, interaction, linear, pointwise
-from rocs_compiler.codegen.inplace import inplace_plan
+from rocs_compiler.kernels import attention, interaction, linear, pointwise
+from rocs_compiler.runtime.inplace import inplace_plan
 
 RUNNERS: dict[object, Callable[..., torch.Tensor]] = {
     torch.ops.rocs.broadcast_linear.default: linear.run_broadcast_linear,

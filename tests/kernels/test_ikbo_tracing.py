@@ -4,7 +4,7 @@
   at batch sizes other than the example's;
 - ``torch.compile`` (CPU) keeps the ops opaque and matches eager;
 - ``FlopCounterMode`` counts the useful work of every op;
-- every op registered by ``rocs_compiler.codegen`` has a reference in ``OPS``.
+- every op registered by ``rocs_compiler.kernels`` has a reference in ``OPS``.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from ikbo_testing import make_index, randn
 from torch.export import Dim
 from torch.utils.flop_counter import FlopCounterMode
 
-import rocs_compiler.codegen as cg
-from rocs_compiler.codegen import attention, interaction, linear, pointwise, reference_for
+import rocs_compiler.kernels as cg
+from rocs_compiler.kernels import attention, interaction, linear, pointwise, reference_for
 
 
 class AllOps(torch.nn.Module):

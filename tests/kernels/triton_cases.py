@@ -5,9 +5,9 @@ interpreter must be switched on before triton is imported, so this file runs in 
 process.
 
 - CPU, Triton interpreter (small shapes, float32 and a float16 case):
-  ``tests/codegen/test_triton_interp.py`` runs it in a subprocess with
+  ``tests/kernels/test_triton_interp.py`` runs it in a subprocess with
   ``TRITON_INTERPRET=1 ROCS_TRITON_ON_CPU=1``.
-- GPU: ``ROCS_TRITON_TEST_DEVICE=cuda python -m pytest tests/codegen/triton_cases.py``
+- GPU: ``ROCS_TRITON_TEST_DEVICE=cuda python -m pytest tests/kernels/triton_cases.py``
   (``benchmarks/gpu_check.sh`` does this); adds larger shapes and 16-bit dtypes.
 
 Every test also checks that the Triton launcher ran, so a silent fall back to the torch
@@ -34,12 +34,12 @@ if DEVICE == "cuda" and not torch.cuda.is_available():
 
 from ikbo_testing import make_index, random_mask  # noqa: E402
 
-import rocs_compiler.codegen as cg  # noqa: E402
-from rocs_compiler.codegen import (  # noqa: E402
-    attention_kernels,
-    interaction_kernels,
-    linear_kernels,
-    pointwise_kernels,
+import rocs_compiler.kernels as cg  # noqa: E402
+from rocs_compiler.kernels import (  # noqa: E402
+    attention_triton,
+    interaction_triton,
+    linear_triton,
+    pointwise_triton,
 )
 
 ON_GPU = DEVICE == "cuda"
@@ -53,11 +53,11 @@ def launches(monkeypatch):
     """Count calls into the Triton launchers."""
     counts = {}
     for module, name in [
-        (linear_kernels, "broadcast_linear"),
-        (linear_kernels, "broadcast_linear_compression"),
-        (attention_kernels, "broadcast_attention"),
-        (interaction_kernels, "broadcast_interaction"),
-        (pointwise_kernels, "broadcast_pointwise"),
+        (linear_triton, "broadcast_linear"),
+        (linear_triton, "broadcast_linear_compression"),
+        (attention_triton, "broadcast_attention"),
+        (interaction_triton, "broadcast_interaction"),
+        (pointwise_triton, "broadcast_pointwise"),
     ]:
         launcher = getattr(module, name)
 
@@ -223,11 +223,11 @@ def test_broadcast_pointwise(launches, program, trailing, dtype, tmp_path, monke
 
 def test_pointwise_kernel_cache_reuses_compiled_kernels(tmp_path, monkeypatch):
     monkeypatch.setenv("ROCS_KERNEL_CACHE_DIR", str(tmp_path))
-    from rocs_compiler.codegen.pointwise_program import parse_program
+    from rocs_compiler.kernels.pointwise_program import parse_program
 
     program = parse_program("add(mul(c0, 3.0), r0)")
-    first = pointwise_kernels.get_kernel(program, 1, 1, torch.float32)
-    assert pointwise_kernels.get_kernel(program, 1, 1, torch.float32) is first
+    first = pointwise_triton.get_kernel(program, 1, 1, torch.float32)
+    assert pointwise_triton.get_kernel(program, 1, 1, torch.float32) is first
     assert any(name.startswith("rocs_generated_pointwise_") for name in sys.modules)
 
 

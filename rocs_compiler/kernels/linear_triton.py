@@ -13,7 +13,7 @@ weight. The grid is 1-D (candidate-major, then output tiles), so the tiles of on
 candidate run back to back and its ``ec[n]`` stays in cache.
 
 Accumulation is float32; the dot precision follows torch's TF32 setting for float32
-inputs. Tested in ``tests/codegen/triton_cases.py`` (interpreter on CPU, real GPU via
+inputs. Tested in ``tests/kernels/triton_cases.py`` (interpreter on CPU, real GPU via
 ``benchmarks/gpu_check.sh``). Limits: float16/bfloat16/float32 only; every tensor
 contiguous (the op makes them so); row offsets are computed in int64.
 """
@@ -27,14 +27,14 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from rocs_compiler.codegen._common import (
+from rocs_compiler.kernels.common import (
     check_candidate_index,
     check_contiguous,
     check_launch_device,
     check_launch_dtypes,
     check_shape,
 )
-from rocs_compiler.codegen._triton_utils import autotune_configs, input_precision
+from rocs_compiler.kernels.triton_utils import autotune_configs, input_precision
 
 
 def _linear_configs():

@@ -3,7 +3,7 @@
 Each zoo model is compiled with pointwise fusion on (the default for GPU models); the programs
 it fuses and the Triton source generated for each are compared with
 ``golden/zoo_pointwise.txt``. Regenerate after an intended change with
-``ROCS_UPDATE_GOLDEN=1 python -m pytest tests/codegen/test_zoo_pointwise_golden.py``.
+``ROCS_UPDATE_GOLDEN=1 python -m pytest tests/kernels/test_zoo_pointwise_golden.py``.
 The compiled models must stay exact with the fused ops running on the CPU path.
 """
 
@@ -15,7 +15,7 @@ import torch
 
 import rocs_compiler as rocs
 from models_zoo import ZOO
-from rocs_compiler.codegen import kernel_source
+from rocs_compiler.kernels import kernel_source
 
 GOLDEN = pathlib.Path(__file__).parent / "golden" / "zoo_pointwise.txt"
 

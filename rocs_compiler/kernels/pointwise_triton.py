@@ -11,8 +11,8 @@ Cache directory: ``$ROCS_KERNEL_CACHE_DIR`` if set, else
 is not writable. Files are written atomically, so concurrent processes can share it.
 
 Launch: 1-D grid over the flattened output, BLOCK elements per program. Tested in
-``tests/codegen/triton_cases.py``; generated text is pinned by golden files in
-``tests/codegen/golden/``.
+``tests/kernels/triton_cases.py``; generated text is pinned by golden files in
+``tests/kernels/golden/``.
 """
 
 from __future__ import annotations
@@ -27,14 +27,14 @@ import threading
 import torch
 import triton
 
-from rocs_compiler.codegen._common import (
+from rocs_compiler.kernels.common import (
     check_candidate_index,
     check_contiguous,
     check_launch_device,
     check_launch_dtypes,
     interpreting,
 )
-from rocs_compiler.codegen.pointwise_program import KERNEL_NAME, Node, format_program, kernel_source
+from rocs_compiler.kernels.pointwise_program import KERNEL_NAME, Node, format_program, kernel_source
 
 _lock = threading.Lock()
 _kernels: dict[tuple, object] = {}

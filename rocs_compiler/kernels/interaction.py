@@ -10,7 +10,7 @@ once per request by the caller.)
 
 CPU path: candidates grouped by request (``grouping.py``); a group of G requests with c
 candidates each is one ``bmm([G, c * Fc, D], [G, D, Fu])``. CUDA path:
-``interaction_kernels.py``. FLOPs: ``2 N Fc Fu D``.
+``interaction_triton.py``. FLOPs: ``2 N Fc Fu D``.
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from __future__ import annotations
 import torch
 from torch.utils.flop_counter import register_flop_formula
 
-from rocs_compiler.codegen._common import (
+from rocs_compiler.kernels.common import (
     check_candidate_index,
     check_same_dtype,
     check_shape,
     use_triton,
 )
-from rocs_compiler.codegen.grouping import group_by_request
+from rocs_compiler.kernels.request_groups import group_by_request
 
 
 @torch.library.custom_op("rocs::broadcast_interaction", mutates_args=())
@@ -47,9 +47,9 @@ def broadcast_interaction(
 def run_broadcast_interaction(request_stack, candidate_stack, candidate_to_request) -> torch.Tensor:
     """The op's device dispatch without its argument checks (callers checked them)."""
     if use_triton(candidate_stack):
-        from rocs_compiler.codegen import interaction_kernels
+        from rocs_compiler.kernels import interaction_triton
 
-        return interaction_kernels.broadcast_interaction(
+        return interaction_triton.broadcast_interaction(
             request_stack, candidate_stack, candidate_to_request
         )
 

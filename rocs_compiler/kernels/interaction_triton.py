@@ -9,7 +9,7 @@ Feature counts are small in practice (tens), so a program usually covers a whole
 ``[Fc, Fu]`` block and the grid is one program per candidate; ``tl.dot`` needs blocks of
 at least 16, so smaller feature counts are padded by masking.
 
-Tested in ``tests/codegen/triton_cases.py``. Limits: float16/bfloat16/float32;
+Tested in ``tests/kernels/triton_cases.py``. Limits: float16/bfloat16/float32;
 contiguous inputs (the launcher makes them so).
 """
 
@@ -19,14 +19,14 @@ import torch
 import triton
 import triton.language as tl
 
-from rocs_compiler.codegen._common import (
+from rocs_compiler.kernels.common import (
     check_candidate_index,
     check_contiguous,
     check_launch_device,
     check_launch_dtypes,
     check_shape,
 )
-from rocs_compiler.codegen._triton_utils import (
+from rocs_compiler.kernels.triton_utils import (
     autotune_configs,
     input_precision,
     next_pow2_at_least,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from rocs_compiler.codegen._common import interpreting
+from rocs_compiler.kernels.common import interpreting
 
 
 def autotune_configs(configs: list[triton.Config], interpret: triton.Config) -> list[triton.Config]:

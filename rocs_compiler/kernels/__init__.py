@@ -29,15 +29,15 @@ from collections.abc import Sequence
 
 import torch
 
-from rocs_compiler.codegen import attention, interaction, linear, pointwise  # noqa: F401 (registers ops)
-from rocs_compiler.codegen.pointwise_program import (
+from rocs_compiler.kernels import attention, interaction, linear, pointwise  # noqa: F401 (registers ops)
+from rocs_compiler.kernels.pointwise_program import (
     Node,
     ProgramError,
     format_program,
     kernel_source,
     parse_program,
 )
-from rocs_compiler.codegen.reference import OPS, reference_for
+from rocs_compiler.kernels.reference import OPS, reference_for
 
 __all__ = [
     "OPS",

@@ -20,7 +20,7 @@ class Lowered(nn.Module):
 
     def __init__(self, gm: fx.GraphModule, use_inductor: bool):
         super().__init__()
-        from .passes.share import DOMAIN
+        from ..passes.share import DOMAIN
 
         self.gm = gm
         self._batched = [

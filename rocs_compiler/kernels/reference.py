@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from rocs_compiler.codegen.pointwise_program import evaluate, parse_program
+from rocs_compiler.kernels.pointwise_program import evaluate, parse_program
 
 
 def broadcast_linear(
