@@ -20,11 +20,9 @@ from torch import fx
 
 from . import role_rules
 from .errors import CompileError
+from .graph_meta import REASON, ROLE
 from .roles import Role
 from .symbolic import expr_of, is_batched
-
-ROLE = "rocs_role"
-REASON = "rocs_reason"
 
 
 @dataclass(frozen=True)

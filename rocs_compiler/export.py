@@ -37,7 +37,8 @@ from torch.export import Dim, ExportedProgram
 # ``import rocs_compiler``.
 from . import kernels as _kernels  # noqa: F401
 from .errors import CompileError, InputError
-from .passes.share import DOMAIN, INDEX_NAME
+from .graph_meta import INDEX_NAME, PLACEMENT
+from .roles import Role
 
 __all__ = ["aoti_package", "export", "load", "save"]
 
@@ -102,7 +103,7 @@ def _synthetic_example(compiled, num_requests: int = 2, num_candidates: int = 3)
     for name in compiled.contract.input_names:
         node = placeholders[compiled._placeholder_of[name]]
         val = node.meta["val"]
-        rows = {"R": num_requests, "N": num_candidates}.get(node.meta.get(DOMAIN))
+        rows = {Role.REQUEST: num_requests, Role.CANDIDATE: num_candidates}.get(node.meta.get(PLACEMENT))
         shape = [rows if i == 0 and rows is not None else int(s) for i, s in enumerate(val.shape)]
         flat[name] = torch.zeros(shape, dtype=val.dtype, device=val.device)
     flat[INDEX_NAME] = torch.arange(num_candidates) % num_requests

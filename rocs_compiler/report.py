@@ -12,7 +12,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .analysis import ROLE, Fallback, op_name, source_module
+from .analysis import Fallback, op_name, source_module
+from .graph_meta import ROLE
 from .roles import Role
 
 

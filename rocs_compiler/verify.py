@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 from torch import fx
 
-from .analysis import ROLE
 from .errors import CompileError
-from .passes.share import BROADCAST, DOMAIN, DOMAIN_ORDER, INDEX_NAME, is_scalar_node
+from .graph_meta import BROADCAST, INDEX_NAME, PLACEMENT, ROLE
+from .passes.share import is_scalar_node
+from .roles import Role
 
 
 
@@ -21,7 +22,7 @@ def verify_roles(gm: fx.GraphModule) -> None:
             continue
         role = node.meta[ROLE]
         if is_scalar_node(node):
-            continue  # a batch size read off a candidate tensor is evaluated per domain
+            continue  # a batch size read off a candidate tensor is evaluated per placement
         for arg in node.all_input_nodes:
             if arg.meta[ROLE] > role:
                 raise CompileError(
@@ -31,20 +32,23 @@ def verify_roles(gm: fx.GraphModule) -> None:
 
 
 def verify_shared(gm: fx.GraphModule) -> None:
-    """In the shared graph: R-domain nodes never read N-domain values, every edge from R into N
-    passes through a broadcast or a fused op that takes the index, and every fused op has a
-    reference implementation."""
+    """In the shared graph: no node reads a value placed higher than itself (REQUEST nodes never
+    read CANDIDATE values), every edge from a REQUEST value into a CANDIDATE node passes through
+    a broadcast or a fused op that takes the index, and every fused op has a reference."""
     for node in gm.graph.nodes:
         if node.op == "output":
             continue
-        domain = node.meta.get(DOMAIN)
-        if domain is None:
-            raise CompileError(f"node {node.name} has no domain after sharing")
+        placement = node.meta.get(PLACEMENT)
+        if placement is None:
+            raise CompileError(f"node {node.name} has no placement after sharing")
         for arg in node.all_input_nodes:
-            arg_domain = arg.meta.get(DOMAIN)
-            if DOMAIN_ORDER[arg_domain] > DOMAIN_ORDER[domain]:
-                raise CompileError(f"{domain}-node {node.name} reads {arg_domain}-node {arg.name}")
-            if (domain, arg_domain) == ("N", "R") and not _takes_index(node):
+            arg_placement = arg.meta[PLACEMENT]
+            if arg_placement > placement:
+                raise CompileError(
+                    f"{placement.name} node {node.name} reads {arg_placement.name} node {arg.name}"
+                )
+            crosses = (placement, arg_placement) == (Role.CANDIDATE, Role.REQUEST)
+            if crosses and not _takes_index(node):
                 raise CompileError(f"{node.name} reads request value {arg.name} without broadcast")
         if _is_fused(node):
             name = node.target._opname

@@ -36,7 +36,8 @@ from torch.utils import _pytree as pytree
 
 from models_zoo import ZOO, Batch
 from models_zoo.batch import get_leaf, set_leaf
-from rocs_compiler.analysis import ROLE, analyze
+from rocs_compiler.analysis import analyze
+from rocs_compiler.graph_meta import ROLE
 from rocs_compiler.pipeline import compile_graph
 from rocs_compiler.roles import Role
 

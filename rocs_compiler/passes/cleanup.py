@@ -17,7 +17,8 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from ..role_rules import is_mutating, is_random
-from .share import DOMAIN
+from ..graph_meta import PLACEMENT
+from ..roles import Role
 
 _FOLD_LIMIT_ELEMENTS = 1 << 24  # never fold a constant into something larger than this
 
@@ -59,7 +60,7 @@ def fold_constants(gm: fx.GraphModule) -> int:
         with gm.graph.inserting_before(node):
             new = gm.graph.get_attr(name)
         new.meta.update(node.meta)
-        new.meta[DOMAIN] = "C"
+        new.meta[PLACEMENT] = Role.CONST
         node.replace_all_uses_with(new)
         values[new] = values[node]
         folded += 1

@@ -8,7 +8,7 @@ from typing import Any, Optional
 import torch
 from torch import fx
 
-from ..analysis import ROLE
+from ..graph_meta import ROLE
 from ..roles import Role
 
 aten = torch.ops.aten

@@ -29,7 +29,8 @@ from torch._guards import detect_fake_mode
 
 from .. import kernels  # noqa: F401 - registers the rocs:: ops
 from .engine import Builder, Rewrite, rewrite_to_fixpoint
-from .share import BROADCAST, DOMAIN, DOMAIN_ORDER, INDEX_NAME
+from ..graph_meta import BROADCAST, INDEX_NAME, PLACEMENT
+from ..roles import Role
 
 aten = torch.ops.aten
 rocs = torch.ops.rocs
@@ -51,7 +52,7 @@ def _val(node: Any) -> Any:
 
 
 def _const(node: Any) -> bool:
-    return isinstance(node, fx.Node) and node.meta.get(DOMAIN) == "C"
+    return isinstance(node, fx.Node) and node.meta.get(PLACEMENT) == Role.CONST
 
 
 class _Context:
@@ -181,7 +182,7 @@ def _fuse_interaction(ctx: _Context):
 
 def _fuse_weight_matmul(b: Builder, node: fx.Node) -> Optional[fx.Node]:
     x, w = node.args
-    if not isinstance(x, fx.Node) or x.meta.get(DOMAIN) != "N" or not _const(w):
+    if not isinstance(x, fx.Node) or x.meta.get(PLACEMENT) != Role.CANDIDATE or not _const(w):
         return None
     xv, wv = _val(x), _val(w)
     nb = wv.dim() - 2  # the batch dims B shared by x and W
@@ -217,7 +218,7 @@ _PROGRAM_OPS = {
 
 def _program_operands(node: fx.Node):
     """Operands of a pointwise node that the program language can express, or None."""
-    if node.target not in _PROGRAM_OPS or node.meta.get(DOMAIN) != "N":
+    if node.target not in _PROGRAM_OPS or node.meta.get(PLACEMENT) != Role.CANDIDATE:
         return None
     if node.target == aten.gelu.default and node.kwargs.get("approximate", "none") != "none":
         return None
@@ -301,11 +302,11 @@ def _inline(program: _ProgramBuilder, fused: fx.Node) -> str:
     return re.sub(r"\b([cr]\d+)\b", lambda m: names[m.group(1)], text)
 
 
-def _assign_domains(gm: fx.GraphModule) -> None:
+def _place_new_nodes(gm: fx.GraphModule) -> None:
+    """A node a rule created lives where its highest-placed input lives."""
     for node in gm.graph.nodes:
-        if DOMAIN not in node.meta:
-            domains = [a.meta.get(DOMAIN, "C") for a in node.all_input_nodes] or ["C"]
-            node.meta[DOMAIN] = max(domains, key=DOMAIN_ORDER.__getitem__)
+        if PLACEMENT not in node.meta:
+            node.meta[PLACEMENT] = Role.join_all(a.meta[PLACEMENT] for a in node.all_input_nodes)
 
 
 def ikbo(gm: fx.GraphModule, pointwise: bool = False) -> tuple[fx.GraphModule, dict[str, int]]:
@@ -323,7 +324,7 @@ def ikbo(gm: fx.GraphModule, pointwise: bool = False) -> tuple[fx.GraphModule, d
     if pointwise:
         rewrites.append(Rewrite("ikbo_pointwise", frozenset(p.overloadpacket for p in _PROGRAM_OPS),
                                 _fuse_pointwise(ctx)))
-    counts = rewrite_to_fixpoint(gm, rewrites, _assign_domains)
+    counts = rewrite_to_fixpoint(gm, rewrites, _place_new_nodes)
     return gm, counts
 
 

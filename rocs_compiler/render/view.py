@@ -20,9 +20,9 @@ import sympy
 import torch
 from torch import fx
 
-from ..analysis import ROLE, op_name, source_module
+from ..analysis import op_name, source_module
 from ..flops import flops_at
-from ..passes.share import INDEX_NAME
+from ..graph_meta import INDEX_NAME, ROLE
 
 ROLES = ("REQUEST", "CANDIDATE", "CONST")
 UNIT = {"REQUEST": "/req", "CANDIDATE": "/cand", "CONST": ""}

@@ -22,6 +22,8 @@ from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from ..errors import InputError
+from ..graph_meta import PLACEMENT
+from ..roles import Role
 from .request_detection import group_requests, rows_consistent
 from ..inputs import GRAPH_OUTPUT, bind_inputs, is_tensor, named_leaves, replace_leaves
 
@@ -250,14 +252,12 @@ class CompiledModel(nn.Module):
 def _constant_output_positions(graph_module: Optional[fx.GraphModule]) -> list[int]:
     if graph_module is None:
         return []
-    from ..passes.share import DOMAIN
-
     output = next(n for n in graph_module.graph.nodes if n.op == "output")
     results = output.args[0]
     return [
         i
         for i, r in enumerate(results)
-        if isinstance(r, fx.Node) and r.meta.get(DOMAIN) == "C" and isinstance(r.meta.get("val"), torch.Tensor)
+        if isinstance(r, fx.Node) and r.meta.get(PLACEMENT) == Role.CONST and isinstance(r.meta.get("val"), torch.Tensor)
     ]
 
 

@@ -8,6 +8,9 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import fx, nn
 
+from ..graph_meta import PLACEMENT
+from ..roles import Role
+
 
 class Lowered(nn.Module):
     """Runs the rewritten FX graph through Inductor; through FX if Inductor fails (with a warning).
@@ -20,11 +23,9 @@ class Lowered(nn.Module):
 
     def __init__(self, gm: fx.GraphModule, use_inductor: bool):
         super().__init__()
-        from ..passes.share import DOMAIN
-
         self.gm = gm
         self._batched = [
-            n.meta.get(DOMAIN) in ("R", "N") for n in gm.graph.nodes if n.op == "placeholder"
+            n.meta.get(PLACEMENT, Role.CONST) != Role.CONST for n in gm.graph.nodes if n.op == "placeholder"
         ]
         self._strategies = ["unbacked", "dynamic"] if use_inductor else []
         self._compiled = {

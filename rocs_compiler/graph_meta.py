@@ -1,0 +1,24 @@
+"""Names under which the pipeline's stages record facts on graph nodes, and the index input.
+
+Every stage that reads or writes node metadata imports its keys from here, so no stage owns
+another's vocabulary. Values are :class:`~rocs_compiler.roles.Role` members throughout.
+
+- ``ROLE``: a node's role in a logical graph (every node at batch size); written by the
+  analysis driver only.
+- ``REASON``: why a node that saw only request-side inputs runs per candidate; written with
+  ``ROLE``.
+- ``PLACEMENT``: where a node of the shared graph lives, as a role: ``CONST`` computed once,
+  ``REQUEST`` at R rows, ``CANDIDATE`` at N rows. Written by *share*, and by the passes after it
+  for the nodes they create. A node never reads a value placed higher than itself, except
+  through ``INDEX_NAME``.
+- ``BROADCAST``: marks ``index_select(x, 0, candidate_to_request)`` nodes that *share* inserts
+  where a request value enters candidate computation.
+"""
+
+ROLE = "rocs_role"
+REASON = "rocs_reason"
+PLACEMENT = "rocs_placement"
+BROADCAST = "rocs_broadcast"
+
+# The shared graph's last input: int64 [N], the request row of every candidate.
+INDEX_NAME = "candidate_to_request"
