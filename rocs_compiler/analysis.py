@@ -18,7 +18,7 @@ import sympy
 import torch
 from torch import fx
 
-from . import role_rules
+from . import op_groups, role_rules
 from .errors import CompileError
 from .graph_meta import REASON, ROLE
 from .roles import Role
@@ -107,9 +107,9 @@ def _infer(node, roles, request_placeholders, symbol) -> tuple[Role, Optional[st
     if _is_scalar_value(val):
         return _scalar_role(node, val, inputs, symbol)
     target = node.target
-    if role_rules.is_random(target):
+    if op_groups.is_random(target):
         return Role.CANDIDATE, ("random op" if inputs == Role.REQUEST else None)
-    if role_rules.is_mutating(target):
+    if op_groups.is_mutating(target):
         return Role.CANDIDATE, ("mutates its input" if inputs == Role.REQUEST else None)
     if inputs == Role.CONST:
         return Role.CONST, None

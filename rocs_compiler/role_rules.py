@@ -21,6 +21,7 @@ import sympy
 import torch
 from torch import fx
 
+from . import op_groups
 from .roles import Role
 from .symbolic import depends_on, is_batch_size
 
@@ -106,11 +107,12 @@ def bind_arguments(node: fx.Node) -> dict:
 
 
 def lookup(target: Any) -> Optional[Rule]:
+    """The op's own rule, else its family's (every elementwise op shares one)."""
     rule = _RULES.get(target)
     if rule is None and isinstance(target, torch._ops.OpOverload):
         rule = _RULES.get(target.overloadpacket)
-        if rule is None and torch.Tag.pointwise in target.tags:
-            rule = elementwise_rule
+    if rule is None and op_groups.is_elementwise(target):
+        rule = elementwise_rule
     return rule
 
 
@@ -220,15 +222,7 @@ def all_batched_aligned_rule(ctx: RuleContext) -> Optional[str]:
 # ---------------------------------------------------------------------------------------------
 # Registrations
 
-register(
-    aten.view, aten.reshape, aten._unsafe_view, aten.flatten, aten.unflatten, aten.permute,
-    aten.transpose, aten.unsqueeze, aten.expand, aten.expand_as, aten.alias, aten.clone,
-    aten.contiguous, aten.detach, aten.t, aten.movedim, aten.select, aten.narrow,
-    aten.lift_fresh_copy, aten._to_copy, aten.to, aten.type_as, aten.view_as, aten.reshape_as,
-    aten.zeros_like, aten.ones_like, aten.empty_like, aten.full_like, aten.new_zeros,
-    aten.new_ones, aten.new_empty, aten.new_full, aten.zeros, aten.ones, aten.empty, aten.full,
-    aten.slice, aten.diagonal, aten.unfold,
-)(shape_only_rule)
+register(*op_groups.SHAPE_ONLY)(shape_only_rule)
 
 
 @register(aten.squeeze)
@@ -244,19 +238,9 @@ def _squeeze(ctx: RuleContext) -> Optional[str]:
     return ROWWISE
 
 
-register(
-    aten.add, aten.sub, aten.mul, aten.div, aten.neg, aten.relu, aten.gelu, aten.silu,
-    aten.sigmoid, aten.tanh, aten.exp, aten.log, aten.sqrt, aten.rsqrt, aten.abs, aten.pow,
-    aten.where, aten.masked_fill, aten.clamp, aten.clamp_min, aten.clamp_max, aten.maximum,
-    aten.minimum, aten.eq, aten.ne, aten.lt, aten.le, aten.gt, aten.ge, aten.logical_not,
-    aten.logical_and, aten.logical_or, aten.mish, aten.softplus, aten.hardtanh, aten.leaky_relu,
-    aten.elu, aten.erf, aten.square, aten.reciprocal, aten.sin, aten.cos, aten.floor,
-    aten.ceil, aten.round, aten.sign, aten.addcmul, aten.addcdiv, aten.lerp, aten.log1p,
-    aten.expm1, aten.relu6, aten.hardsigmoid, aten.hardswish, aten.selu, aten.celu,
-    aten.log_sigmoid, aten.bitwise_and, aten.bitwise_or, aten.remainder, aten.fmod,
-    aten.isnan, aten.nan_to_num, aten.rsub, aten.floor_divide, aten.prelu, aten.__and__,
-    aten.__or__, aten.__xor__, aten.bitwise_not, aten.bitwise_xor, aten.logical_xor,
-)(elementwise_rule)
+# Elementwise ops need no registration: ``lookup`` gives every member of the family
+# ``elementwise_rule``. prelu is elementwise but aligns its weight with dim 1, never the batch dim.
+register(aten.prelu)(elementwise_rule)
 
 
 @register(aten.tril, aten.triu)
@@ -273,20 +257,11 @@ def _dropout(ctx: RuleContext) -> Optional[str]:
     return ROWWISE
 
 
-register(
-    aten.sum, aten.mean, aten.amax, aten.amin, aten.prod, aten.var, aten.std, aten.any,
-    aten.all, aten.logsumexp, aten.norm, aten.linalg_vector_norm, aten.var_mean, aten.std_mean,
-    aten.count_nonzero, aten.nansum,
-)(reduction_rule("dim"))
+register(*op_groups.REDUCTIONS)(reduction_rule("dim"))
 register(aten.max.dim, aten.min.dim, aten.argmax, aten.argmin, aten.median.dim)(
     reduction_rule("dim")
 )
-register(
-    aten.softmax, aten._softmax, aten.log_softmax, aten._log_softmax, aten.cumsum,
-    aten.cumprod, aten.cummax, aten.sort, aten.argsort, aten.topk, aten.kthvalue,
-    aten.index_select, aten.split, aten.split_with_sizes, aten.chunk, aten.unbind,
-    aten.tensor_split, aten.glu,
-)(along_dim_rule("dim", default=-1))
+register(*op_groups.ALONG_DIM)(along_dim_rule("dim", default=-1))
 register(aten.cat, aten.concat)(along_dim_rule("dim", default=0))
 
 
@@ -491,23 +466,6 @@ def _conv(ctx: RuleContext) -> Optional[str]:
 @register(operator.getitem)
 def _getitem(ctx: RuleContext) -> Optional[str]:
     return ROWWISE
-
-
-def is_random(target: Any) -> bool:
-    return isinstance(target, torch._ops.OpOverload) and (
-        torch.Tag.nondeterministic_seeded in target.tags
-        and target.overloadpacket not in _RANDOM_ONLY_WHEN_ASKED
-    )
-
-
-# Tagged random because of an optional dropout; their rules check that it is off.
-_RANDOM_ONLY_WHEN_ASKED = (
-    aten.dropout, aten.feature_dropout, aten.alpha_dropout, aten.scaled_dot_product_attention,
-)
-
-
-def is_mutating(target: Any) -> bool:
-    return isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable
 
 
 def _register_rocs_rules() -> None:

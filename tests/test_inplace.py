@@ -1,4 +1,4 @@
-"""In-place reuse of dying temporaries in the direct program (codegen/inplace.py)."""
+"""In-place reuse of dying temporaries in the direct program (runtime/inplace.py)."""
 
 from __future__ import annotations
 
@@ -68,6 +68,19 @@ class Promoting(nn.Module):
         return (x @ w).argmax(1) * 2.5  # int64 temporary, float result
 
 
+class SinThenClamp(nn.Module):
+    """Any elementwise op with an in-place variant reuses its dying operand."""
+
+    def forward(self, x, w):
+        return torch.clamp(torch.sin(x @ w), -0.5, 0.5)
+
+
+class Where(nn.Module):
+    def forward(self, x, w):
+        y = x @ w
+        return torch.where(y > 0, y, 0.1 * y)  # where has no in-place variant with its args
+
+
 def _export(model, *args):
     ep = torch.export.export(model, args)
     return ep, ep.graph_module
@@ -94,6 +107,8 @@ CASES = [
     (SubFromBias(), (X, W, B), {}),
     (Broadcasting(), (X, W), {aten.add.Tensor: aten.add_.Tensor}),
     (Promoting(), (X, W), {}),
+    (SinThenClamp(), (X, W), {aten.sin.default: aten.sin_.default, aten.clamp.default: aten.clamp_.default}),
+    (Where(), (X, W), {}),  # y is read again by where; where has no in-place variant
 ]
 
 

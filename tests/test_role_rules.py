@@ -40,7 +40,8 @@ from torch import fx, nn
 import rocs_compiler as rocs
 from rocs_compiler.analysis import analyze
 from rocs_compiler.capture import capture
-from rocs_compiler.role_rules import is_mutating, is_random, lookup
+from rocs_compiler.op_groups import is_mutating, is_random
+from rocs_compiler.role_rules import lookup
 from rocs_compiler.roles import Role
 
 aten = torch.ops.aten

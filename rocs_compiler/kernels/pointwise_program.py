@@ -75,6 +75,9 @@ class Primitive:
     torch_out: Callable
     # Triton expression; {0}, {1}, {2} are argument names (or literals), evaluated in float32.
     triton: str
+    # The ATen overload the primitive computes, which ikbo fuses into programs (None: the
+    # primitive has no ATen spelling that a graph would carry with these operands).
+    aten: object = None
 
 
 def as_tensor_arg(x, like):
@@ -94,29 +97,30 @@ _GELU = "0.5 * {0} * (1.0 + tl.erf({0} * 0.7071067811865476))"
 _aten = torch.ops.aten
 
 PRIMITIVES: dict[str, Primitive] = {
-    "add": Primitive(2, lambda a, b: a + b, torch.add, "{0} + {1}"),
-    "sub": Primitive(2, lambda a, b: a - b, torch.sub, "{0} - {1}"),
-    "mul": Primitive(2, lambda a, b: a * b, torch.mul, "{0} * {1}"),
-    "div": Primitive(2, lambda a, b: a / b, torch.div, "{0} / {1}"),
-    "neg": Primitive(1, lambda a: -a, torch.neg, "-{0}"),
+    "add": Primitive(2, lambda a, b: a + b, torch.add, "{0} + {1}", _aten.add.Tensor),
+    "sub": Primitive(2, lambda a, b: a - b, torch.sub, "{0} - {1}", _aten.sub.Tensor),
+    "mul": Primitive(2, lambda a, b: a * b, torch.mul, "{0} * {1}", _aten.mul.Tensor),
+    "div": Primitive(2, lambda a, b: a / b, torch.div, "{0} / {1}", _aten.div.Tensor),
+    "neg": Primitive(1, lambda a: -a, torch.neg, "-{0}", _aten.neg.default),
     # relu(nan) is nan in torch (as in clamp_min): compare with < so NaN falls through.
     "relu": Primitive(
         1,
         torch.relu,
         lambda a, out: torch.clamp_min(a, 0, out=out),
         "tl.where({0} < 0.0, 0.0, {0})",
+        _aten.relu.default,
     ),
-    "sigmoid": Primitive(1, torch.sigmoid, torch.sigmoid, "tl.sigmoid({0})"),
-    "tanh": Primitive(1, torch.tanh, torch.tanh, "_tanh({0})"),
-    "silu": Primitive(1, F.silu, _aten.silu.out, "{0} * tl.sigmoid({0})"),
-    "gelu": Primitive(1, F.gelu, _aten.gelu.out, _GELU),
-    "exp": Primitive(1, torch.exp, torch.exp, "tl.exp({0})"),
-    "log": Primitive(1, torch.log, torch.log, "tl.log({0})"),
-    "abs": Primitive(1, torch.abs, torch.abs, "tl.abs({0})"),
-    "sqrt": Primitive(1, torch.sqrt, torch.sqrt, "tl.sqrt_rn({0})"),
-    "rsqrt": Primitive(1, torch.rsqrt, torch.rsqrt, "tl.rsqrt({0})"),
-    "maximum": Primitive(2, torch.maximum, torch.maximum, _MAX),
-    "minimum": Primitive(2, torch.minimum, torch.minimum, _MIN),
+    "sigmoid": Primitive(1, torch.sigmoid, torch.sigmoid, "tl.sigmoid({0})", _aten.sigmoid.default),
+    "tanh": Primitive(1, torch.tanh, torch.tanh, "_tanh({0})", _aten.tanh.default),
+    "silu": Primitive(1, F.silu, _aten.silu.out, "{0} * tl.sigmoid({0})", _aten.silu.default),
+    "gelu": Primitive(1, F.gelu, _aten.gelu.out, _GELU, _aten.gelu.default),
+    "exp": Primitive(1, torch.exp, torch.exp, "tl.exp({0})", _aten.exp.default),
+    "log": Primitive(1, torch.log, torch.log, "tl.log({0})", _aten.log.default),
+    "abs": Primitive(1, torch.abs, torch.abs, "tl.abs({0})", _aten.abs.default),
+    "sqrt": Primitive(1, torch.sqrt, torch.sqrt, "tl.sqrt_rn({0})", _aten.sqrt.default),
+    "rsqrt": Primitive(1, torch.rsqrt, torch.rsqrt, "tl.rsqrt({0})", _aten.rsqrt.default),
+    "maximum": Primitive(2, torch.maximum, torch.maximum, _MAX, _aten.maximum.default),
+    "minimum": Primitive(2, torch.minimum, torch.minimum, _MIN, _aten.minimum.default),
     "where": Primitive(3, _where, _where, "tl.where({0} != 0.0, {1}, {2})"),
 }
 
@@ -205,6 +209,16 @@ def as_program(program: str | Node) -> Node:
 def format_program(program: str | Node) -> str:
     """Canonical text of a program."""
     return str(as_program(program))
+
+
+def rename_inputs(program: str | Node, names: Callable[[Input], Node]) -> Node:
+    """The program with every input ``x`` replaced by ``names(x)`` (an input or a subprogram)."""
+    node = as_program(program)
+    if isinstance(node, Input):
+        return names(node)
+    if isinstance(node, Call):
+        return Call(node.op, tuple(rename_inputs(a, names) for a in node.args))
+    return node
 
 
 def walk(node: Node):

@@ -16,7 +16,7 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from ..role_rules import is_mutating, is_random
+from ..op_groups import is_mutating, is_random
 from ..graph_meta import PLACEMENT
 from ..roles import Role
 

@@ -29,6 +29,7 @@ import sympy
 import torch
 from torch import fx
 
+from .. import op_groups
 from ..analysis import analyze
 from ..roles import Role
 from .concat import Concat, mixed_concat, role_of, val_of
@@ -150,7 +151,7 @@ def _slice_operand(b, operand, operand_dim, spans):
 
 def _distribute_pointwise(b: Builder, node: fx.Node) -> Optional[fx.Node]:
     out_val = node.meta.get("val")
-    if not isinstance(out_val, torch.Tensor):
+    if not isinstance(out_val, torch.Tensor) or _random_dropout(node):
         return None
     args = list(node.args)
     primary = next((i for i, a in enumerate(args) if mixed_concat(a) is not None), None)
@@ -175,6 +176,26 @@ def _distribute_pointwise(b: Builder, node: fx.Node) -> Optional[fx.Node]:
         for k in range(len(info.pieces))
     ]
     return _cat_pieces(b, outs, out_dim)
+
+
+def _random_dropout(node: fx.Node) -> bool:
+    """Dropout in training mode draws one mask for the whole tensor: it must not be split."""
+    if op_groups.packet(node.target) not in op_groups.RANDOM_ONLY_WHEN_ASKED:
+        return False
+    return bool(node.args[2] if len(node.args) > 2 else node.kwargs.get("train", False))
+
+
+def _distribute_prelu(b: Builder, node: fx.Node) -> Optional[fx.Node]:
+    """``prelu(cat(x_i, d), w) == cat(prelu(x_i, w_i), d)``: ``w`` has one slope per channel
+    (dim 1), so it is split with the pieces only when the channels are concatenated."""
+    info = mixed_concat(node.args[0])
+    weight = node.args[1]
+    if info is None or info.ndim < 2:
+        return None
+    per_channel = val_of(weight).numel() != 1 and info.dim == 1
+    weights = _slice_operand(b, weight, 0, info.offsets) if per_channel else [weight] * len(info.pieces)
+    outs = [b.call(node.target, piece, w) for piece, w in zip(info.pieces, weights)]
+    return _cat_pieces(b, outs, info.dim)
 
 
 def _distribute_first_arg(new_dim_fn):
@@ -330,28 +351,16 @@ def _distribute_matmul(b: Builder, node: fx.Node) -> Optional[fx.Node]:
     return None
 
 
-_POINTWISE = frozenset(
-    {
-        aten.add, aten.sub, aten.mul, aten.div, aten.neg, aten.relu, aten.gelu, aten.silu,
-        aten.sigmoid, aten.tanh, aten.exp, aten.log, aten.sqrt, aten.rsqrt, aten.abs, aten.pow,
-        aten.where, aten.masked_fill, aten.clamp, aten.clamp_min, aten.clamp_max, aten.maximum,
-        aten.minimum, aten.leaky_relu, aten.elu, aten.mish, aten.softplus, aten.hardtanh,
-        aten.dropout, aten._to_copy, aten.to, aten.clone, aten.contiguous, aten.alias,
-        aten.square, aten.reciprocal, aten.erf, aten.rsub, aten.prelu,
-        aten.eq, aten.ne, aten.lt, aten.le, aten.gt, aten.ge,
-    }
-)
-
-
 def defer_rewrites() -> list[Rewrite]:
     distribute = [
-        ("distribute_pointwise", _POINTWISE, _distribute_pointwise),
+        ("distribute_pointwise", op_groups.is_elementwise, _distribute_pointwise),
+        ("distribute_prelu", {aten.prelu}, _distribute_prelu),
         ("distribute_linear", {aten.linear}, _distribute_first_arg(_same_dim_unless(_linear_dims))),
-        ("distribute_norm", {aten.layer_norm, aten.rms_norm},
+        ("distribute_norm", op_groups.TRAILING_NORMS,
          _distribute_first_arg(_same_dim_unless(_norm_dims))),
-        ("distribute_softmax", {aten.softmax, aten._softmax, aten.log_softmax, aten.cumsum},
+        ("distribute_softmax", op_groups.ALONG_DIM_SAME_SHAPE,
          _distribute_first_arg(_same_dim_unless(_arg_dim(1)))),
-        ("distribute_reduction", {aten.sum, aten.mean, aten.amax, aten.amin},
+        ("distribute_reduction", op_groups.REDUCTIONS_DIM_KEEPDIM,
          _distribute_first_arg(_reduction_new_dim)),
         ("distribute_permute", {aten.permute}, _distribute_first_arg(_permute_new_dim)),
         ("distribute_transpose", {aten.transpose}, _distribute_first_arg(_transpose_new_dim)),
@@ -369,7 +378,9 @@ def defer_rewrites() -> list[Rewrite]:
         Rewrite("split_einsum", frozenset({aten.einsum}), _split_einsum),
         Rewrite("split_sum", frozenset({aten.sum}), _split_sum),
     ]
-    return contract + [Rewrite(name, frozenset(ops), fn) for name, ops, fn in distribute]
+    return contract + [
+        Rewrite(name, ops if callable(ops) else frozenset(ops), fn) for name, ops, fn in distribute
+    ]
 
 
 def defer(gm: fx.GraphModule, request_placeholders: set[str], symbol: sympy.Symbol):

@@ -69,6 +69,9 @@ def rewrite_to_fixpoint(
     rewrites = list(rewrites)
     by_anchor: dict[Any, list[Rewrite]] = collections.defaultdict(list)
     for rw in rewrites:
+        if callable(rw.anchors):
+            by_anchor[None].append(rw)
+            continue
         for anchor in rw.anchors:
             by_anchor[anchor].append(rw)
     vals = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
@@ -93,7 +96,8 @@ def _sweep(gm, by_anchor, fake_mode, counts) -> bool:
     for node in list(gm.graph.nodes):
         if node.op != "call_function":
             continue
-        for rw in by_anchor.get(_packet(node.target), ()):
+        predicates = [rw for rw in by_anchor.get(None, ()) if rw.anchors(node.target)]
+        for rw in [*by_anchor.get(_packet(node.target), ()), *predicates]:
             builder = Builder(gm, node, fake_mode)
             new = rw.apply(builder, node)
             if new is None:

@@ -28,6 +28,7 @@ from torch import fx
 from torch._guards import detect_fake_mode
 
 from .. import kernels  # noqa: F401 - registers the rocs:: ops
+from ..kernels import pointwise_program as program_ast
 from .engine import Builder, Rewrite, rewrite_to_fixpoint
 from ..graph_meta import BROADCAST, INDEX_NAME, PLACEMENT
 from ..roles import Role
@@ -206,14 +207,8 @@ def _fuse_weight_matmul(b: Builder, node: fx.Node) -> Optional[fx.Node]:
 
 # -- pointwise chains --------------------------------------------------------------------------
 
-_PROGRAM_OPS = {
-    aten.add.Tensor: "add", aten.sub.Tensor: "sub", aten.mul.Tensor: "mul", aten.div.Tensor: "div",
-    aten.neg.default: "neg", aten.relu.default: "relu", aten.sigmoid.default: "sigmoid",
-    aten.tanh.default: "tanh", aten.silu.default: "silu", aten.exp.default: "exp",
-    aten.log.default: "log", aten.abs.default: "abs", aten.sqrt.default: "sqrt",
-    aten.rsqrt.default: "rsqrt", aten.maximum.default: "maximum", aten.minimum.default: "minimum",
-    aten.gelu.default: "gelu",
-}
+# ATen overload -> primitive of the program language, from the language's own table.
+_PROGRAM_OPS = {p.aten: name for name, p in program_ast.PRIMITIVES.items() if p.aten is not None}
 
 
 def _program_operands(node: fx.Node):
@@ -242,19 +237,27 @@ def _program_operands(node: fx.Node):
 
 
 class _ProgramBuilder:
+    """Numbers the candidate inputs (``c<i>``) and request sources (``r<i>``) of one program."""
+
     def __init__(self):
         self.candidates: list[fx.Node] = []
         self.requests: list[fx.Node] = []
 
-    def leaf(self, arg: Any) -> str:
+    def leaf(self, arg: Any) -> Optional[program_ast.Node]:
         if not isinstance(arg, fx.Node):
             value = float(arg)
-            return repr(value) if math.isfinite(value) else None
+            return program_ast.Const(value) if math.isfinite(value) else None
         source = _broadcast_source(arg)
-        pool, prefix, key = (self.requests, "r", source) if source is not None else (self.candidates, "c", arg)
-        if key not in pool:
-            pool.append(key)
-        return f"{prefix}{pool.index(key)}"
+        if source is not None:
+            return self.request(source)
+        if arg not in self.candidates:
+            self.candidates.append(arg)
+        return program_ast.Input("c", self.candidates.index(arg))
+
+    def request(self, source: fx.Node) -> program_ast.Input:
+        if source not in self.requests:
+            self.requests.append(source)
+        return program_ast.Input("r", self.requests.index(source))
 
 
 def _fuse_pointwise(ctx: _Context):
@@ -274,7 +277,7 @@ def _fuse_pointwise(ctx: _Context):
                 parts.append(program.leaf(arg))
             if parts[-1] is None:
                 return None
-        text = f"{_PROGRAM_OPS[node.target]}({', '.join(parts)})"
+        text = program_ast.format_program(program_ast.Call(_PROGRAM_OPS[node.target], tuple(parts)))
         return b.call(
             rocs.broadcast_pointwise.default, text, program.candidates, program.requests, ctx.index
         )
@@ -286,20 +289,12 @@ def _is_fused_pointwise(node: Any) -> bool:
     return isinstance(node, fx.Node) and node.target == rocs.broadcast_pointwise.default
 
 
-def _inline(program: _ProgramBuilder, fused: fx.Node) -> str:
+def _inline(program: _ProgramBuilder, fused: fx.Node) -> program_ast.Node:
     """The fused node's program with its inputs renumbered into ``program``."""
     text, cands, reqs = fused.args[0], fused.args[1], fused.args[2]
-    names = {}
-    for i, c in enumerate(cands):
-        names[f"c{i}"] = program.leaf(c)
-    for i, r in enumerate(reqs):
-        key = r
-        if key not in program.requests:
-            program.requests.append(key)
-        names[f"r{i}"] = f"r{program.requests.index(key)}"
-    import re
-
-    return re.sub(r"\b([cr]\d+)\b", lambda m: names[m.group(1)], text)
+    renamed = {f"c{i}": program.leaf(c) for i, c in enumerate(cands)}
+    renamed |= {f"r{i}": program.request(r) for i, r in enumerate(reqs)}
+    return program_ast.rename_inputs(text, lambda x: renamed[str(x)])
 
 
 def _place_new_nodes(gm: fx.GraphModule) -> None:

@@ -5,12 +5,13 @@ afterwards, ``relu_(x)`` computes the same values into ``x``'s memory. For the `
 activations of a ranking model at N ~ 1000 the saved allocation is most of the op's cost on a
 CPU (fresh pages fault on first touch).
 
-Identities: ``f(x) == f_(x)`` for the elementwise ops below, ``a + b == b + a`` and
-``a * b == b * a`` exactly in IEEE arithmetic. Safety conditions, checked per use:
+Identities: ``f(x, ...) == f_(x, ...)`` for every elementwise op with an in-place variant
+(``op_groups.inplace_variant``), ``f(a, b) == f(b, a)`` for the commutative ones (``a + b``,
+``a * b``, exactly in IEEE arithmetic). Safety conditions, checked per use:
 
 - the overwritten operand is produced by an op known to compute a new tensor (a pointwise op,
-  a GEMM, a lookup, ...; see ``_COMPUTING``) or by a ``rocs::`` op, so no other tensor shares
-  its memory;
+  a GEMM, a lookup, ...; see ``op_groups.FRESH_RESULT``) or by a ``rocs::`` op, so no other
+  tensor shares its memory;
 - every reader of it is such a non-aliasing op (no view of it outlives this use) and this op
   is its last reader; it is not a graph output;
 - it has the result's shape and dtype (no broadcast into it, no type promotion past it).
@@ -23,21 +24,7 @@ from typing import Any, Optional
 import torch
 from torch import fx
 
-aten = torch.ops.aten
-
-UNARY = {
-    aten.relu.default: aten.relu_.default,
-    aten.sigmoid.default: aten.sigmoid_.default,
-    aten.tanh.default: aten.tanh_.default,
-    aten.silu.default: aten.silu_.default,
-}
-# (in-place op, whether the operands may be swapped)
-BINARY = {
-    aten.add.Tensor: (aten.add_.Tensor, True),
-    aten.mul.Tensor: (aten.mul_.Tensor, True),
-    aten.sub.Tensor: (aten.sub_.Tensor, False),
-    aten.div.Tensor: (aten.div_.Tensor, False),
-}
+from .. import op_groups
 
 
 def inplace_plan(
@@ -46,18 +33,18 @@ def inplace_plan(
     """``{node: (in-place op, args)}`` for the nodes that may overwrite a dying operand."""
     plan = {}
     for node in nodes:
-        if node.op != "call_function" or node.kwargs:
+        if node.op != "call_function" or node.kwargs or not node.args:
             continue
-        if node.target in UNARY and len(node.args) == 1:
-            if _reusable(node.args[0], node, last_use, fresh_targets):
-                plan[node] = (UNARY[node.target], node.args)
-        elif node.target in BINARY and len(node.args) == 2:
-            op, swappable = BINARY[node.target]
-            a, b = node.args
-            if a is not b and _reusable(a, node, last_use, fresh_targets):
-                plan[node] = (op, (a, b))
-            elif swappable and a is not b and _reusable(b, node, last_use, fresh_targets):
-                plan[node] = (op, (b, a))
+        inplace = op_groups.inplace_variant(node.target)
+        if inplace is None:
+            continue
+        first = node.args[0]
+        if _reusable(first, node, last_use, fresh_targets) and node.args.count(first) == 1:
+            plan[node] = (inplace, node.args)
+        elif node.target in op_groups.COMMUTATIVE and len(node.args) == 2:
+            second = node.args[1]
+            if second is not first and _reusable(second, node, last_use, fresh_targets):
+                plan[node] = (inplace, (second, first))
     return plan
 
 
@@ -82,18 +69,6 @@ def _dims(t: torch.Tensor) -> list[str]:
     return [str(d) for d in t.shape]
 
 
-# Ops whose result is always newly computed memory, besides pointwise-tagged ones. A schema
-# without alias annotation is not enough: ``aten.dropout`` in eval mode and ``_unsafe_view``
-# return (a view of) their input unannotated, and ``einsum('ij->ji', x)`` returns a view.
-_COMPUTING = {
-    aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default,
-    aten.linear.default, aten.matmul.default, aten.embedding.default, aten.index_select.default,
-    aten.cat.default, aten.sum.dim_IntList, aten.mean.dim, aten._softmax.default,
-    aten.softmax.int, aten.layer_norm.default, aten.batch_norm.default, aten.clone.default,
-    aten.scaled_dot_product_attention.default,
-}
-
-
 def _fresh(target: Any, fresh_targets: set) -> bool:
     """True if ``target``'s result never shares memory with its inputs."""
     if target in fresh_targets:
@@ -103,10 +78,14 @@ def _fresh(target: Any, fresh_targets: set) -> bool:
     schema = target._schema
     if len(schema.returns) != 1 or schema.returns[0].alias_info is not None or schema.is_mutable:
         return False
-    if target in _COMPUTING:
+    if target in op_groups.FRESH_RESULT:
         return True
     tags = target.tags
-    return torch.Tag.pointwise in tags and torch.Tag.maybe_aliasing_or_mutating not in tags
+    return (
+        op_groups.is_elementwise(target)
+        and torch.Tag.pointwise in tags
+        and torch.Tag.maybe_aliasing_or_mutating not in tags
+    )
 
 
 def _val(node: fx.Node) -> Optional[Any]:

@@ -1,0 +1,166 @@
+"""ATen op families: what the compiler knows about an op as a member of a family, said once.
+
+The role rules (``role_rules.py``), defer's distribution over concatenations
+(``passes/defer.py``), in-place planning in the runtime (``runtime/inplace.py``) and the
+pointwise program language (``kernels/pointwise_program.py``) all ask the questions below; none
+keeps its own list of ops. Adding an op to a family here adds it everywhere at once.
+
+Families are sets of overload packets (``aten.add``), or predicates over a call target (an
+``OpOverload`` or a packet):
+
+- :func:`is_elementwise`: ``out[i] = f(x[i], y[i], ...)`` under ordinary broadcasting, with no
+  randomness and no mutation. Every op tagged ``torch.Tag.pointwise`` plus
+  ``ELEMENTWISE_UNTAGGED`` (ops that compute elementwise but carry no tag), minus
+  ``NOT_BROADCASTING`` (ops whose operands align by another rule than trailing dims).
+- ``SHAPE_ONLY``: views, permutes, expands and factories: they move or create data by shape.
+- ``REDUCTIONS``: ``op(self, dim: int[], keepdim, ...)``, reducing over ``dim``.
+- ``ALONG_DIM``: ops that act along one ``dim`` argument (softmax, cumsum, index_select, cat...);
+  ``ALONG_DIM_SAME_SHAPE`` are those among them whose output has the input's shape and whose
+  ``dim`` is their second argument.
+- ``TRAILING_NORMS``: ``op(input, normalized_shape, ...)`` normalizing the trailing dims.
+- ``FRESH_RESULT``: ops whose single result never shares memory with an input (besides
+  elementwise ops, which never alias).
+- ``COMMUTATIVE``: binary elementwise ops with ``f(a, b) == f(b, a)`` bit for bit.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Optional
+
+import torch
+
+aten = torch.ops.aten
+OpOverload = torch._ops.OpOverload
+OpOverloadPacket = torch._ops.OpOverloadPacket
+
+# Elementwise in effect, but without the pointwise tag in ATen. ``dropout`` and its kin are
+# elementwise in eval mode (identity); their randomness is a separate question (see
+# :func:`random_only_when_asked`). ``_to_copy``/``to``/``alias``/``contiguous`` convert or copy.
+ELEMENTWISE_UNTAGGED = frozenset(
+    {
+        aten.hardswish, aten.log_sigmoid, aten.floor_divide, aten.__and__, aten.__or__,
+        aten.__xor__, aten.dropout, aten.feature_dropout, aten.alpha_dropout, aten._to_copy,
+        aten.to, aten.alias, aten.contiguous, aten.clone, aten.type_as,
+    }
+)
+
+# ``prelu(x, w)`` aligns ``w`` with dim 1 of ``x`` (the channel), not with the trailing dim.
+NOT_BROADCASTING = frozenset({aten.prelu, aten._prelu_kernel})
+
+SHAPE_ONLY = frozenset(
+    {
+        aten.view, aten.reshape, aten._unsafe_view, aten.flatten, aten.unflatten, aten.permute,
+        aten.transpose, aten.unsqueeze, aten.expand, aten.expand_as, aten.alias, aten.clone,
+        aten.contiguous, aten.detach, aten.t, aten.movedim, aten.select, aten.narrow,
+        aten.lift_fresh_copy, aten._to_copy, aten.to, aten.type_as, aten.view_as,
+        aten.reshape_as, aten.zeros_like, aten.ones_like, aten.empty_like, aten.full_like,
+        aten.new_zeros, aten.new_ones, aten.new_empty, aten.new_full, aten.zeros, aten.ones,
+        aten.empty, aten.full, aten.slice, aten.diagonal, aten.unfold,
+    }
+)
+
+REDUCTIONS = frozenset(
+    {
+        aten.sum, aten.mean, aten.amax, aten.amin, aten.prod, aten.var, aten.std, aten.any,
+        aten.all, aten.logsumexp, aten.norm, aten.linalg_vector_norm, aten.var_mean,
+        aten.std_mean, aten.count_nonzero, aten.nansum,
+    }
+)
+# Reductions whose schema is exactly ``(self, dim, keepdim, ...)`` with a list ``dim``.
+REDUCTIONS_DIM_KEEPDIM = frozenset({aten.sum, aten.mean, aten.amax, aten.amin, aten.nansum})
+
+ALONG_DIM_SAME_SHAPE = frozenset(
+    {
+        aten.softmax, aten._softmax, aten.log_softmax, aten._log_softmax, aten.cumsum,
+        aten.cumprod, aten.logcumsumexp,
+    }
+)
+ALONG_DIM = ALONG_DIM_SAME_SHAPE | frozenset(
+    {
+        aten.cummax, aten.sort, aten.argsort, aten.topk, aten.kthvalue, aten.index_select,
+        aten.split, aten.split_with_sizes, aten.chunk, aten.unbind, aten.tensor_split, aten.glu,
+    }
+)
+
+TRAILING_NORMS = frozenset({aten.layer_norm, aten.rms_norm})
+
+FRESH_RESULT = frozenset(
+    {
+        aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default,
+        aten.linear.default, aten.matmul.default, aten.embedding.default,
+        aten.index_select.default, aten.cat.default, aten.sum.dim_IntList, aten.mean.dim,
+        aten._softmax.default, aten.softmax.int, aten.layer_norm.default,
+        aten.batch_norm.default, aten.clone.default, aten.scaled_dot_product_attention.default,
+    }
+)
+
+COMMUTATIVE = frozenset({aten.add.Tensor, aten.mul.Tensor})
+
+# Tagged random because of an optional dropout; their rules check that it is off.
+RANDOM_ONLY_WHEN_ASKED = frozenset(
+    {aten.dropout, aten.feature_dropout, aten.alpha_dropout, aten.scaled_dot_product_attention}
+)
+
+
+def packet(target: Any) -> Any:
+    """The overload packet of an ``OpOverload``; anything else as it is."""
+    return getattr(target, "overloadpacket", target)
+
+
+def is_random(target: Any) -> bool:
+    """Draws random numbers (beyond an optional dropout that the op's rule checks)."""
+    return isinstance(target, OpOverload) and (
+        torch.Tag.nondeterministic_seeded in target.tags
+        and target.overloadpacket not in RANDOM_ONLY_WHEN_ASKED
+    )
+
+
+def is_mutating(target: Any) -> bool:
+    return isinstance(target, OpOverload) and target._schema.is_mutable
+
+
+def is_elementwise(target: Any) -> bool:
+    """Elementwise under ordinary broadcasting, deterministic, without mutation."""
+    family = packet(target)
+    if family in NOT_BROADCASTING:
+        return False
+    if family in ELEMENTWISE_UNTAGGED:
+        return True
+    if isinstance(target, OpOverload):
+        return _tagged_elementwise(target)
+    return isinstance(target, OpOverloadPacket) and _packet_elementwise(target)
+
+
+def _tagged_elementwise(op: OpOverload) -> bool:
+    return torch.Tag.pointwise in op.tags and not is_random(op) and not is_mutating(op)
+
+
+@functools.cache
+def _packet_elementwise(family: OpOverloadPacket) -> bool:
+    return any(_tagged_elementwise(getattr(family, name)) for name in family.overloads())
+
+
+def inplace_variant(op: Any) -> Optional[OpOverload]:
+    """``op_`` with the same overload and arguments, writing into its first argument, for an
+    elementwise ``op`` (``aten.relu.default`` -> ``aten.relu_.default``); None if ATen has none."""
+    if not isinstance(op, OpOverload) or not is_elementwise(op):
+        return None
+    variant = _overload(op.overloadpacket.__name__ + "_", op._overloadname)
+    if variant is None:
+        return None
+    args, variant_args = op._schema.arguments, variant._schema.arguments
+    first = variant_args[0].alias_info if variant_args else None
+    same = [a.name for a in args] == [a.name for a in variant_args]
+    return variant if same and first is not None and first.is_write else None
+
+
+@functools.cache
+def _overload(name: str, overload: str) -> Optional[OpOverload]:
+    try:
+        family = getattr(aten, name)
+    except (AttributeError, RuntimeError):
+        return None
+    if not isinstance(family, OpOverloadPacket) or overload not in family.overloads():
+        return None
+    return getattr(family, overload)
