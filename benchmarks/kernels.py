@@ -1,6 +1,6 @@
 """IKBO op micro-benchmarks: each fused op against its materialized-broadcast baseline.
 
-Baseline = ``rocs_compiler.kernels.OPS[name]``: gather the request tensors to N rows with
+Baseline = ``rocs_compiler.kernels.ROCS_OPS[name].reference``: gather the request tensors to N rows with
 ``index_select``, then the plain op (what a graph without IKBO runs). For the two GEMMs a
 third row, ``replicated``, is the original layer before ROCS: the request features are
 gathered and concatenated, and the full weight runs on N rows
@@ -93,14 +93,14 @@ def linear_case(n, r, ku, kc, m):
             return F.linear(torch.cat([u.index_select(0, idx), c], 1), w, b)
 
         variants = {
-            "baseline": lambda: cg.OPS["broadcast_linear"](c, w_c, b, request_term, idx),
+            "baseline": lambda: cg.ROCS_OPS["broadcast_linear"].reference(c, w_c, b, request_term, idx),
             "replicated": replicated,
         }
         if device.type == "cuda" and dtype != torch.float32 and kc % 8:
             variants["fused, K not padded"] = _without_k_padding(
-                lambda: cg.broadcast_linear(c, w_c, b, request_term, idx)
+                lambda: torch.ops.rocs.broadcast_linear(c, w_c, b, request_term, idx)
             )
-        return lambda: cg.broadcast_linear(c, w_c, b, request_term, idx), variants
+        return lambda: torch.ops.rocs.broadcast_linear(c, w_c, b, request_term, idx), variants
 
     return Case("broadcast_linear", f"N={n} R={r} Ku={ku} K={kc} M={m}", make)
 
@@ -118,9 +118,9 @@ def compression_case(n, r, ku, kc, m, d):
             return torch.matmul(w, torch.cat([eu.index_select(0, idx), ec], 1))
 
         return (
-            lambda: cg.broadcast_linear_compression(ec, w_c, request_term, idx),
+            lambda: torch.ops.rocs.broadcast_linear_compression(ec, w_c, request_term, idx),
             {
-                "baseline": lambda: cg.OPS["broadcast_linear_compression"](
+                "baseline": lambda: cg.ROCS_OPS["broadcast_linear_compression"].reference(
                     ec, w_c, request_term, idx
                 ),
                 "replicated": replicated,
@@ -139,8 +139,8 @@ def attention_case(n, r, h, lq, key_len, d):
         gen = torch.Generator().manual_seed(1)
         mask = (torch.rand(r, key_len, generator=gen) > 0.1).to(device)
         return (
-            lambda: cg.broadcast_attention(q, k, v, idx, mask, None),
-            {"baseline": lambda: cg.OPS["broadcast_attention"](q, k, v, idx, mask, None)},
+            lambda: torch.ops.rocs.broadcast_attention(q, k, v, idx, mask, None),
+            {"baseline": lambda: cg.ROCS_OPS["broadcast_attention"].reference(q, k, v, idx, mask, None)},
         )
 
     return Case("broadcast_attention", f"N={n} R={r} H={h} Lq={lq} L={key_len} D={d}", make)
@@ -152,8 +152,8 @@ def interaction_case(n, r, fu, fc, d):
         rs = _randn(r, fu, d, device=device, dtype=dtype)
         cs = _randn(n, fc, d, device=device, dtype=dtype)
         return (
-            lambda: cg.broadcast_interaction(rs, cs, idx),
-            {"baseline": lambda: cg.OPS["broadcast_interaction"](rs, cs, idx)},
+            lambda: torch.ops.rocs.broadcast_interaction(rs, cs, idx),
+            {"baseline": lambda: cg.ROCS_OPS["broadcast_interaction"].reference(rs, cs, idx)},
         )
 
     return Case("broadcast_interaction", f"N={n} R={r} Fu={fu} Fc={fc} D={d}", make)
@@ -168,9 +168,9 @@ def pointwise_case(n, r, trailing):
         c0 = _randn(n, *trailing, device=device, dtype=dtype)
         r0, r1 = (_randn(r, *trailing, device=device, dtype=dtype) for _ in range(2))
         return (
-            lambda: cg.broadcast_pointwise(POINTWISE_PROGRAM, [c0], [r0, r1], idx),
+            lambda: torch.ops.rocs.broadcast_pointwise(POINTWISE_PROGRAM, [c0], [r0, r1], idx),
             {
-                "baseline": lambda: cg.OPS["broadcast_pointwise"](
+                "baseline": lambda: cg.ROCS_OPS["broadcast_pointwise"].reference(
                     POINTWISE_PROGRAM, [c0], [r0, r1], idx
                 )
             },

@@ -6,6 +6,7 @@ import torch
 from torch import fx
 
 from .errors import CompileError
+from .kernels import reference_for
 from .graph_meta import BROADCAST, INDEX_NAME, PLACEMENT, ROLE
 from .passes.share import is_scalar_node
 from .roles import Role
@@ -50,20 +51,11 @@ def verify_shared(gm: fx.GraphModule) -> None:
             crosses = (placement, arg_placement) == (Role.CANDIDATE, Role.REQUEST)
             if crosses and not _takes_index(node):
                 raise CompileError(f"{node.name} reads request value {arg.name} without broadcast")
-        if _is_fused(node):
-            name = node.target._opname
-            if name not in _references():
-                raise CompileError(f"fused op rocs::{name} has no reference implementation")
+        if _is_fused(node) and reference_for(node.target) is None:
+            raise CompileError(f"fused op {node.target} has no reference implementation")
     names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     if names[-1] != INDEX_NAME:
         raise CompileError(f"the shared graph's last input must be {INDEX_NAME}")
-
-
-def _references() -> dict:
-    from .kernels import embedding_bag_rows as ops
-    from .kernels import OPS
-
-    return {**OPS, **ops.REFERENCES}
 
 
 def _is_fused(node: fx.Node) -> bool:

@@ -1,4 +1,4 @@
-"""IKBO (in-kernel broadcast) custom ops in the ``rocs::`` namespace.
+"""The ``rocs::`` custom ops: IKBO (in-kernel broadcast) ops and their kernels.
 
 Axis letters: R requests, N candidates, K reduction, M output, D feature, H heads,
 L sequence. ``candidate_to_request`` is int64 [N] with values in [0, R).
@@ -11,104 +11,75 @@ op                                 computes (``u[idx]`` never materialized)
 ``broadcast_attention``            ``sdpa(q, k[idx], v[idx], key_mask[idx])``    -> [N, H, Lq, D]
 ``broadcast_interaction``          ``cs[n] @ rs[idx[n]].T``                      -> [N, Fc, Fu]
 ``broadcast_pointwise``            elementwise ``program`` over c* and r*[idx]   -> [N, *S]
+``embedding_bag_rows``             ``embedding_bag`` pooling each row of [B, L] ids (no index)
 =================================  ==========================================================
 
-Importing this package registers the ops (``torch.ops.rocs.*``), their fake kernels and
-FLOP formulas. Each op dispatches on device at call time: CUDA tensors run a Triton kernel,
-CPU tensors a torch path that groups or chunks by request instead of replicating; set
-``ROCS_TRITON_ON_CPU=1`` (with ``TRITON_INTERPRET=1``) to run the Triton launchers on CPU.
-Triton is optional: it is imported only when a Triton path runs.
-
-``OPS`` maps each op name to its plain-torch reference (gather with ``index_select``, then
-the unfused op); ``reference_for(node.target)`` looks one up from a graph node.
+Each op is one :class:`~rocs_compiler.kernels.rocs_op.RocsOp` record in its module (schema,
+checks, fake kernel, FLOP formula, CPU path, Triton launcher, reference); importing this package
+registers them all (``torch.ops.rocs.*``). ``ROCS_OPS`` maps each op's name to its record. An op
+dispatches on device at call time: CUDA tensors run its Triton kernel, CPU tensors its torch
+path, which groups or chunks by request instead of replicating; ``ROCS_TRITON_ON_CPU=1`` (with
+``TRITON_INTERPRET=1``) runs the Triton launchers on CPU. Triton is imported only when a Triton
+path runs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from typing import Any, Callable, Optional
 
-import torch
-
-from rocs_compiler.kernels import attention, interaction, linear, pointwise  # noqa: F401 (registers ops)
+from rocs_compiler.kernels.attention import BROADCAST_ATTENTION
+from rocs_compiler.kernels.embedding_bag_rows import EMBEDDING_BAG_ROWS
+from rocs_compiler.kernels.interaction import BROADCAST_INTERACTION
+from rocs_compiler.kernels.linear import BROADCAST_LINEAR, BROADCAST_LINEAR_COMPRESSION
+from rocs_compiler.kernels.pointwise import BROADCAST_POINTWISE
 from rocs_compiler.kernels.pointwise_program import (
-    Node,
     ProgramError,
     format_program,
     kernel_source,
     parse_program,
 )
-from rocs_compiler.kernels.reference import OPS, reference_for
+from rocs_compiler.kernels.rocs_op import RocsOp
+
+ROCS_OPS: dict[str, RocsOp] = {
+    op.name: op
+    for op in (
+        BROADCAST_LINEAR,
+        BROADCAST_LINEAR_COMPRESSION,
+        BROADCAST_ATTENTION,
+        BROADCAST_INTERACTION,
+        BROADCAST_POINTWISE,
+        EMBEDDING_BAG_ROWS,
+    )
+}
 
 __all__ = [
-    "OPS",
+    "ROCS_OPS",
     "ProgramError",
-    "broadcast_attention",
-    "broadcast_interaction",
-    "broadcast_linear",
-    "broadcast_linear_compression",
-    "broadcast_pointwise",
+    "RocsOp",
     "format_program",
     "kernel_source",
     "parse_program",
     "reference_for",
+    "rocs_op_for",
 ]
 
 
-def broadcast_linear(
-    c: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    request_term: torch.Tensor,
-    candidate_to_request: torch.Tensor,
-) -> torch.Tensor:
-    """``c [N, K] @ weight[M, K].T + bias [M] + request_term [R, M][candidate_to_request]``."""
-    return torch.ops.rocs.broadcast_linear(c, weight, bias, request_term, candidate_to_request)
+def rocs_op_for(target: Any) -> Optional[RocsOp]:
+    """The record of a graph node's target: an OpOverload, OpOverloadPacket or ``"rocs::name"``;
+    None for anything that is not a ``rocs::`` op."""
+    if isinstance(target, str):
+        qualified = target
+    else:
+        qualified = getattr(getattr(target, "_schema", None), "name", None)
+        if qualified is None:
+            qualified = getattr(target, "_qualified_op_name", None)  # OpOverloadPacket
+        if not isinstance(qualified, str):
+            return None
+    namespace, _, name = qualified.partition("::")
+    return ROCS_OPS.get(name) if namespace == "rocs" else None
 
 
-def broadcast_linear_compression(
-    ec: torch.Tensor,
-    weight: torch.Tensor,
-    request_term: torch.Tensor,
-    candidate_to_request: torch.Tensor,
-) -> torch.Tensor:
-    """``weight [M, Kc] @ ec[n] [Kc, D] + request_term [R, M, D][candidate_to_request[n]]``."""
-    return torch.ops.rocs.broadcast_linear_compression(
-        ec, weight, request_term, candidate_to_request
-    )
-
-
-def broadcast_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    candidate_to_request: torch.Tensor,
-    key_mask: torch.Tensor | None = None,
-    scale: float | None = None,
-) -> torch.Tensor:
-    """SDPA of q [N, H, Lq, D] against k/v [R, H, L, D] of each candidate's request."""
-    return torch.ops.rocs.broadcast_attention(q, k, v, candidate_to_request, key_mask, scale)
-
-
-def broadcast_interaction(
-    request_stack: torch.Tensor,
-    candidate_stack: torch.Tensor,
-    candidate_to_request: torch.Tensor,
-) -> torch.Tensor:
-    """``candidate_stack [N, Fc, D] @ request_stack [R, Fu, D][idx].T`` -> [N, Fc, Fu]."""
-    return torch.ops.rocs.broadcast_interaction(
-        request_stack, candidate_stack, candidate_to_request
-    )
-
-
-def broadcast_pointwise(
-    program: str | Node,
-    candidate_inputs: Sequence[torch.Tensor],
-    request_inputs: Sequence[torch.Tensor],
-    candidate_to_request: torch.Tensor,
-) -> torch.Tensor:
-    """Evaluate ``program`` (text or AST) over c* [N, *S] and r* [R, *S] read via the index."""
-    # Text goes through as is (the op parses it); an AST is printed in canonical form.
-    text = program if isinstance(program, str) else format_program(program)
-    return torch.ops.rocs.broadcast_pointwise(
-        text, list(candidate_inputs), list(request_inputs), candidate_to_request
-    )
+def reference_for(target: Any) -> Optional[Callable]:
+    """The plain-torch reference of a ``rocs::`` op (see :func:`rocs_op_for`), else None."""
+    op = rocs_op_for(target)
+    return op.reference if op is not None else None

@@ -26,27 +26,18 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch.utils.flop_counter import register_flop_formula
 
-from rocs_compiler.kernels.common import (
-    check_candidate_index,
-    check_same_dtype,
-    check_shape,
-    use_triton,
-)
+from rocs_compiler.kernels.common import check_same_dtype, check_shape
 from rocs_compiler.kernels.request_groups import group_by_request
+from rocs_compiler.kernels.rocs_op import RocsOp, define
 
 
-@torch.library.custom_op("rocs::broadcast_attention", mutates_args=())
-def broadcast_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    candidate_to_request: torch.Tensor,
-    key_mask: torch.Tensor | None,
-    scale: float | None,
-) -> torch.Tensor:
-    """SDPA of candidate queries against the K/V of their request."""
+def default_scale(head_dim: int, scale: float | None) -> float:
+    """SDPA's softmax scale: ``1 / sqrt(D)`` unless given."""
+    return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+
+
+def _check(q, k, v, candidate_to_request, key_mask=None, scale=None):
     op = "broadcast_attention"
     check_shape(op, "q", q, (None, None, None, None))
     num_candidates, h, _, d = q.shape
@@ -58,19 +49,12 @@ def broadcast_attention(
         check_shape(op, "key_mask", key_mask, (num_requests, key_len))
         if key_mask.dtype != torch.bool:
             raise TypeError(f"rocs::{op}: key_mask must be bool, got {key_mask.dtype}")
-    check_candidate_index(candidate_to_request, num_candidates, num_requests, op)
-    return run_broadcast_attention(q, k, v, candidate_to_request, key_mask, scale)
+    return num_candidates, num_requests
 
 
-def run_broadcast_attention(q, k, v, candidate_to_request, key_mask, scale) -> torch.Tensor:
-    """The op's device dispatch without its argument checks (callers checked them)."""
+def _cpu(q, k, v, candidate_to_request, key_mask=None, scale=None) -> torch.Tensor:
     num_requests, h, _, d = k.shape
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    if use_triton(q):
-        from rocs_compiler.kernels import attention_triton
-
-        return attention_triton.broadcast_attention(q, k, v, candidate_to_request, key_mask, scale)
-
+    scale = default_scale(d, scale)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if q.numel() == 0:
         return out
@@ -90,8 +74,7 @@ def run_broadcast_attention(q, k, v, candidate_to_request, key_mask, scale) -> t
     return out
 
 
-@broadcast_attention.register_fake
-def _(q, k, v, candidate_to_request, key_mask, scale):
+def _fake(q, k, v, candidate_to_request, key_mask=None, scale=None):
     torch._check(q.dim() == 4 and k.dim() == 4 and v.dim() == 4)
     torch._check(k.shape[1] == q.shape[1] and k.shape[3] == q.shape[3])
     torch._check(v.shape[0] == k.shape[0] and v.shape[2] == k.shape[2])
@@ -101,8 +84,36 @@ def _(q, k, v, candidate_to_request, key_mask, scale):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
-@register_flop_formula(torch.ops.rocs.broadcast_attention)
-def _(q_shape, k_shape, v_shape, idx_shape, key_mask_shape, scale, out_shape=None, **kwargs):
+def _flops(q_shape, k_shape, v_shape, idx_shape, key_mask_shape=None, scale=None, **kwargs):
     n, h, lq, d = q_shape
     key_len = k_shape[2]
     return 4 * n * h * lq * key_len * d
+
+
+def _reference(q, k, v, candidate_to_request, key_mask=None, scale=None):
+    mask = None
+    if key_mask is not None:
+        mask = key_mask.index_select(0, candidate_to_request)[:, None, None, :]
+    return F.scaled_dot_product_attention(
+        q,
+        k.index_select(0, candidate_to_request),
+        v.index_select(0, candidate_to_request),
+        attn_mask=mask,
+        scale=scale,
+    )
+
+
+BROADCAST_ATTENTION = define(
+    RocsOp(
+        name="broadcast_attention",
+        schema="(Tensor q, Tensor k, Tensor v, Tensor candidate_to_request, Tensor? key_mask=None, "
+        "float? scale=None) -> Tensor",
+        check=_check,
+        fake=_fake,
+        flops=_flops,
+        cpu=_cpu,
+        triton="attention_triton:broadcast_attention",
+        reference=_reference,
+        index_arg=3,
+    )
+)

@@ -28,12 +28,11 @@ import triton
 import triton.language as tl
 
 from rocs_compiler.kernels.common import (
-    check_candidate_index,
     check_contiguous,
     check_launch_device,
     check_launch_dtypes,
-    check_shape,
 )
+from rocs_compiler.kernels.attention import default_scale
 from rocs_compiler.kernels.triton_utils import (
     autotune_configs,
     input_precision,
@@ -146,23 +145,18 @@ def broadcast_attention(
     k: torch.Tensor,
     v: torch.Tensor,
     idx: torch.Tensor,
-    key_mask: torch.Tensor | None,
-    scale: float,
+    key_mask: torch.Tensor | None = None,
+    scale: float | None = None,
 ) -> torch.Tensor:
     op = "broadcast_attention"
     q, k, v, idx = q.contiguous(), k.contiguous(), v.contiguous(), idx.contiguous()
     num_candidates, h, lq, d = q.shape
-    num_requests, _, key_len, _ = k.shape
+    key_len = k.shape[2]
     # Masks travel as uint8 (same storage as bool), which every Triton backend loads.
     mask = key_mask.contiguous().view(torch.uint8) if key_mask is not None else None
     check_launch_device(q, k, v, idx, *([mask] if mask is not None else []))
-    check_shape(op, "k", k, (num_requests, h, key_len, d))
-    check_shape(op, "v", v, (num_requests, h, key_len, d))
-    if mask is not None:
-        check_shape(op, "key_mask", mask, (num_requests, key_len))
     check_contiguous(op, q=q, k=k, v=v)
     check_launch_dtypes(op, q=q, k=k, v=v)
-    check_candidate_index(idx, num_candidates, num_requests, op, in_launcher=True)
     if d > 256:
         raise ValueError(f"rocs::{op}: head dim {d} > 256 is not supported by the kernel")
 
@@ -179,7 +173,7 @@ def broadcast_attention(
     stride_mask = mask.stride() if mask is not None else (0, 0)
     broadcast_attention_kernel[grid](
         q, k, v, mask if mask is not None else idx, idx, order, out,
-        h, lq, key_len, d, scale * math.log2(math.e),
+        h, lq, key_len, d, default_scale(d, scale) * math.log2(math.e),
         *q.stride(), *k.stride(), *v.stride(), *stride_mask, *out.stride(),
         HAS_MASK=mask is not None,
         INPUT_PRECISION=input_precision(q.dtype),

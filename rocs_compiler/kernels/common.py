@@ -5,9 +5,9 @@ Environment variables (read at call time, so tests can flip them per call):
 - ``ROCS_TRITON_ON_CPU=1``: route CPU tensors through the Triton launchers. Only meaningful
   together with ``TRITON_INTERPRET=1`` (set before Triton is imported); tests use it to run
   the full op path, launcher included, on CPU.
-- ``ROCS_DEBUG_CHECKS=1``: also check that ``candidate_to_request`` is in range for CUDA
-  tensors (a device sync). On CPU the range check always runs because it is cheap and the
-  Triton interpreter does not catch out-of-bounds loads.
+- ``ROCS_DEBUG_CHECKS=1``: a ``rocs::`` op called on CUDA tensors also checks that
+  ``candidate_to_request`` is in range (a device sync). On CPU the range check always runs
+  because it is cheap and the Triton interpreter does not catch out-of-bounds loads.
 """
 
 from __future__ import annotations
@@ -83,40 +83,6 @@ def check_launch_device(*tensors: torch.Tensor) -> None:
     if device.type == "cpu" and not interpreting():
         raise RuntimeError(
             "rocs: Triton kernels need CUDA tensors; CPU tensors only run under TRITON_INTERPRET=1"
-        )
-
-
-def check_candidate_index(
-    idx: torch.Tensor,
-    num_candidates: int,
-    num_requests: int | None,
-    op: str,
-    *,
-    in_launcher: bool = False,
-) -> None:
-    """Check ``candidate_to_request``: int64 [N], values in [0, R).
-
-    The range check needs the values, so on CUDA it only runs under ``ROCS_DEBUG_CHECKS=1``;
-    ``num_requests=None`` skips it (an op that reads no request tensor).
-    """
-    if idx.dtype != torch.int64:
-        raise TypeError(f"rocs::{op}: candidate_to_request must be int64, got {idx.dtype}")
-    if idx.dim() != 1 or idx.shape[0] != num_candidates:
-        raise ValueError(
-            f"rocs::{op}: candidate_to_request must have shape [{num_candidates}], "
-            f"got {list(idx.shape)}"
-        )
-    if in_launcher and not idx.is_contiguous():
-        raise ValueError(f"rocs::{op}: candidate_to_request must be contiguous")
-    if num_candidates == 0 or num_requests is None:
-        return
-    if idx.is_cuda and not debug_checks():
-        return
-    lo, hi = torch.aminmax(idx)
-    if int(lo) < 0 or int(hi) >= num_requests:
-        raise IndexError(
-            f"rocs::{op}: candidate_to_request values must lie in [0, {num_requests}), "
-            f"got [{int(lo)}, {int(hi)}]"
         )
 
 

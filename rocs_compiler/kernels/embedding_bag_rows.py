@@ -8,15 +8,18 @@ spelling it is visibly row-wise.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
+from rocs_compiler.kernels.rocs_op import RocsOp, define
 
-@torch.library.custom_op("rocs::embedding_bag_rows", mutates_args=())
-def embedding_bag_rows(
-    weight: torch.Tensor, indices: torch.Tensor, mode: int, padding_idx: Optional[int]
-) -> torch.Tensor:
+
+def _check(weight, indices, mode, padding_idx):
+    if indices.dim() != 2:
+        raise ValueError(f"rocs::embedding_bag_rows: indices must be [B, L], got {list(indices.shape)}")
+    return None, None
+
+
+def _cpu(weight, indices, mode, padding_idx):
     rows, width = indices.shape
     offsets = torch.arange(0, rows * width, width, dtype=indices.dtype, device=indices.device)
     return torch.ops.aten.embedding_bag.padding_idx(
@@ -24,16 +27,24 @@ def embedding_bag_rows(
     )[0]
 
 
-@embedding_bag_rows.register_fake
-def _(weight, indices, mode, padding_idx):
+def _fake(weight, indices, mode, padding_idx):
     return weight.new_empty((indices.shape[0], weight.shape[1]))
 
 
-def embedding_bag_rows_reference(weight, indices, mode, padding_idx):
+def _reference(weight, indices, mode, padding_idx):
     """The spelling ``nn.EmbeddingBag`` uses for 2-D input."""
     return torch.nn.functional.embedding_bag(
         indices, weight, mode=("sum", "mean", "max")[mode], padding_idx=padding_idx
     )
 
 
-REFERENCES = {"embedding_bag_rows": embedding_bag_rows_reference}
+EMBEDDING_BAG_ROWS = define(
+    RocsOp(
+        name="embedding_bag_rows",
+        schema="(Tensor weight, Tensor indices, int mode, int? padding_idx) -> Tensor",
+        check=_check,
+        fake=_fake,
+        cpu=_cpu,
+        reference=_reference,
+    )
+)

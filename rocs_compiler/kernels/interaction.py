@@ -16,43 +16,22 @@ candidates each is one ``bmm([G, c * Fc, D], [G, D, Fu])``. CUDA path:
 from __future__ import annotations
 
 import torch
-from torch.utils.flop_counter import register_flop_formula
 
-from rocs_compiler.kernels.common import (
-    check_candidate_index,
-    check_same_dtype,
-    check_shape,
-    use_triton,
-)
+from rocs_compiler.kernels.common import check_same_dtype, check_shape
 from rocs_compiler.kernels.request_groups import group_by_request
+from rocs_compiler.kernels.rocs_op import RocsOp, define
 
 
-@torch.library.custom_op("rocs::broadcast_interaction", mutates_args=())
-def broadcast_interaction(
-    request_stack: torch.Tensor,
-    candidate_stack: torch.Tensor,
-    candidate_to_request: torch.Tensor,
-) -> torch.Tensor:
-    """``candidate_stack[n] @ request_stack[candidate_to_request[n]].T`` for every candidate n."""
+def _check(request_stack, candidate_stack, candidate_to_request):
     op = "broadcast_interaction"
     check_shape(op, "request_stack", request_stack, (None, None, None))
     num_requests, fu, d = request_stack.shape
     check_shape(op, "candidate_stack", candidate_stack, (None, None, d))
-    num_candidates, fc, _ = candidate_stack.shape
     check_same_dtype(op, request_stack=request_stack, candidate_stack=candidate_stack)
-    check_candidate_index(candidate_to_request, num_candidates, num_requests, op)
-    return run_broadcast_interaction(request_stack, candidate_stack, candidate_to_request)
+    return candidate_stack.shape[0], num_requests
 
 
-def run_broadcast_interaction(request_stack, candidate_stack, candidate_to_request) -> torch.Tensor:
-    """The op's device dispatch without its argument checks (callers checked them)."""
-    if use_triton(candidate_stack):
-        from rocs_compiler.kernels import interaction_triton
-
-        return interaction_triton.broadcast_interaction(
-            request_stack, candidate_stack, candidate_to_request
-        )
-
+def _cpu(request_stack, candidate_stack, candidate_to_request) -> torch.Tensor:
     num_requests, fu, d = request_stack.shape
     num_candidates, fc, _ = candidate_stack.shape
     out = candidate_stack.new_empty((num_candidates, fc, fu))
@@ -66,8 +45,7 @@ def run_broadcast_interaction(request_stack, candidate_stack, candidate_to_reque
     return out
 
 
-@broadcast_interaction.register_fake
-def _(request_stack, candidate_stack, candidate_to_request):
+def _fake(request_stack, candidate_stack, candidate_to_request):
     torch._check(request_stack.dim() == 3 and candidate_stack.dim() == 3)
     torch._check(candidate_stack.shape[2] == request_stack.shape[2])
     torch._check(candidate_to_request.shape[0] == candidate_stack.shape[0])
@@ -76,7 +54,28 @@ def _(request_stack, candidate_stack, candidate_to_request):
     )
 
 
-@register_flop_formula(torch.ops.rocs.broadcast_interaction)
-def _(request_stack_shape, candidate_stack_shape, idx_shape, out_shape=None, **kwargs):
+def _flops(request_stack_shape, candidate_stack_shape, idx_shape, **kwargs):
     n, fc, d = candidate_stack_shape
     return 2 * n * fc * request_stack_shape[1] * d
+
+
+def _reference(request_stack, candidate_stack, candidate_to_request):
+    gathered = request_stack.index_select(0, candidate_to_request)
+    return torch.bmm(candidate_stack, gathered.transpose(1, 2))
+
+
+BROADCAST_INTERACTION = define(
+    RocsOp(
+        name="broadcast_interaction",
+        schema="(Tensor request_stack, Tensor candidate_stack, Tensor candidate_to_request) "
+        "-> Tensor",
+        check=_check,
+        fake=_fake,
+        flops=_flops,
+        cpu=_cpu,
+        triton="interaction_triton:broadcast_interaction",
+        reference=_reference,
+        index_arg=2,
+        dispatch=lambda request_stack, candidate_stack, index: candidate_stack,
+    )
+)

@@ -20,11 +20,9 @@ import triton
 import triton.language as tl
 
 from rocs_compiler.kernels.common import (
-    check_candidate_index,
     check_contiguous,
     check_launch_device,
     check_launch_dtypes,
-    check_shape,
 )
 from rocs_compiler.kernels.triton_utils import (
     autotune_configs,
@@ -94,13 +92,11 @@ def broadcast_interaction(
 ) -> torch.Tensor:
     op = "broadcast_interaction"
     rs, cs, idx = request_stack.contiguous(), candidate_stack.contiguous(), idx.contiguous()
-    num_requests, fu, d = rs.shape
+    _, fu, d = rs.shape
     num_candidates, fc, _ = cs.shape
     check_launch_device(rs, cs, idx)
-    check_shape(op, "candidate_stack", cs, (num_candidates, fc, d))
     check_contiguous(op, request_stack=rs, candidate_stack=cs)
     check_launch_dtypes(op, request_stack=rs, candidate_stack=cs)
-    check_candidate_index(idx, num_candidates, num_requests, op, in_launcher=True)
 
     out = torch.empty((num_candidates, fc, fu), dtype=cs.dtype, device=cs.device)
     if out.numel() == 0:

@@ -27,15 +27,10 @@ the broadcast add is not a per-candidate matmul.
 from __future__ import annotations
 
 import torch
-from torch.utils.flop_counter import register_flop_formula
+import torch.nn.functional as F
 
-from rocs_compiler.kernels.common import (
-    check_candidate_index,
-    check_same_dtype,
-    check_shape,
-    use_triton,
-)
-
+from rocs_compiler.kernels.common import check_same_dtype, check_shape
+from rocs_compiler.kernels.rocs_op import RocsOp, define
 
 # Largest M * Kc for which the CPU path of broadcast_linear_compression folds the candidates
 # into one GEMM's columns (a copy of ``ec``) instead of a batched GEMM. Measured on x86 with
@@ -43,40 +38,25 @@ from rocs_compiler.kernels.common import (
 FOLD_CANDIDATES_MAX_MK = 16
 
 
-@torch.library.custom_op("rocs::broadcast_linear", mutates_args=())
-def broadcast_linear(
-    c: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    request_term: torch.Tensor,
-    candidate_to_request: torch.Tensor,
-) -> torch.Tensor:
-    """``c @ weight.T + bias + request_term[candidate_to_request]`` without the [N, M] gather."""
-    check_shape("broadcast_linear", "c", c, (None, None))
+# -- broadcast_linear ---------------------------------------------------------------------------
+
+
+def _check_linear(c, weight, bias, request_term, candidate_to_request):
+    op = "broadcast_linear"
+    check_shape(op, "c", c, (None, None))
     num_candidates, k = c.shape
     m = weight.shape[0]
-    check_shape("broadcast_linear", "weight", weight, (m, k))
-    check_shape("broadcast_linear", "request_term", request_term, (None, m))
+    check_shape(op, "weight", weight, (m, k))
+    check_shape(op, "request_term", request_term, (None, m))
+    tensors = dict(c=c, weight=weight, request_term=request_term)
     if bias is not None:
-        check_shape("broadcast_linear", "bias", bias, (m,))
-        check_same_dtype(
-            "broadcast_linear", c=c, weight=weight, bias=bias, request_term=request_term
-        )
-    else:
-        check_same_dtype("broadcast_linear", c=c, weight=weight, request_term=request_term)
-    check_candidate_index(
-        candidate_to_request, num_candidates, request_term.shape[0], "broadcast_linear"
-    )
-    return run_broadcast_linear(c, weight, bias, request_term, candidate_to_request)
+        check_shape(op, "bias", bias, (m,))
+        tensors["bias"] = bias
+    check_same_dtype(op, **tensors)
+    return num_candidates, request_term.shape[0]
 
 
-def run_broadcast_linear(c, weight, bias, request_term, candidate_to_request) -> torch.Tensor:
-    """The op's device dispatch without its argument checks (callers checked them)."""
-    if use_triton(c):
-        from rocs_compiler.kernels import linear_triton
-
-        return linear_triton.broadcast_linear(c, weight, bias, request_term, candidate_to_request)
-
+def _linear_cpu(c, weight, bias, request_term, candidate_to_request) -> torch.Tensor:
     # Fold the bias into the R-row request term (R x M adds instead of N x M), gather it into
     # the output buffer, then let the GEMM accumulate into that buffer.
     request_rows = request_term if bias is None else request_term + bias
@@ -87,8 +67,7 @@ def run_broadcast_linear(c, weight, bias, request_term, candidate_to_request) ->
     return out.addmm_(c, weight.t())
 
 
-@broadcast_linear.register_fake
-def _(c, weight, bias, request_term, candidate_to_request):
+def _linear_fake(c, weight, bias, request_term, candidate_to_request):
     torch._check(c.dim() == 2 and weight.dim() == 2 and request_term.dim() == 2)
     torch._check(weight.shape[1] == c.shape[1])
     torch._check(request_term.shape[1] == weight.shape[0])
@@ -96,20 +75,35 @@ def _(c, weight, bias, request_term, candidate_to_request):
     return c.new_empty((c.shape[0], weight.shape[0]))
 
 
-@register_flop_formula(torch.ops.rocs.broadcast_linear)
-def _(c_shape, weight_shape, bias_shape, request_term_shape, idx_shape, out_shape=None, **kwargs):
+def _linear_flops(c_shape, weight_shape, bias_shape, request_term_shape, idx_shape, **kwargs):
     n, k = c_shape
     return 2 * n * weight_shape[0] * k
 
 
-@torch.library.custom_op("rocs::broadcast_linear_compression", mutates_args=())
-def broadcast_linear_compression(
-    ec: torch.Tensor,
-    weight: torch.Tensor,
-    request_term: torch.Tensor,
-    candidate_to_request: torch.Tensor,
-) -> torch.Tensor:
-    """``weight @ ec[n] + request_term[candidate_to_request[n]]`` for every candidate n."""
+def _linear_reference(c, weight, bias, request_term, candidate_to_request):
+    return F.linear(c, weight, bias) + request_term.index_select(0, candidate_to_request)
+
+
+BROADCAST_LINEAR = define(
+    RocsOp(
+        name="broadcast_linear",
+        schema="(Tensor c, Tensor weight, Tensor? bias, Tensor request_term, "
+        "Tensor candidate_to_request) -> Tensor",
+        check=_check_linear,
+        fake=_linear_fake,
+        flops=_linear_flops,
+        cpu=_linear_cpu,
+        triton="linear_triton:broadcast_linear",
+        reference=_linear_reference,
+        index_arg=4,
+    )
+)
+
+
+# -- broadcast_linear_compression ---------------------------------------------------------------
+
+
+def _check_compression(ec, weight, request_term, candidate_to_request):
     op = "broadcast_linear_compression"
     check_shape(op, "ec", ec, (None, None, None))
     num_candidates, kc, d = ec.shape
@@ -117,19 +111,10 @@ def broadcast_linear_compression(
     check_shape(op, "weight", weight, (m, kc))
     check_shape(op, "request_term", request_term, (None, m, d))
     check_same_dtype(op, ec=ec, weight=weight, request_term=request_term)
-    check_candidate_index(candidate_to_request, num_candidates, request_term.shape[0], op)
-    return run_broadcast_linear_compression(ec, weight, request_term, candidate_to_request)
+    return num_candidates, request_term.shape[0]
 
 
-def run_broadcast_linear_compression(ec, weight, request_term, candidate_to_request) -> torch.Tensor:
-    """The op's device dispatch without its argument checks (callers checked them)."""
-    if use_triton(ec):
-        from rocs_compiler.kernels import linear_triton
-
-        return linear_triton.broadcast_linear_compression(
-            ec, weight, request_term, candidate_to_request
-        )
-
+def _compression_cpu(ec, weight, request_term, candidate_to_request) -> torch.Tensor:
     num_candidates, kc, d = ec.shape
     m = weight.shape[0]
     if m * kc <= FOLD_CANDIDATES_MAX_MK:
@@ -145,8 +130,7 @@ def run_broadcast_linear_compression(ec, weight, request_term, candidate_to_requ
     return out.baddbmm_(weight.expand(num_candidates, m, kc), ec)
 
 
-@broadcast_linear_compression.register_fake
-def _(ec, weight, request_term, candidate_to_request):
+def _compression_fake(ec, weight, request_term, candidate_to_request):
     torch._check(ec.dim() == 3 and weight.dim() == 2 and request_term.dim() == 3)
     torch._check(weight.shape[1] == ec.shape[1])
     torch._check(request_term.shape[1] == weight.shape[0])
@@ -155,7 +139,26 @@ def _(ec, weight, request_term, candidate_to_request):
     return ec.new_empty((ec.shape[0], weight.shape[0], ec.shape[2]))
 
 
-@register_flop_formula(torch.ops.rocs.broadcast_linear_compression)
-def _(ec_shape, weight_shape, request_term_shape, idx_shape, out_shape=None, **kwargs):
+def _compression_flops(ec_shape, weight_shape, request_term_shape, idx_shape, **kwargs):
     n, kc, d = ec_shape
     return 2 * n * weight_shape[0] * kc * d
+
+
+def _compression_reference(ec, weight, request_term, candidate_to_request):
+    return torch.matmul(weight, ec) + request_term.index_select(0, candidate_to_request)
+
+
+BROADCAST_LINEAR_COMPRESSION = define(
+    RocsOp(
+        name="broadcast_linear_compression",
+        schema="(Tensor ec, Tensor weight, Tensor request_term, Tensor candidate_to_request) "
+        "-> Tensor",
+        check=_check_compression,
+        fake=_compression_fake,
+        flops=_compression_flops,
+        cpu=_compression_cpu,
+        triton="linear_triton:broadcast_linear_compression",
+        reference=_compression_reference,
+        index_arg=3,
+    )
+)

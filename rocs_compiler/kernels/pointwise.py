@@ -22,9 +22,7 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.utils.flop_counter import register_flop_formula
 
-from rocs_compiler.kernels.common import check_candidate_index, use_triton
 from rocs_compiler.kernels.pointwise_program import (
     PRIMITIVES,
     Call,
@@ -35,15 +33,19 @@ from rocs_compiler.kernels.pointwise_program import (
     as_tensor_arg,
     check_program,
     distinct_subexpressions,
+    evaluate,
     num_ops,
+    parse_program,
 )
+from rocs_compiler.kernels.rocs_op import RocsOp, define
 
 # Size of one chunk of each input or temporary on the CPU path: small enough that a chain's
 # live values stay in cache, large enough that per-chunk Python overhead does not show.
 CHUNK_BYTES = 1 << 20
 
 
-def _check_inputs(candidate_inputs, request_inputs, idx):
+def _check(program, candidate_inputs, request_inputs, candidate_to_request):
+    check_program(program, len(candidate_inputs), len(request_inputs))
     tensors = list(candidate_inputs) + list(request_inputs)
     first = tensors[0]
     trailing = tuple(first.shape[1:])
@@ -54,49 +56,22 @@ def _check_inputs(candidate_inputs, request_inputs, idx):
                     f"rocs::broadcast_pointwise: {name}{i} is {t.dtype} {list(t.shape)}, "
                     f"expected {first.dtype} [*, {', '.join(map(str, trailing))}]"
                 )
-            if t.device != idx.device:
+            if t.device != candidate_to_request.device:
                 raise ValueError(f"rocs::broadcast_pointwise: {name}{i} is on {t.device}")
     for i, t in enumerate(candidate_inputs):
-        if t.shape[0] != idx.shape[0]:
+        if t.shape[0] != candidate_to_request.shape[0]:
             raise ValueError(f"rocs::broadcast_pointwise: c{i} has {t.shape[0]} rows, expected N")
     if any(t.shape[0] != request_inputs[0].shape[0] for t in request_inputs):
         raise ValueError("rocs::broadcast_pointwise: request inputs have different row counts")
-    return first, trailing
-
-
-@torch.library.custom_op("rocs::broadcast_pointwise", mutates_args=())
-def broadcast_pointwise(
-    program: str,
-    candidate_inputs: list[torch.Tensor],
-    request_inputs: list[torch.Tensor],
-    candidate_to_request: torch.Tensor,
-) -> torch.Tensor:
-    """Evaluate ``program`` per candidate, reading request inputs through the index."""
-    node = check_program(program, len(candidate_inputs), len(request_inputs))
-    first, trailing = _check_inputs(candidate_inputs, request_inputs, candidate_to_request)
-    num_candidates = candidate_to_request.shape[0]
     # Without request inputs nothing is read through the index: only its dtype and length matter.
-    num_requests = request_inputs[0].shape[0] if request_inputs else None
-    check_candidate_index(candidate_to_request, num_candidates, num_requests, "broadcast_pointwise")
-    return _run(node, candidate_inputs, request_inputs, candidate_to_request)
+    return None, (request_inputs[0].shape[0] if request_inputs else None)
 
 
-def run_broadcast_pointwise(program, candidate_inputs, request_inputs, candidate_to_request):
-    """The op's device dispatch without its argument checks (callers checked them)."""
-    return _run(as_program(program), candidate_inputs, request_inputs, candidate_to_request)
-
-
-def _run(node: Node, candidate_inputs, request_inputs, candidate_to_request) -> torch.Tensor:
+def _cpu(program, candidate_inputs, request_inputs, candidate_to_request) -> torch.Tensor:
+    node = as_program(program)
     first = candidate_inputs[0] if candidate_inputs else request_inputs[0]
     trailing = tuple(first.shape[1:])
     num_candidates = candidate_to_request.shape[0]
-    if use_triton(first):
-        from rocs_compiler.kernels import pointwise_triton
-
-        return pointwise_triton.broadcast_pointwise(
-            node, candidate_inputs, request_inputs, candidate_to_request
-        )
-
     out = first.new_empty((num_candidates, *trailing))
     if out.numel() == 0:
         return out
@@ -177,8 +152,7 @@ class _ChunkEvaluator:
         self.free.extend(owned.values())
 
 
-@broadcast_pointwise.register_fake
-def _(program, candidate_inputs, request_inputs, candidate_to_request):
+def _fake(program, candidate_inputs, request_inputs, candidate_to_request):
     check_program(program, len(candidate_inputs), len(request_inputs))
     first = (list(candidate_inputs) + list(request_inputs))[0]
     for t in candidate_inputs:
@@ -186,7 +160,38 @@ def _(program, candidate_inputs, request_inputs, candidate_to_request):
     return first.new_empty((candidate_to_request.shape[0], *first.shape[1:]))
 
 
-@register_flop_formula(torch.ops.rocs.broadcast_pointwise)
-def _(program, candidate_shapes, request_shapes, idx_shape, out_shape=None, **kwargs):
+def _flops(program, candidate_shapes, request_shapes, idx_shape, **kwargs):
     first = (list(candidate_shapes) + list(request_shapes))[0]
     return num_ops(program) * idx_shape[0] * math.prod(first[1:])
+
+
+def _reference(program, candidate_inputs, request_inputs, candidate_to_request):
+    env = {f"c{i}": t for i, t in enumerate(candidate_inputs)}
+    env.update(
+        {f"r{i}": t.index_select(0, candidate_to_request) for i, t in enumerate(request_inputs)}
+    )
+    first = (list(candidate_inputs) + list(request_inputs))[0]
+    result = evaluate(parse_program(program), env, like=first)
+    shape = (candidate_to_request.shape[0], *first.shape[1:])
+    fresh = isinstance(result, torch.Tensor) and all(result is not t for t in env.values())
+    if fresh and result.shape == shape and result.dtype == first.dtype:
+        return result
+    # Constant programs, or a program that is just one input: broadcast / copy.
+    return torch.as_tensor(result, dtype=first.dtype, device=first.device).expand(shape).clone()
+
+
+BROADCAST_POINTWISE = define(
+    RocsOp(
+        name="broadcast_pointwise",
+        schema="(str program, Tensor[] candidate_inputs, Tensor[] request_inputs, "
+        "Tensor candidate_to_request) -> Tensor",
+        check=_check,
+        fake=_fake,
+        flops=_flops,
+        cpu=_cpu,
+        triton="pointwise_triton:broadcast_pointwise",
+        reference=_reference,
+        index_arg=3,
+        dispatch=lambda program, cands, reqs, index: (list(cands) + list(reqs))[0],
+    )
+)

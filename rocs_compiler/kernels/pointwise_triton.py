@@ -28,7 +28,6 @@ import torch
 import triton
 
 from rocs_compiler.kernels.common import (
-    check_candidate_index,
     check_contiguous,
     check_launch_device,
     check_launch_dtypes,
@@ -97,19 +96,11 @@ def broadcast_pointwise(
     trailing = tuple(first.shape[1:])
     num_candidates = idx.shape[0]
     check_launch_device(idx, *candidate_inputs, *request_inputs)
-    for i, t in enumerate(candidate_inputs):
-        if tuple(t.shape) != (num_candidates, *trailing) or t.dtype != first.dtype:
-            raise ValueError(f"rocs::{op}: c{i} must be {first.dtype} [{num_candidates}, *S]")
-    for i, t in enumerate(request_inputs):
-        if tuple(t.shape) != (request_inputs[0].shape[0], *trailing) or t.dtype != first.dtype:
-            raise ValueError(f"rocs::{op}: r{i} must be {first.dtype} [R, *S]")
     check_contiguous(op, **{f"c{i}": t for i, t in enumerate(candidate_inputs)})
     check_contiguous(op, **{f"r{i}": t for i, t in enumerate(request_inputs)})
     check_launch_dtypes(
         op, **{f"in{i}": t for i, t in enumerate(candidate_inputs + request_inputs)}
     )
-    num_requests = request_inputs[0].shape[0] if request_inputs else None
-    check_candidate_index(idx, num_candidates, num_requests, op, in_launcher=True)
 
     out = torch.empty((num_candidates, *trailing), dtype=first.dtype, device=first.device)
     numel = out.numel()

@@ -23,6 +23,7 @@ from torch.utils import _pytree as pytree
 
 from ..errors import InputError
 from ..graph_meta import PLACEMENT
+from ..index_contract import check_candidate_to_request, check_index_range
 from ..roles import Role
 from .request_detection import group_requests, rows_consistent
 from ..inputs import GRAPH_OUTPUT, bind_inputs, is_tensor, named_leaves, replace_leaves
@@ -191,21 +192,10 @@ class CompiledModel(nn.Module):
 
     def _check_shared(self, leaves: dict, index: Any, validate: bool):
         contract = self.contract
-        if not isinstance(index, torch.Tensor):
-            raise InputError("candidate_to_request must be a torch.Tensor (int64 [N])")
-        if index.dtype != torch.int64:
-            raise InputError(f"candidate_to_request must have dtype torch.int64, got {index.dtype}")
-        if index.dim() != 1:
-            raise InputError(f"candidate_to_request must be 1-D [N], got shape {tuple(index.shape)}")
-        num_candidates = index.shape[0]
         candidates = {n: leaves[n] for n in contract.candidate_inputs}
-        if candidates:
-            rows = self._batch_rows(leaves, list(candidates))
-            if rows != num_candidates:
-                raise InputError(
-                    f"candidate_to_request has {num_candidates} entries but candidate inputs have "
-                    f"{rows} rows"
-                )
+        rows = self._batch_rows(leaves, list(candidates)) if candidates else None
+        check_candidate_to_request(index, rows, None)
+        num_candidates = index.shape[0]
         if validate:
             # Request inputs may come replicated (N rows); R is the row count of the others.
             shared = [n for n in contract.request_inputs if leaves[n].shape[0] != num_candidates]
@@ -217,13 +207,7 @@ class CompiledModel(nn.Module):
             num_requests = self._batch_rows(leaves, contract.request_inputs)
         else:
             num_requests = num_candidates
-        if num_candidates:
-            low, high = (int(v) for v in torch.aminmax(index))
-            if low < 0 or high >= num_requests:
-                raise InputError(
-                    f"candidate_to_request values must lie in [0, {num_requests}) (R = rows of the "
-                    f"request inputs); got values in [{low}, {high}]"
-                )
+        check_index_range(index, num_requests)
         requests = {}
         for name in contract.request_inputs:
             value = leaves[name]

@@ -6,8 +6,8 @@ plus the op's argument checks, about 50 us on a CPU, which for the small GEMMs o
 model is as much as the GEMM itself. Inside the runtime those checks are redundant: shapes
 and dtypes were fixed when the graph was traced (fake-tensor propagation through each op's
 fake kernel), and ``candidate_to_request`` is checked once per call by the runtime before
-the graph runs. A :class:`DirectProgram` therefore calls each op's device dispatch (``run_*``:
-Triton on CUDA, the torch path on the CPU) with no checks.
+the graph runs. A :class:`DirectProgram` therefore calls each op's device dispatch
+(``RocsOp.run``: Triton on CUDA, the torch path on the CPU) with no checks.
 
 The rest of the graph is small ops on a few rows (the request side runs on R rows), where the
 Python around each call matters as much as the call: FX's generated code reaches every op
@@ -15,8 +15,8 @@ through ``torch.ops.aten.<op>.<overload>`` and every weight through ``Module.__g
 The program binds each op's C++ callable and each weight once, as globals of its code, and
 runs an elementwise op in place when its operand is a dying temporary (``codegen/inplace.py``).
 
-Identities relied on: ``torch.ops.rocs.X(*args) == run_X(*args)`` whenever the op's checks
-pass (the op body is ``checks; return run_X(*args)``), and ``overload(*a) == overload._op(*a)``
+Identities relied on: ``torch.ops.rocs.X(*args) == ROCS_OPS["X"].run(*args)`` whenever the
+op's checks pass (the op body is ``checks; return run(*args)``), and ``overload(*a) == overload._op(*a)``
 (``OpOverload.__call__`` is exactly that call).
 """
 
@@ -30,16 +30,11 @@ from typing import Any, Callable
 import torch
 from torch import fx
 
-from rocs_compiler.kernels import attention, interaction, linear, pointwise
+from rocs_compiler.kernels import ROCS_OPS
 from rocs_compiler.runtime.inplace import inplace_plan
 
-RUNNERS: dict[object, Callable[..., torch.Tensor]] = {
-    torch.ops.rocs.broadcast_linear.default: linear.run_broadcast_linear,
-    torch.ops.rocs.broadcast_linear_compression.default: linear.run_broadcast_linear_compression,
-    torch.ops.rocs.broadcast_attention.default: attention.run_broadcast_attention,
-    torch.ops.rocs.broadcast_interaction.default: interaction.run_broadcast_interaction,
-    torch.ops.rocs.broadcast_pointwise.default: pointwise.run_broadcast_pointwise,
-}
+# rocs:: ops called without their checks, which the runtime has made once for the call.
+RUNNERS: dict[object, Callable[..., torch.Tensor]] = {op.overload: op.run for op in ROCS_OPS.values()}
 
 # The node kinds of the graphs rocs builds (torch.export output, rewritten); ``direct_program``
 # leaves any other graph to FX.

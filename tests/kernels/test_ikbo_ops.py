@@ -1,6 +1,6 @@
 """IKBO ops on their CPU (torch) path against the materialized-broadcast references.
 
-The oracle is ``rocs_compiler.kernels.OPS``: gather the request tensors with
+The oracle is ``rocs_compiler.kernels.ROCS_OPS[name].reference``: gather the request tensors with
 ``index_select``, then run the plain op. Shapes are drawn by hypothesis (non-divisible
 sizes, R = 1, single-candidate and empty requests, equal counts, shuffled order).
 """
@@ -40,8 +40,8 @@ def test_broadcast_linear(index, k, m, has_bias, seed):
     c, weight = randn(n, k, seed=seed), randn(m, k, seed=seed + 1)
     bias = randn(m, seed=seed + 2) if has_bias else None
     request_term = randn(num_requests, m, seed=seed + 3)
-    out = cg.broadcast_linear(c, weight, bias, request_term, idx)
-    ref = cg.OPS["broadcast_linear"](c, weight, bias, request_term, idx)
+    out = torch.ops.rocs.broadcast_linear(c, weight, bias, request_term, idx)
+    ref = cg.ROCS_OPS["broadcast_linear"].reference(c, weight, bias, request_term, idx)
     torch.testing.assert_close(out, ref, **MATMUL_TOL)
 
 
@@ -58,8 +58,8 @@ def test_broadcast_linear_compression(index, kc, m, d, seed):
     n = idx.shape[0]
     ec, weight = randn(n, kc, d, seed=seed), randn(m, kc, seed=seed + 1)
     request_term = randn(num_requests, m, d, seed=seed + 2)
-    out = cg.broadcast_linear_compression(ec, weight, request_term, idx)
-    ref = cg.OPS["broadcast_linear_compression"](ec, weight, request_term, idx)
+    out = torch.ops.rocs.broadcast_linear_compression(ec, weight, request_term, idx)
+    ref = cg.ROCS_OPS["broadcast_linear_compression"].reference(ec, weight, request_term, idx)
     torch.testing.assert_close(out, ref, **MATMUL_TOL)
 
 
@@ -86,8 +86,8 @@ def test_broadcast_attention(index, h, lq, key_len, d, mask_kind, scale, seed):
     if mask_kind != "none":
         fully = 0 if mask_kind == "one_request_fully_masked" else None
         mask = random_mask(num_requests, key_len, seed, fully_masked=fully)
-    out = cg.broadcast_attention(q, k, v, idx, mask, scale)
-    ref = cg.OPS["broadcast_attention"](q, k, v, idx, mask, scale)
+    out = torch.ops.rocs.broadcast_attention(q, k, v, idx, mask, scale)
+    ref = cg.ROCS_OPS["broadcast_attention"].reference(q, k, v, idx, mask, scale)
     torch.testing.assert_close(out, ref, **MATMUL_TOL)
 
 
@@ -106,8 +106,8 @@ def test_broadcast_interaction(index, fu, fc, d, seed):
         randn(num_requests, fu, d, seed=seed),
         randn(n, fc, d, seed=seed + 1),
     )
-    out = cg.broadcast_interaction(request_stack, candidate_stack, idx)
-    ref = cg.OPS["broadcast_interaction"](request_stack, candidate_stack, idx)
+    out = torch.ops.rocs.broadcast_interaction(request_stack, candidate_stack, idx)
+    ref = cg.ROCS_OPS["broadcast_interaction"].reference(request_stack, candidate_stack, idx)
     torch.testing.assert_close(out, ref, **MATMUL_TOL)
 
 
@@ -133,8 +133,8 @@ def test_broadcast_pointwise(index, program, trailing, seed):
     n = idx.shape[0]
     cands = [randn(n, *trailing, seed=seed + i) for i in range(2)]
     reqs = [randn(num_requests, *trailing, seed=seed + 10 + i) for i in range(2)]
-    out = cg.broadcast_pointwise(program, cands, reqs, idx)
-    ref = cg.OPS["broadcast_pointwise"](program, cands, reqs, idx)
+    out = torch.ops.rocs.broadcast_pointwise(program, cands, reqs, idx)
+    ref = cg.ROCS_OPS["broadcast_pointwise"].reference(program, cands, reqs, idx)
     torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6, equal_nan=True)
 
 
@@ -144,10 +144,10 @@ def test_pointwise_chunks_match_single_pass(monkeypatch):
     idx = make_index([3, 1, 5, 2], perm_seed=0)
     c0, r0 = randn(11, 4, 3, seed=0), randn(4, 4, 3, seed=1)
     program = "mul(sigmoid(add(c0, r0)), r0)"
-    whole = cg.broadcast_pointwise(program, [c0], [r0], idx)
+    whole = torch.ops.rocs.broadcast_pointwise(program, [c0], [r0], idx)
     monkeypatch.setattr(pointwise, "CHUNK_BYTES", 4 * 4 * 3 * 2)  # two rows per chunk
     # Vectorized and scalar tails of torch kernels may differ by an ulp.
-    torch.testing.assert_close(cg.broadcast_pointwise(program, [c0], [r0], idx), whole)
+    torch.testing.assert_close(torch.ops.rocs.broadcast_pointwise(program, [c0], [r0], idx), whole)
 
 
 def test_pointwise_independent_oracle():
@@ -163,7 +163,7 @@ def test_pointwise_independent_oracle():
         "sigmoid(2.0)": torch.full((7, 5), torch.sigmoid(torch.tensor(2.0)).item()),
     }
     for program, expected in cases.items():
-        out = cg.broadcast_pointwise(program, [c0, c1], [r0, r1], idx)
+        out = torch.ops.rocs.broadcast_pointwise(program, [c0, c1], [r0, r1], idx)
         torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6, msg=program)
 
 
@@ -171,11 +171,11 @@ def test_r_equals_one_and_single_candidate():
     idx = torch.zeros(1, dtype=torch.int64)
     c, w, b, rt = randn(1, 3, seed=0), randn(2, 3, seed=1), randn(2, seed=2), randn(1, 2, seed=3)
     torch.testing.assert_close(
-        cg.broadcast_linear(c, w, b, rt, idx), F.linear(c, w, b) + rt, **MATMUL_TOL
+        torch.ops.rocs.broadcast_linear(c, w, b, rt, idx), F.linear(c, w, b) + rt, **MATMUL_TOL
     )
     q, k, v = randn(1, 1, 2, 4, seed=4), randn(1, 1, 3, 4, seed=5), randn(1, 1, 3, 4, seed=6)
     torch.testing.assert_close(
-        cg.broadcast_attention(q, k, v, idx), F.scaled_dot_product_attention(q, k, v), **MATMUL_TOL
+        torch.ops.rocs.broadcast_attention(q, k, v, idx), F.scaled_dot_product_attention(q, k, v), **MATMUL_TOL
     )
 
 
@@ -185,25 +185,25 @@ def test_fully_masked_request_gives_zeros():
     k, v = randn(2, 2, 6, 4, seed=1), randn(2, 2, 6, 4, seed=2)
     mask = torch.ones(2, 6, dtype=torch.bool)
     mask[1] = False
-    out = cg.broadcast_attention(q, k, v, idx, mask)
+    out = torch.ops.rocs.broadcast_attention(q, k, v, idx, mask)
     assert torch.equal(out[idx == 1], torch.zeros_like(out[idx == 1]))
     assert torch.isfinite(out).all()
 
 
 def test_empty_batch():
     idx = torch.zeros(0, dtype=torch.int64)
-    assert cg.broadcast_linear(
+    assert torch.ops.rocs.broadcast_linear(
         randn(0, 3, seed=0), randn(2, 3, seed=1), None, randn(2, 2, seed=2), idx
     ).shape == (0, 2)
-    assert cg.broadcast_interaction(randn(2, 3, 4, seed=0), randn(0, 5, 4, seed=1), idx).shape == (
+    assert torch.ops.rocs.broadcast_interaction(randn(2, 3, 4, seed=0), randn(0, 5, 4, seed=1), idx).shape == (
         0,
         5,
         3,
     )
-    assert cg.broadcast_attention(
+    assert torch.ops.rocs.broadcast_attention(
         randn(0, 1, 2, 4, seed=0), randn(2, 1, 3, 4, seed=1), randn(2, 1, 3, 4, seed=2), idx
     ).shape == (0, 1, 2, 4)
-    assert cg.broadcast_pointwise(
+    assert torch.ops.rocs.broadcast_pointwise(
         "add(c0, r0)", [randn(0, 3, seed=0)], [randn(2, 3, seed=1)], idx
     ).shape == (0, 3)
 
@@ -212,19 +212,19 @@ def test_non_contiguous_and_float64_inputs():
     idx = make_index([2, 3, 1], perm_seed=2)
     c = randn(3, 6, seed=0).t()  # [6, 3], non-contiguous
     w, rt = randn(4, 3, seed=1).double(), randn(3, 4, seed=2).double()
-    out = cg.broadcast_linear(c.double(), w, None, rt, idx)
+    out = torch.ops.rocs.broadcast_linear(c.double(), w, None, rt, idx)
     torch.testing.assert_close(out, F.linear(c.double(), w) + rt[idx])
     cs = randn(6, 5, 4, seed=3).transpose(1, 2)  # [6, 4, 5]
     rs = randn(3, 2, 5, seed=4)
     torch.testing.assert_close(
-        cg.broadcast_interaction(rs, cs, idx), cs @ rs[idx].transpose(1, 2), **MATMUL_TOL
+        torch.ops.rocs.broadcast_interaction(rs, cs, idx), cs @ rs[idx].transpose(1, 2), **MATMUL_TOL
     )
 
 
 def test_float16_cpu_path():
     idx = make_index([2, 3, 1], perm_seed=2)
     c, w, rt = (randn(6, 8, seed=0), randn(5, 8, seed=1), randn(3, 5, seed=2))
-    out = cg.broadcast_linear(c.half(), w.half(), None, rt.half(), idx)
+    out = torch.ops.rocs.broadcast_linear(c.half(), w.half(), None, rt.half(), idx)
     torch.testing.assert_close(out.float(), F.linear(c, w) + rt[idx], rtol=1e-2, atol=1e-2)
 
 
@@ -240,26 +240,26 @@ def test_float16_cpu_path():
 def test_bad_index_is_rejected(bad_idx, error):
     c, w, rt = randn(3, 4, seed=0), randn(2, 4, seed=1), randn(3, 2, seed=2)
     with pytest.raises(error):
-        cg.broadcast_linear(c, w, None, rt, bad_idx)
+        torch.ops.rocs.broadcast_linear(c, w, None, rt, bad_idx)
     with pytest.raises(error):
-        cg.broadcast_pointwise("add(c0, r0)", [randn(3, 2, seed=3)], [rt], bad_idx)
+        torch.ops.rocs.broadcast_pointwise("add(c0, r0)", [randn(3, 2, seed=3)], [rt], bad_idx)
 
 
 def test_bad_shapes_and_dtypes_are_rejected():
     idx = make_index([1, 2])
     with pytest.raises(ValueError, match="weight"):
-        cg.broadcast_linear(
+        torch.ops.rocs.broadcast_linear(
             randn(3, 4, seed=0), randn(2, 5, seed=1), None, randn(2, 2, seed=2), idx
         )
     with pytest.raises(TypeError, match="dtype"):
-        cg.broadcast_linear(
+        torch.ops.rocs.broadcast_linear(
             randn(3, 4, seed=0), randn(2, 4, seed=1).double(), None, randn(2, 2, seed=2), idx
         )
     with pytest.raises(TypeError, match="bool"):
         q, k = randn(3, 1, 2, 4, seed=0), randn(2, 1, 3, 4, seed=1)
-        cg.broadcast_attention(q, k, k, idx, torch.ones(2, 3))
+        torch.ops.rocs.broadcast_attention(q, k, k, idx, torch.ones(2, 3))
     with pytest.raises(ValueError, match="r1"):
-        cg.broadcast_pointwise(
+        torch.ops.rocs.broadcast_pointwise(
             "add(c0, r1)", [randn(3, 2, seed=0)], [randn(2, 2, seed=1), randn(2, 3, seed=2)], idx
         )
 
@@ -300,9 +300,9 @@ import torch
 import rocs_compiler.kernels as cg
 
 idx = torch.tensor([1, 0, 1])
-out = cg.broadcast_pointwise("add(c0, r0)", [torch.ones(3, 2)], [torch.ones(2, 2)], idx)
+out = torch.ops.rocs.broadcast_pointwise("add(c0, r0)", [torch.ones(3, 2)], [torch.ones(2, 2)], idx)
 assert out.eq(2).all()
-cg.broadcast_linear(torch.ones(3, 4), torch.ones(2, 4), None, torch.ones(2, 2), idx)
+torch.ops.rocs.broadcast_linear(torch.ones(3, 4), torch.ones(2, 4), None, torch.ones(2, 2), idx)
 print(cg.kernel_source("neg(c0)", 1, 0).count("@triton.jit"))
 assert "triton" not in sys.modules
 """

@@ -168,7 +168,7 @@ def test_random_programs_cpu_op_matches_reference(program, trailing, chunk_rows,
     text = format_program(program)
     chunk_bytes = chunk_rows * max(1, int(torch.Size(trailing).numel())) * 4
     with mock.patch.object(pointwise, "CHUNK_BYTES", chunk_bytes):
-        out = cg.broadcast_pointwise(text, cands, reqs, idx)
-    ref = cg.OPS["broadcast_pointwise"](text, cands, reqs, idx)
+        out = torch.ops.rocs.broadcast_pointwise(text, cands, reqs, idx)
+    ref = cg.ROCS_OPS["broadcast_pointwise"].reference(text, cands, reqs, idx)
     assert out.shape == (7, *trailing)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6, equal_nan=True)

@@ -111,8 +111,8 @@ def test_broadcast_linear(launches, counts, perm_seed, k, m, has_bias, dtype):
     c, w = randn(n, k, seed=0, dtype=dtype), randn(m, k, seed=1, dtype=dtype)
     bias = randn(m, seed=2, dtype=dtype) if has_bias else None
     rt = randn(r, m, seed=3, dtype=dtype)
-    out = cg.broadcast_linear(c, w, bias, rt, idx)
-    ref = ref_in_float32(cg.OPS["broadcast_linear"], c, w, bias, rt, idx)
+    out = torch.ops.rocs.broadcast_linear(c, w, bias, rt, idx)
+    ref = ref_in_float32(cg.ROCS_OPS["broadcast_linear"].reference, c, w, bias, rt, idx)
     torch.testing.assert_close(out.float(), ref, **tol(dtype))
     assert out.dtype == dtype and launches["broadcast_linear"] == 1
 
@@ -132,8 +132,8 @@ def test_broadcast_linear_compression(launches, counts, perm_seed, kc, m, d, dty
     n, r = idx.shape[0], len(counts)
     ec, w = randn(n, kc, d, seed=0, dtype=dtype), randn(m, kc, seed=1, dtype=dtype)
     rt = randn(r, m, d, seed=2, dtype=dtype)
-    out = cg.broadcast_linear_compression(ec, w, rt, idx)
-    ref = ref_in_float32(cg.OPS["broadcast_linear_compression"], ec, w, rt, idx)
+    out = torch.ops.rocs.broadcast_linear_compression(ec, w, rt, idx)
+    ref = ref_in_float32(cg.ROCS_OPS["broadcast_linear_compression"].reference, ec, w, rt, idx)
     torch.testing.assert_close(out.float(), ref, **tol(dtype))
     assert launches["broadcast_linear_compression"] == 1
 
@@ -168,8 +168,8 @@ def test_broadcast_attention(
     if mask_kind != "none":
         fully = 0 if mask_kind == "fully_masked" else None
         mask = random_mask(r, key_len, seed=3, fully_masked=fully).to(DEVICE)
-    out = cg.broadcast_attention(q, k, v, idx, mask, scale)
-    ref = ref_in_float32(cg.OPS["broadcast_attention"], q, k, v, idx, mask, scale)
+    out = torch.ops.rocs.broadcast_attention(q, k, v, idx, mask, scale)
+    ref = ref_in_float32(cg.ROCS_OPS["broadcast_attention"].reference, q, k, v, idx, mask, scale)
     torch.testing.assert_close(out.float(), ref, **tol(dtype))
     if mask_kind == "fully_masked":
         assert torch.equal(out[idx == 0], torch.zeros_like(out[idx == 0]))
@@ -190,8 +190,8 @@ def test_broadcast_interaction(launches, counts, perm_seed, fu, fc, d, dtype):
     idx = index(counts, perm_seed)
     n, r = idx.shape[0], len(counts)
     rs, cs = randn(r, fu, d, seed=0, dtype=dtype), randn(n, fc, d, seed=1, dtype=dtype)
-    out = cg.broadcast_interaction(rs, cs, idx)
-    ref = ref_in_float32(cg.OPS["broadcast_interaction"], rs, cs, idx)
+    out = torch.ops.rocs.broadcast_interaction(rs, cs, idx)
+    ref = ref_in_float32(cg.ROCS_OPS["broadcast_interaction"].reference, rs, cs, idx)
     torch.testing.assert_close(out.float(), ref, **tol(dtype))
     assert launches["broadcast_interaction"] == 1
 
@@ -215,8 +215,8 @@ def test_broadcast_pointwise(launches, program, trailing, dtype, tmp_path, monke
     n, r = idx.shape[0], 4
     cands = [randn(n, *trailing, seed=i, dtype=dtype) for i in range(2)]
     reqs = [randn(r, *trailing, seed=10 + i, dtype=dtype) for i in range(2)]
-    out = cg.broadcast_pointwise(program, cands, reqs, idx)
-    ref = ref_in_float32(cg.OPS["broadcast_pointwise"], program, cands, reqs, idx)
+    out = torch.ops.rocs.broadcast_pointwise(program, cands, reqs, idx)
+    ref = ref_in_float32(cg.ROCS_OPS["broadcast_pointwise"].reference, program, cands, reqs, idx)
     torch.testing.assert_close(out.float(), ref, **tol(dtype), equal_nan=True)
     assert launches["broadcast_pointwise"] == 1
 
@@ -235,6 +235,6 @@ def test_launcher_rejects_out_of_range_index():
     idx = index([2, 1])
     idx[0] = 5
     with pytest.raises(IndexError):
-        cg.broadcast_linear(
+        torch.ops.rocs.broadcast_linear(
             randn(3, 4, seed=0), randn(2, 4, seed=1), None, randn(2, 2, seed=2), idx
         )

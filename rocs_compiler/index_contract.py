@@ -1,0 +1,70 @@
+"""The contract of ``candidate_to_request``, checked in one place.
+
+``candidate_to_request`` is a ``torch.Tensor`` of dtype int64 and shape ``[N]`` whose values lie
+in ``[0, R)``: entry n is the request row of candidate n. The runtime checks it once per call
+before the compiled graph runs; a ``rocs::`` op called on its own checks it in its body; the
+compiled program's direct op calls and the Triton launchers rely on those checks. Each failure
+has one message and one exception type, which is both an :class:`InputError` and the builtin
+error Python code expects for it (``TypeError`` for the type, ``IndexError`` for the range).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from .errors import InputError
+from .graph_meta import INDEX_NAME
+
+
+class IndexTypeError(InputError, TypeError):
+    """``candidate_to_request`` is not an int64 tensor."""
+
+
+class IndexRangeError(InputError, IndexError):
+    """A value of ``candidate_to_request`` is not a request row."""
+
+
+def check_candidate_to_request(
+    index: Any,
+    num_candidates: Optional[int],
+    num_requests: Optional[int],
+    *,
+    where: str = "",
+    check_range: bool = True,
+) -> None:
+    """Raise unless ``index`` is int64 ``[num_candidates]`` with values in ``[0, num_requests)``.
+
+    ``num_candidates=None`` accepts any length; ``num_requests=None`` or ``check_range=False``
+    skips the range check (it reads the values: a device sync on CUDA).
+    """
+    prefix = f"{where}: " if where else ""
+    if not isinstance(index, torch.Tensor):
+        raise IndexTypeError(
+            f"{prefix}{INDEX_NAME} must be a torch.Tensor (int64 [N]), got {type(index).__name__}"
+        )
+    if index.dtype != torch.int64:
+        raise IndexTypeError(f"{prefix}{INDEX_NAME} must have dtype torch.int64, got {index.dtype}")
+    if index.dim() != 1:
+        raise InputError(f"{prefix}{INDEX_NAME} must be 1-D [N], got shape {tuple(index.shape)}")
+    if num_candidates is not None and index.shape[0] != num_candidates:
+        raise InputError(
+            f"{prefix}{INDEX_NAME} has {index.shape[0]} entries but the candidate inputs have "
+            f"{num_candidates} rows"
+        )
+    if check_range and num_requests is not None:
+        check_index_range(index, num_requests, where=where)
+
+
+def check_index_range(index: torch.Tensor, num_requests: int, *, where: str = "") -> None:
+    """Raise unless every value of the int64 ``[N]`` ``index`` lies in ``[0, num_requests)``."""
+    if index.shape[0] == 0:
+        return
+    low, high = (int(v) for v in torch.aminmax(index))
+    if low < 0 or high >= num_requests:
+        prefix = f"{where}: " if where else ""
+        raise IndexRangeError(
+            f"{prefix}{INDEX_NAME} values must lie in [0, {num_requests}) (R = rows of the "
+            f"request inputs); got values in [{low}, {high}]"
+        )

@@ -1,0 +1,60 @@
+"""``candidate_to_request`` is checked by one function: one message and one exception type per
+failure, the same whether the runtime or an op called on its own finds it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import rocs_compiler as rocs
+from rocs_compiler.index_contract import IndexRangeError, IndexTypeError
+
+BAD = [
+    ([0, 1, 3], IndexError, r"values must lie in \[0, 2\).*\[0, 3\]"),
+    ([0, -1, 1], IndexError, r"values must lie in \[0, 2\).*\[-1, 1\]"),
+    (torch.tensor([0, 1, 1], dtype=torch.int32), TypeError, "dtype torch.int64, got torch.int32"),
+    ([0, 1], ValueError, "has 2 entries but the candidate inputs have 3 rows"),
+    (torch.zeros(3, 1, dtype=torch.int64), ValueError, r"1-D \[N\]"),
+    ([0.0, 1.0, 1.0], TypeError, "dtype torch.int64"),
+]
+
+
+def _index(value):
+    return value if isinstance(value, torch.Tensor) else torch.tensor(value)
+
+
+class UserItem(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.user = nn.Linear(4, 3)
+        self.item = nn.Linear(4, 3)
+
+    def forward(self, u, c):
+        return (self.user(u) * self.item(c)).sum(-1)
+
+
+@pytest.mark.parametrize("value, builtin, message", BAD)
+def test_the_runtime_and_the_ops_raise_the_same_error(value, builtin, message):
+    u, c = torch.randn(2, 4), torch.randn(3, 4)
+    cm = rocs.compile(UserItem().eval(), ["u"], example_kwargs={"u": u[[0, 0, 1]], "c": c})
+    index = _index(value)
+    with pytest.raises(rocs.InputError, match=message) as from_runtime:
+        cm(u=u, c=c, candidate_to_request=index)
+    assert isinstance(from_runtime.value, builtin)
+    with pytest.raises(builtin, match=message) as from_op:
+        torch.ops.rocs.broadcast_linear(c, torch.randn(2, 4), None, torch.randn(2, 2), index)
+    assert type(from_op.value) is type(from_runtime.value)
+    assert "rocs::broadcast_linear" in str(from_op.value)
+
+
+def test_error_types_are_both_input_errors_and_builtins():
+    assert issubclass(IndexTypeError, rocs.InputError) and issubclass(IndexTypeError, TypeError)
+    assert issubclass(IndexRangeError, rocs.InputError) and issubclass(IndexRangeError, IndexError)
+
+
+def test_a_non_tensor_index_names_its_type():
+    u, c = torch.randn(2, 4), torch.randn(3, 4)
+    cm = rocs.compile(UserItem().eval(), ["u"], example_kwargs={"u": u[[0, 0, 1]], "c": c})
+    with pytest.raises(TypeError, match="must be a torch.Tensor.*got list"):
+        cm(u=u, c=c, candidate_to_request=[0, 0, 1])
