@@ -4,7 +4,7 @@
   at batch sizes other than the example's;
 - ``torch.compile`` (CPU) keeps the ops opaque and matches eager;
 - ``FlopCounterMode`` counts the useful work of every op;
-- every op registered by ``rocs_compiler.kernels`` has a reference in ``OPS``.
+- every op registered by ``rocs_compiler.kernels`` has its record in ``ROCS_OPS``.
 """
 
 from __future__ import annotations
