@@ -66,7 +66,7 @@ class MovieLens:
 
     @property
     def schema(self):
-        from rocs_compiler.transforms.backbones import FeatureSchema
+        from models_zoo.backbones import FeatureSchema
 
         return FeatureSchema(
             request_vocabs=(

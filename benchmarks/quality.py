@@ -3,7 +3,7 @@
 For each interaction backbone (DCNv2, FinalMLP, Wukong) three variants are trained from the same
 seeds:
 
-- ``vanilla``: the backbone as written (``rocs_compiler.transforms.backbones``);
+- ``vanilla``: the backbone as written (``models_zoo.backbones``);
 - ``rocs_base``: ``apply_glm(vanilla, request_fraction=0.5)``, same layer widths, half of every
   hidden layer a request-only lane group;
 - ``rocs_scaled``: ``apply_glm(vanilla, request_fraction=0.5, request_scale=s)`` with the request
@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import movielens  # noqa: E402
 
 import rocs_compiler as rocs  # noqa: E402
-from rocs_compiler.transforms import backbones as bb  # noqa: E402
+from models_zoo import backbones as bb  # noqa: E402
 
 SYNTHETIC = movielens.REPO_ROOT / "tests" / "data" / "ml-synthetic"
 BACKBONE_NAMES = ("dcnv2", "finalmlp", "wukong", "sequence")

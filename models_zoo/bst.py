@@ -74,6 +74,9 @@ class MHAEncoderLayer(nn.Module):
 
 
 class BST(nn.Module):
+    # apply_dca's conversion; a module of its own so the zoo imports without rocs_compiler
+    __rocs_families__ = "models_zoo.dca_families"
+
     def __init__(
         self,
         emb_dim: int = 32,

@@ -42,6 +42,9 @@ class CrossLayer(nn.Module):
 
 
 class DCNv2(nn.Module):
+    # apply_glm's conversion; a module of its own so the zoo imports without rocs_compiler
+    __rocs_families__ = "models_zoo.glm_families"
+
     def __init__(
         self,
         emb_dim: int = 16,

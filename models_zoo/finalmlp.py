@@ -60,6 +60,9 @@ class InteractionAggregation(nn.Module):
 
 
 class FinalMLP(nn.Module):
+    # apply_glm's conversion; a module of its own so the zoo imports without rocs_compiler
+    __rocs_families__ = "models_zoo.glm_families"
+
     def __init__(
         self,
         emb_dim: int = 16,

@@ -18,8 +18,11 @@ from torch import nn
 
 import rocs_compiler as rocs
 from models_zoo import ZOO
+from models_zoo import backbones as bb
 from rocs_compiler.layers import GLMLinear, GLMLinearCompression
-from rocs_compiler.transforms import backbones as bb
+from rocs_compiler.transforms import register_glm_family
+from rocs_compiler.transforms.glm import Lanes, glm_sequential
+from rocs_compiler.transforms.registry import GLM_FAMILIES
 
 torch.set_num_threads(1)
 
@@ -203,3 +206,67 @@ def test_apply_dca_refuses_unknown_models_and_layers():
     bst.layers[1] = nn.TransformerEncoderLayer(32, 4, 128, batch_first=True)
     with pytest.raises(ValueError, match=r"TransformerEncoderLayer \(at layers\.1\)"):
         rocs.apply_dca(bst)
+
+
+# ---------------------------------------------------------------------------------------------
+# Registering a family
+
+
+class _UserRanker(nn.Module):
+    """A user's model: request and candidate features projected, concatenated, then an MLP."""
+
+    def __init__(self):
+        super().__init__()
+        self.user = nn.Linear(3, 4)
+        self.item = nn.Linear(2, 4)
+        self.mlp = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+
+    def forward(self, user, item):
+        return self.mlp(torch.cat([self.user(user), self.item(item)], dim=-1)).squeeze(-1)
+
+
+def _register_user_ranker() -> None:
+    def convert(model: nn.Module, groups: tuple[int, int], lanes: Lanes) -> None:
+        model.mlp, _ = glm_sequential(model.mlp, groups, lanes, "mlp", output=True)
+
+    register_glm_family(
+        _UserRanker, request_inputs="user", groups=lambda m: (4, 4), convert=convert
+    )
+
+
+@pytest.fixture
+def user_family():
+    """``_UserRanker`` registered for the test only."""
+    _register_user_ranker()
+    yield
+    del GLM_FAMILIES.families[_UserRanker]
+
+
+def test_registered_user_family_converts_with_subclasses(user_family):
+    class SubRanker(_UserRanker):
+        pass
+
+    torch.manual_seed(0)
+    glm = rocs.apply_glm(SubRanker(), ["user"])
+    hidden = glm.mlp[0]
+    assert isinstance(hidden, GLMLinear)
+    assert (hidden.out_request, hidden.out_candidate) == (4, 4)
+    # Non-interference: the hidden layer's request lanes ignore the candidate features.
+    user = torch.randn(5, 3)
+    request_lanes = [
+        glm.mlp[:2](torch.cat([glm.user(user), glm.item(torch.randn(5, 2))], dim=-1))[:, :4]
+        for _ in range(2)
+    ]
+    assert torch.equal(*request_lanes)
+    with pytest.raises(ValueError, match="request"):
+        rocs.apply_glm(SubRanker(), ["item"])
+    with pytest.raises(ValueError, match="already registered"):
+        _register_user_ranker()
+
+
+def test_unregistered_model_error_lists_registered_types(user_family):
+    # A backbone names its family module in __rocs_families__; converting one loads it.
+    rocs.apply_glm(bb.DCNv2Net(SCHEMA, **SMALL[bb.DCNv2Net]), bb.REQUEST_INPUTS)
+    with pytest.raises(ValueError, match="no GLM rule for model type Linear") as refusal:
+        rocs.apply_glm(nn.Linear(2, 2), ["user"])
+    assert all(name in str(refusal.value) for name in ("_UserRanker", "DCNv2", "WukongNet"))

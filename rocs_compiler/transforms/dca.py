@@ -3,48 +3,37 @@
 A candidate-appended transformer runs its whole stack per candidate, because history tokens
 attend to the candidate token. DCA keeps one stack per request: history tokens attend only to
 history tokens, and the candidate token cross-attends into every depth's history states (and,
-in the models that have them, request query tokens do the same through their own projections).
+in the models that have them, request query tokens do the same through their own projections),
+built from :class:`~rocs_compiler.layers.DCABlock` and
+:class:`~rocs_compiler.layers.CrossAttention`.
 
-Supported families:
-
-- zoo ``BST`` (SDPA and ``nn.MultiheadAttention`` encoder layers) and the benchmark's
-  ``SequenceNet``: every encoder layer becomes a :class:`~rocs_compiler.layers.DCABlock` whose
-  streams start from that layer's weights. The attention pattern changes, so the model must be
-  trained or fine-tuned.
-- zoo ``HSTU``: causal attention with the candidate last is already request-only on the history
-  positions, so the DCA form computes the history stack on the history alone and the candidate's
-  row separately; the result equals the original model (up to float re-association).
+The transform converts the model families registered with
+:func:`~rocs_compiler.transforms.registry.register_dca_family`. The zoo registers ``BST`` and the
+``SequenceNet`` backbone (every encoder layer becomes a DCA block starting from that layer's
+weights; the attention pattern changes, so the model must be trained or fine-tuned) and ``HSTU``
+(causal attention with the candidate last is already request-only on the history, so its DCA form
+equals the original model up to float re-association).
 """
 
 from __future__ import annotations
 
-import copy
-import functools
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
-import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ..layers import CrossAttention, DCABlock
-from .glm import refuse
+from .registry import DCA_FAMILIES
 
-__all__ = ["DCABST", "DCAHSTU", "DCASequenceNet", "HSTUCrossLayer", "apply_dca"]
+__all__ = ["apply_dca"]
 
 
 def apply_dca(model: nn.Module, request_inputs: Sequence[str] | str | None = None) -> nn.Module:
     """A DCA copy of a candidate-appended sequence model (the original is not modified).
 
+    ``model`` must be of a family registered with :func:`register_dca_family`.
     ``request_inputs``, when given, must be the model's request-side inputs (the history and the
     user features); the DCA layout is fixed by the model family.
     """
-    family = _families().get(type(model))
-    if family is None:
-        known = ", ".join(sorted(cls.__name__ for cls in _families()))
-        raise ValueError(
-            f"apply_dca: no DCA rule for model type {type(model).__name__}; known types: {known}"
-        )
+    family = DCA_FAMILIES.find(model)
     if request_inputs is not None:
         names = [request_inputs] if isinstance(request_inputs, str) else list(request_inputs)
         if set(names) != set(family.request_inputs):
@@ -53,211 +42,3 @@ def apply_dca(model: nn.Module, request_inputs: Sequence[str] | str | None = Non
                 f"got {sorted(names)}"
             )
     return family.convert(model).train(model.training)
-
-
-# ---------------------------------------------------------------------------------------------
-# Encoder layers -> DCA blocks
-
-
-def _attention_from_encoder(layer: nn.Module, path: str) -> CrossAttention:
-    """A :class:`CrossAttention` holding a copy of a post-LN encoder layer's weights."""
-    from models_zoo.bst import MHAEncoderLayer, SDPAEncoderLayer
-
-    if type(layer) is SDPAEncoderLayer:
-        dim, heads = layer.qkv.in_features, layer.heads
-        in_weight, in_bias, out = layer.qkv.weight, layer.qkv.bias, layer.out
-    elif (
-        type(layer) is MHAEncoderLayer and layer.attn.batch_first and layer.attn._qkv_same_embed_dim
-    ):
-        dim, heads = layer.attn.embed_dim, layer.attn.num_heads
-        in_weight, in_bias, out = (
-            layer.attn.in_proj_weight,
-            layer.attn.in_proj_bias,
-            layer.attn.out_proj,
-        )
-    else:
-        raise refuse(layer, path, "apply_dca")
-    new = CrossAttention(dim, heads, layer.ffn[0].out_features, dropout=layer.dropout.p)
-    with torch.no_grad():
-        for i, proj in enumerate((new.query, new.key, new.value)):
-            proj.weight.copy_(in_weight[i * dim : (i + 1) * dim])
-            proj.bias.copy_(in_bias[i * dim : (i + 1) * dim])
-        new.out.load_state_dict(out.state_dict())
-    new.norm1 = copy.deepcopy(layer.norm1)
-    new.norm2 = copy.deepcopy(layer.norm2)
-    new.ffn = copy.deepcopy(layer.ffn)  # keeps the layer's activation
-    return new
-
-
-def dca_block_from_encoder(layer: nn.Module, path: str, request_stream: bool) -> DCABlock:
-    """Every stream of the block starts as a copy of the encoder layer."""
-    first = _attention_from_encoder(layer, path)
-    dim = first.query.in_features
-    block = DCABlock(dim, first.heads, first.ffn[0].out_features, request_stream=request_stream)
-    block.history = first
-    block.candidate = _attention_from_encoder(layer, path)
-    block.request = _attention_from_encoder(layer, path) if request_stream else None
-    return block
-
-
-class DCABST(nn.Module):
-    """BST with DCA: the history stack runs on history tokens only; the target token
-    cross-attends at every depth. Same inputs, head and feature layout as ``BST``."""
-
-    def __init__(self, bst: nn.Module):
-        super().__init__()
-        self.profile_tables = copy.deepcopy(bst.profile_tables)
-        self.item_table = copy.deepcopy(bst.item_table)
-        self.position = copy.deepcopy(bst.position)
-        self.blocks = nn.ModuleList(
-            dca_block_from_encoder(layer, f"layers.{i}", request_stream=False)
-            for i, layer in enumerate(bst.layers)
-        )
-        self.head = copy.deepcopy(bst.head)
-
-    def forward(self, user_profile, user_dense, hist_item_ids, item_id) -> torch.Tensor:
-        length = hist_item_ids.shape[1]
-        history = self.item_table(hist_item_ids) + self.position[:length]
-        target = (self.item_table(item_id) + self.position[length]).unsqueeze(1)
-        key_mask = hist_item_ids != 0
-        for block in self.blocks:
-            history, target, _ = block(history, key_mask, target)
-        profile = [t(user_profile[:, i]) for i, t in enumerate(self.profile_tables)]
-        feats = torch.cat([*profile, user_dense, history.flatten(1), target.flatten(1)], dim=-1)
-        return self.head(feats).squeeze(-1)
-
-
-class DCASequenceNet(nn.Module):
-    """``SequenceNet`` with DCA: history stack on history tokens, the candidate token and the
-    user field tokens (request queries) cross-attend at every depth. The head reads the user
-    tokens' final states where ``SequenceNet`` reads the user field embeddings."""
-
-    def __init__(self, net: nn.Module):
-        super().__init__()
-        self.embed = copy.deepcopy(net.embed)
-        self.position = copy.deepcopy(net.position)
-        self.blocks = nn.ModuleList(
-            dca_block_from_encoder(layer, f"layers.{i}", request_stream=True)
-            for i, layer in enumerate(net.layers)
-        )
-        self.head = copy.deepcopy(net.head)
-
-    def forward(self, user_sparse, history, item_sparse, item_multihot) -> torch.Tensor:
-        length = history.shape[1]
-        hist = self.embed.item_table(history) + self.position[:length]
-        cand = (
-            self.embed.candidate_fields(item_sparse, item_multihot).sum(dim=1)
-            + self.position[length]
-        )
-        cand = cand.unsqueeze(1)
-        user = self.embed.profile(user_sparse)
-        key_mask = history != 0
-        for block in self.blocks:
-            hist, cand, user = block(hist, key_mask, cand, user)
-        valid = key_mask.unsqueeze(-1).to(torch.float32)
-        pooled = (hist * valid).sum(dim=1) / valid.sum(dim=1).clamp_min(1.0)
-        return self.head(torch.cat([user.flatten(1), pooled, cand[:, 0]], dim=-1)).squeeze(-1)
-
-
-# ---------------------------------------------------------------------------------------------
-# HSTU
-
-
-class HSTUCrossLayer(nn.Module):
-    """An HSTU layer split into its history rows and the candidate's row.
-
-    With the candidate at the last position of a causal sequence of length ``s = L + 1``, history
-    row ``i`` reads positions ``j <= i < L`` only, so ``rows[:L]`` is the same layer on the history
-    alone (causal ``[L, L]`` mask, same ``1 / s`` scale). The candidate row reads every valid
-    history position plus itself:
-
-        ``a_c = sum_j silu(q_c . k_j) / s * v_j + silu(q_c . k_c) / s * v_c``
-
-    the first term an attention of the candidate's query over the request's keys and values.
-    """
-
-    def __init__(self, layer: nn.Module):
-        super().__init__()
-        self.layer = copy.deepcopy(layer)
-
-    def _uvqk(self, x: torch.Tensor):
-        return F.silu(self.layer.uvqk(self.layer.norm_in(x))).split(self.layer.dim, dim=-1)
-
-    def _heads(self, t: torch.Tensor) -> torch.Tensor:
-        return t.unflatten(-1, (self.layer.heads, -1)).transpose(-3, -2)
-
-    def forward(self, history, candidate, valid_history, valid_candidate):
-        """history [B, L, D], candidate [B, 1, D], valid_* bool [B, L] / [B, 1]."""
-        layer = self.layer
-        length = history.shape[1]
-        scale = length + 1
-        u, v, q, k = self._uvqk(history)
-        q, k, v = self._heads(q), self._heads(k), self._heads(v)  # [B, H, L, Dh]
-        attn = F.silu(torch.matmul(q, k.transpose(-2, -1))) / scale
-        mask = layer.causal[:length, :length] & valid_history[:, None, None, :]
-        attn = attn.masked_fill(~mask, 0.0)
-        a = torch.matmul(attn, v).transpose(1, 2).flatten(2)
-        new_history = history + layer.out(u * layer.norm_attn(a))
-
-        uc, vc, qc, kc = self._uvqk(candidate)
-        qc, kc, vc = self._heads(qc), self._heads(kc), self._heads(vc)  # [B, H, 1, Dh]
-        cross = F.silu(torch.matmul(qc, k.transpose(-2, -1))) / scale  # [B, H, 1, L]
-        cross = cross.masked_fill(~valid_history[:, None, None, :], 0.0)
-        own = F.silu((qc * kc).sum(dim=-1, keepdim=True)) / scale  # [B, H, 1, 1]
-        own = own.masked_fill(~valid_candidate[:, None, :, None], 0.0)
-        ac = (torch.matmul(cross, v) + own * vc).transpose(1, 2).flatten(2)
-        new_candidate = candidate + layer.out(uc * layer.norm_attn(ac))
-        return new_history, new_candidate
-
-
-class DCAHSTU(nn.Module):
-    """``HSTU`` computed as DCA: equal outputs, with the history stack request-only."""
-
-    def __init__(self, hstu: nn.Module):
-        super().__init__()
-        from models_zoo.hstu import HSTULayer
-
-        for i, layer in enumerate(hstu.layers):
-            if type(layer) is not HSTULayer:
-                raise refuse(layer, f"layers.{i}", "apply_dca")
-        self.item_table = copy.deepcopy(hstu.item_table)
-        self.action_table = copy.deepcopy(hstu.action_table)
-        self.position = copy.deepcopy(hstu.position)
-        self.layers = nn.ModuleList(HSTUCrossLayer(layer) for layer in hstu.layers)
-        self.norm_out = copy.deepcopy(hstu.norm_out)
-        self.head = copy.deepcopy(hstu.head)
-
-    def forward(self, hist_item_ids, hist_actions, item_id) -> torch.Tensor:
-        length = hist_item_ids.shape[1]
-        positions = self.position(torch.arange(length + 1, device=item_id.device))
-        history = self.item_table(hist_item_ids) + self.action_table(hist_actions)
-        history = history + positions[:length]
-        candidate = self.item_table(item_id).unsqueeze(1) + positions[length]
-        valid_history = hist_item_ids != 0
-        valid_candidate = (item_id != 0).unsqueeze(1)
-        for layer in self.layers:
-            history, candidate = layer(history, candidate, valid_history, valid_candidate)
-        return self.head(self.norm_out(candidate[:, 0])).squeeze(-1)
-
-
-# ---------------------------------------------------------------------------------------------
-# Families
-
-
-@dataclass(frozen=True)
-class _Family:
-    request_inputs: tuple[str, ...]
-    convert: Callable[[nn.Module], nn.Module]
-
-
-@functools.cache
-def _families() -> dict[type, _Family]:
-    from models_zoo import bst, hstu
-
-    from . import backbones as bb
-
-    return {
-        bst.BST: _Family(bst.REQUEST_INPUTS, DCABST),
-        hstu.HSTU: _Family(hstu.REQUEST_INPUTS, DCAHSTU),
-        bb.SequenceNet: _Family(bb.REQUEST_INPUTS, DCASequenceNet),
-    }

@@ -11,7 +11,8 @@ and returns a logit [B]. Request fields are the user fields plus the mean-pooled
 candidate fields are the item id, the item fields and the mean of the multi-hot attributes'
 embeddings. The interaction parts reuse the zoo's building blocks (``CrossLayer``, ``MLP``,
 ``FeatureGate``, ``InteractionAggregation``, ``WukongLayer``, ``SDPAEncoderLayer``) and keep
-the attribute names of the zoo models, so ``apply_glm`` and ``apply_dca`` handle both alike.
+the attribute names of the zoo models, so the zoo's ``apply_glm`` and ``apply_dca`` conversions
+(:mod:`.glm_families`, :mod:`.dca_families`) handle both alike.
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from models_zoo._layers import MLP, embedding
-from models_zoo.batch import Batch, request_index
-from models_zoo.bst import SDPAEncoderLayer
-from models_zoo.dcnv2 import CrossLayer
-from models_zoo.finalmlp import FeatureGate, InteractionAggregation
-from models_zoo.wukong import WukongLayer
+from ._layers import MLP, embedding
+from .batch import Batch, request_index
+from .bst import SDPAEncoderLayer
+from .dcnv2 import CrossLayer
+from .finalmlp import FeatureGate, InteractionAggregation
+from .wukong import WukongLayer
 
 __all__ = [
     "BACKBONES",
@@ -104,6 +105,8 @@ class FeatureEmbedding(nn.Module):
 class DCNv2Net(nn.Module):
     """DCNv2 (stacked): x0 = cat(request fields, candidate fields), cross layers, deep MLP."""
 
+    __rocs_families__ = "models_zoo.glm_families"
+
     def __init__(
         self,
         schema: FeatureSchema,
@@ -132,6 +135,8 @@ class DCNv2Net(nn.Module):
 
 class FinalMLPNet(nn.Module):
     """FinalMLP: stream 1 gated by the request fields, stream 2 by the candidate fields."""
+
+    __rocs_families__ = "models_zoo.glm_families"
 
     def __init__(
         self,
@@ -166,6 +171,8 @@ class FinalMLPNet(nn.Module):
 class WukongNet(nn.Module):
     """Wukong: FMB + LCB layers over the stacked fields [B, F, D], then an MLP head."""
 
+    __rocs_families__ = "models_zoo.glm_families"
+
     def __init__(
         self,
         schema: FeatureSchema,
@@ -198,6 +205,8 @@ class SequenceNet(nn.Module):
     The head reads the user fields, the mean of the final history states and the candidate's
     final state.
     """
+
+    __rocs_families__ = "models_zoo.dca_families"
 
     def __init__(
         self,
