@@ -337,13 +337,18 @@ def _same_prefix(a: list, b: list) -> bool:
 
 
 def _distribute_matmul(b: Builder, node: fx.Node) -> Optional[fx.Node]:
-    """Rows of the left operand or columns of the right operand are independent."""
+    """Rows of the left operand or columns of the right operand are independent.
+
+    The rows of ``left`` are the output's second-to-last dim, or its last one when ``right`` is
+    a vector (``matmul`` drops the contracted vector dim); the columns of ``right`` are the
+    output's last dim.
+    """
     left, right = node.args[0], node.args[1]
     out_ndim = node.meta["val"].dim()
     info = mixed_concat(left)
     if info is not None and info.ndim >= 2 and info.dim == info.ndim - 2:
         outs = [b.call(node.target, piece, right) for piece in info.pieces]
-        return _cat_pieces(b, outs, out_ndim - 2)
+        return _cat_pieces(b, outs, out_ndim - (1 if val_of(right).dim() == 1 else 2))
     info = mixed_concat(right)
     if info is not None and info.ndim >= 2 and info.dim == info.ndim - 1:
         outs = [b.call(node.target, left, piece) for piece in info.pieces]
