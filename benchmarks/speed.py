@@ -636,6 +636,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--candidates and --requests must be positive")
     if args.rocs_options is not None and not isinstance(args.rocs_options, dict):
         parser.error("--rocs-options must be a JSON object")
+    try:
+        rocs.Options.from_mapping(args.rocs_options, where="--rocs-options")
+    except rocs.OptionsError as err:
+        parser.error(str(err))
     return args
 
 

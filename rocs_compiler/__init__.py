@@ -8,14 +8,15 @@ equal the original model's for every batch.
 from .api import compile
 from .backend import backend, shared_call
 from .export import aoti_package, export, load, save
-from .errors import CompileError, InputError
+from .errors import CompileError, InputError, OptionsError
+from .options import Options
 from .roles import Role
 from .runtime import CompiledModel
 from .layers import DCABlock, GLMFactorizationMachine, GLMLinear, GLMLinearCompression, GroupLayerNorm
 from .transforms import apply_dca, apply_glm
 
 __all__ = [
-    "compile", "CompileError", "InputError", "Role", "CompiledModel",
+    "compile", "Options", "CompileError", "InputError", "OptionsError", "Role", "CompiledModel",
     "backend", "shared_call", "export", "save", "load", "aoti_package",
     "apply_glm", "apply_dca", "GLMLinear", "GLMLinearCompression", "GroupLayerNorm",
     "GLMFactorizationMachine", "DCABlock",

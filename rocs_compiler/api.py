@@ -8,6 +8,7 @@ from typing import Any, Mapping, Optional, Sequence
 from torch import nn
 
 from .errors import CompileError
+from .options import Options
 from .pipeline import compile_graph
 from .runtime import CompiledModel, InputContract
 
@@ -19,7 +20,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     example_kwargs: Optional[Mapping[str, Any]] = None,
     *,
     fallback: str = "error",
-    options: Optional[Mapping[str, Any]] = None,
+    options: Optional[Mapping[str, Any] | Options] = None,
 ) -> CompiledModel:
     """Compile ``model`` so its request-only computation runs once per request.
 
@@ -30,8 +31,10 @@ def compile(  # noqa: A001 - mirrors torch.compile
         example_inputs, example_kwargs: one example batch in replicated layout.
         fallback: ``"error"`` raises :class:`CompileError` when the model cannot be captured;
             ``"eager"`` returns a wrapper that runs the original model and warns once.
-        options: pass switches, e.g. ``{"defer": False, "ikbo": False}``.
+        options: pass switches, a dict or :class:`Options`, e.g. ``{"defer": False}``; an
+            unknown key or a wrong type raises :class:`OptionsError` listing the valid ones.
     """
+    options = Options.from_mapping(options, where="rocs.compile")
     if isinstance(request_inputs, str):
         request_inputs = [request_inputs]
     if fallback not in ("error", "eager"):

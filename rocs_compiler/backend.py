@@ -43,8 +43,10 @@ import torch
 from torch import fx, nn
 
 from .dynamo_graph import Slot, classify, dotted, graph_model, nest
+from .index_contract import check_candidate_to_request
 from .errors import CompileError, InputError
 from .inputs import bind_inputs, is_tensor, named_leaves, replace_leaves
+from .options import BackendOptions
 from .runtime.lowering import Lowered, lower_plain
 
 __all__ = ["RocsBackend", "backend", "rocs_backend", "shared_call"]
@@ -83,8 +85,7 @@ class _Subgraph:
     gm: fx.GraphModule
     slots: list[Slot]
     request_inputs: list[str]
-    use_inductor: bool
-    pipeline_options: dict
+    options: BackendOptions
     consts: list[tuple[int, torch.Tensor, int]] = field(default_factory=list)
     scalars: list[tuple[int, Any]] = field(default_factory=list)
     variants: dict = field(default_factory=dict)
@@ -152,8 +153,7 @@ class _Subgraph:
                 model,
                 self.request_inputs,
                 example_kwargs=nest(leaves),
-                # The strict route resets dynamo, which must not happen inside a backend.
-                options={"capture_strict": False, **self.pipeline_options},
+                options=self.options,
             )
         except CompileError as err:
             hint = ""
@@ -168,10 +168,12 @@ class _Subgraph:
                 stacklevel=2,
             )
             self.fallback_reason = str(err)
-            self.plain = lower_plain(self.gm, args, self.use_inductor)
+            self.plain = lower_plain(self.gm, args, self.options.inductor)
             return None
         # Without Inductor the compiled model runs its graph itself (as a direct program).
-        runner = compiled.with_graph(Lowered(compiled.graph_module, True)) if self.use_inductor else compiled
+        runner = compiled
+        if self.options.inductor:
+            runner = compiled.with_graph(Lowered(compiled.graph_module, True))
         variant = _Variant(compiled, runner)
         self.variants[self._key(leaves)] = variant
         return variant
@@ -186,18 +188,21 @@ class RocsBackend:
     ``subgraphs`` lists what it compiled (one entry per dynamo graph), for inspection and tests.
     """
 
-    def __init__(self, request_inputs: Sequence[str] | str, **options: Any):
+    def __init__(
+        self,
+        request_inputs: Sequence[str] | str,
+        options: Optional[Mapping[str, Any] | BackendOptions] = None,
+    ):
+        self.options = BackendOptions.from_mapping(options, where="rocs.backend")
         if isinstance(request_inputs, str):
             request_inputs = [request_inputs]
         if not request_inputs:
             raise ValueError("the rocs backend needs request_inputs (a list of input names)")
         self.request_inputs = list(request_inputs)
-        self.inductor = bool(options.pop("inductor", True))
-        self.pipeline_options = dict(options)
         self.subgraphs: list[_Subgraph] = []
 
     def __repr__(self) -> str:
-        return f"RocsBackend(request_inputs={self.request_inputs!r}, inductor={self.inductor})"
+        return f"RocsBackend(request_inputs={self.request_inputs!r}, options={self.options!r})"
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any], **_: Any) -> Callable:
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -205,7 +210,7 @@ class RocsBackend:
         inputs = [s.name for s in slots if s.kind == "input"]
         present = [r for r in self.request_inputs if any(_covers(r, n) for n in inputs)]
         _check_request_names(self.request_inputs, present)
-        subgraph = _Subgraph(gm, slots, present, self.inductor, self.pipeline_options)
+        subgraph = _Subgraph(gm, slots, present, self.options)
         unsupported = [s.name for s in slots if s.kind == "unsupported"]
         rows = _static_rows(placeholders, slots)
         if unsupported:
@@ -219,7 +224,7 @@ class RocsBackend:
             # Dynamo specializes a batch of one; one candidate has nothing to share.
             subgraph.fallback_reason = "static batch of one row"
         if subgraph.fallback_reason is not None:
-            subgraph.plain = lower_plain(gm, example_inputs, self.inductor)
+            subgraph.plain = lower_plain(gm, example_inputs, self.options.inductor)
         else:
             # The rewrite runs at the first call, not here: export inside dynamo's tracing context
             # would share dynamo's shape environment and add guards on export's own inputs.
@@ -290,10 +295,10 @@ def _warn_if_grad(example_inputs: Sequence[Any]) -> None:
 def backend(request_inputs: Sequence[str] | str, **options: Any) -> RocsBackend:
     """The rocs backend with fixed options: ``torch.compile(model, backend=rocs.backend(...))``.
 
-    Options: ``request_inputs`` (names as in :func:`rocs.compile`), ``inductor`` (default True:
-    lower the rewritten graph with Inductor), and pipeline switches such as ``defer``/``ikbo``.
+    ``request_inputs`` are named as in :func:`rocs.compile`; ``options`` are the fields of
+    :class:`BackendOptions` (the pipeline options plus ``inductor``), checked here.
     """
-    return RocsBackend(request_inputs, **options)
+    return RocsBackend(request_inputs, options)
 
 
 def rocs_backend(
@@ -305,8 +310,9 @@ def rocs_backend(
 ) -> Callable:
     """The ``torch_dynamo_backends`` entry point behind ``backend="rocs"``.
 
-    ``torch.compile(model, backend="rocs", options={"request_inputs": [...]})`` passes the
-    options here; ``mode`` is accepted and ignored (rocs has a single mode).
+    ``torch.compile(model, backend="rocs", options={"request_inputs": [...], ...})`` passes the
+    options here: ``request_inputs`` and the fields of :class:`BackendOptions`. ``mode`` is
+    accepted and ignored (rocs has a single mode).
     """
     merged = {**dict(options or {}), **kwargs}
     if "request_inputs" not in merged:
@@ -314,7 +320,9 @@ def rocs_backend(
             "the rocs backend needs to know the request-side inputs: "
             "torch.compile(model, backend='rocs', options={'request_inputs': [...]})"
         )
-    return RocsBackend(**merged)(gm, example_inputs)
+    request_inputs = merged.pop("request_inputs")
+    checked = BackendOptions.from_mapping(merged, where="torch.compile(backend='rocs')")
+    return RocsBackend(request_inputs, checked)(gm, example_inputs)
 
 
 # -- shared layout through torch.compile ----------------------------------------------------------
@@ -349,14 +357,10 @@ def shared_call(
     if missing:
         raise InputError(f"missing request input(s): {', '.join(missing)}")
     index = candidate_to_request
-    if not isinstance(index, torch.Tensor) or index.dtype != torch.int64 or index.dim() != 1:
-        raise InputError("candidate_to_request must be an int64 tensor of shape [N]")
     rows = {n: leaves[n].shape[0] if leaves[n].dim() else None for n in requests}
     if len(set(rows.values())) != 1 or None in rows.values():
         raise InputError(f"request inputs disagree on the number of rows R: {rows}")
-    num_requests = next(iter(rows.values()))
-    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= num_requests):
-        raise InputError(f"candidate_to_request values must lie in [0, {num_requests})")
+    check_candidate_to_request(index, None, next(iter(rows.values())))
     replicated = {n: leaves[n].index_select(0, index) for n in requests}
     call_args, call_kwargs = replace_leaves(signature, args, kwargs, replicated)
     state = _SharedCall(index, {n: leaves[n] for n in requests}, replicated)

@@ -28,6 +28,7 @@ Exit codes: 0 success, 1 compile or input error (one line; ``--debug`` shows the
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import subprocess
 import sys
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from .options import Options, OptionsError
 from .targets import Target, TargetError, load_target
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_TOOL = 0, 1, 2, 3
@@ -70,9 +72,10 @@ def _inspect_model(target: Target, args) -> Inspection:
     from .render import view_from_exported, view_from_pipeline
     from .report import build_report
 
-    options = args.options or {}
     _ensure_eval(target)
-    result = compile_graph(target.model, target.request_inputs, (), target.example_kwargs, options)
+    result = compile_graph(
+        target.model, target.request_inputs, (), target.example_kwargs, args.options
+    )
     report = build_report(result, args.candidates, args.requests)
     compiled = None
     if args.graph == "shared" or args.measure:
@@ -82,7 +85,7 @@ def _inspect_model(target: Target, args) -> Inspection:
             target.model,
             target.request_inputs,
             example_kwargs=target.example_kwargs,
-            options=options,
+            options=args.options,
         )
     if args.graph == "shared":
         import rocs_compiler as rocs
@@ -308,7 +311,7 @@ def cmd_export(args, extra) -> int:
         target.model,
         target.request_inputs,
         example_kwargs=target.example_kwargs,
-        options=args.options or {},
+        options=args.options,
     )
     program = rocs.export(compiled)
     if args.aoti:
@@ -365,14 +368,22 @@ def _positive(text: str) -> int:
     return value
 
 
-def _json_object(text: str) -> dict:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise argparse.ArgumentTypeError(f"not JSON: {err}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("must be a JSON object")
-    return value
+def _options_for(command: str) -> Callable[[str], Options]:
+    """The ``--options`` parser of ``rocs COMMAND``: a JSON object of pipeline options."""
+
+    def parse(text: str) -> Options:
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise argparse.ArgumentTypeError(f"not JSON: {err}") from None
+        if not isinstance(value, dict):
+            raise argparse.ArgumentTypeError("must be a JSON object")
+        try:
+            return Options.from_mapping(value, where=f"rocs {command}")
+        except OptionsError as err:  # argparse names the command and the argument
+            raise argparse.ArgumentTypeError("; ".join(err.problems) + "\n" + err.valid) from None
+
+    return parse
 
 
 _TARGET_HELP = """\
@@ -411,9 +422,11 @@ def _target_command(sub, common, func, name: str, help: str, description: str): 
     )
     command.add_argument(
         "--options",
-        type=_json_object,
+        type=_options_for(name),
+        default=Options(),
         metavar="JSON",
-        help="pipeline options, e.g. '{\"defer\": false}'",
+        help="pipeline options as a JSON object, e.g. '{\"defer\": false}'; valid keys: "
+        + ", ".join(f.name for f in dataclasses.fields(Options)),
     )
     command.set_defaults(func=func)
     return command

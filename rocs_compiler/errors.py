@@ -7,3 +7,18 @@ class CompileError(RuntimeError):
 
 class InputError(ValueError):
     """A call to a compiled model received inputs that do not match its contract."""
+
+
+class OptionsError(ValueError):
+    """Compiler options with an unknown key or a value of the wrong type.
+
+    ``where`` names the entry point, ``problems`` says what is wrong (one string per key) and
+    ``valid`` lists the valid options with their types and defaults.
+    """
+
+    def __init__(self, where: str, problems: list[str], valid: str):
+        super().__init__(where, problems, valid)
+        self.where, self.problems, self.valid = where, problems, valid
+
+    def __str__(self) -> str:
+        return f"{self.where}: {'; '.join(self.problems)}\n{self.valid}"

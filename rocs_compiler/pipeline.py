@@ -13,6 +13,7 @@ from torch import fx, nn
 
 from .analysis import Analysis, analyze
 from .capture import CapturedGraph, capture
+from .options import Options
 from .passes.share import share
 
 
@@ -48,12 +49,11 @@ def compile_graph(
     request_inputs: list[str],
     example_args: tuple,
     example_kwargs: Mapping[str, Any],
-    options: Mapping[str, Any] | None = None,
+    options: Options = Options(),
 ) -> PipelineResult:
-    options = dict(options or {})
+    """Run the pipeline; entry points validate ``options`` (:meth:`Options.from_mapping`) first."""
     captured = capture(
-        model, example_args, example_kwargs, request_inputs,
-        strict_fallback=options.get("capture_strict", True),
+        model, example_args, example_kwargs, request_inputs, strict_fallback=options.capture_strict
     )
     symbol = captured.batch_symbol
     request_placeholders = {captured.placeholder_of[n] for n in captured.request_inputs}
@@ -62,7 +62,7 @@ def compile_graph(
     _debug_print("capture", gm)
     counts: dict[str, int] = {}
 
-    if options.get("defer", True):
+    if options.defer:
         from .passes.defer import defer
 
         gm, fired = defer(gm, request_placeholders, symbol)
@@ -76,11 +76,13 @@ def compile_graph(
     shared = share(gm, symbol)
     _debug_print("share", shared)
 
-    if options.get("ikbo", True):
+    if options.ikbo:
         from .passes.ikbo import ikbo
 
-        on_gpu = any(t.is_cuda for t in model.parameters())
-        shared, fired = ikbo(shared, pointwise=options.get("ikbo_pointwise", on_gpu))
+        pointwise = options.ikbo_pointwise
+        if pointwise is None:
+            pointwise = any(t.is_cuda for t in model.parameters())
+        shared, fired = ikbo(shared, pointwise=pointwise)
         counts.update(fired)
         _debug_print("ikbo", shared)
 

@@ -442,7 +442,11 @@ def zoo_pipeline(name: str, options_key: tuple = ()):
 
     entry = ZOO[name]
     return compile_graph(
-        zoo_model(name), list(entry.request_inputs), (), zoo_example(name), dict(options_key)
+        zoo_model(name),
+        list(entry.request_inputs),
+        (),
+        zoo_example(name),
+        rocs.Options(**dict(options_key)),
     )
 
 

@@ -38,6 +38,7 @@ from models_zoo import ZOO, Batch
 from models_zoo.batch import get_leaf, set_leaf
 from rocs_compiler.analysis import analyze
 from rocs_compiler.graph_meta import ROLE
+from rocs_compiler.options import Options
 from rocs_compiler.pipeline import compile_graph
 from rocs_compiler.roles import Role
 
@@ -192,7 +193,7 @@ NONINTERFERENCE_CASES: list[Case] = HAND_CASES + [
 
 def _pipeline(case: Case, options=OPTIONS):
     example = case.batch([2, 3], seed=123).replicated()
-    return compile_graph(case.build(), list(case.request_inputs), (), example, options)
+    return compile_graph(case.build(), list(case.request_inputs), (), example, Options(**options))
 
 
 @pytest.fixture(scope="module", params=NONINTERFERENCE_CASES, ids=lambda c: c.name)
