@@ -80,10 +80,11 @@ GRAPH_OUTPUT = _GraphOutput()  # marks an output leaf that the graph computes
 
 
 def is_graph_leaf(value: Any) -> bool:
-    """Output leaves the captured graph computes: tensors and ints (which may be batch sizes)."""
+    """Output leaves the captured graph computes: tensors and numbers (which may be batch sizes
+    or arithmetic on them)."""
     if isinstance(value, bool):
         return False
-    return isinstance(value, (torch.Tensor, int, torch.SymInt))
+    return isinstance(value, (torch.Tensor, int, float, torch.SymInt, torch.SymFloat))
 
 
 def replace_leaves(

@@ -42,3 +42,20 @@ def test_matmul_of_a_concatenation_with_a_vector():
     model = module(forward, a=nn.Linear(4, 8), v=nn.Parameter(torch.randn(4)))
     cm = assert_exact(model, torch.randn(3, 4), torch.randn(7, 4))
     assert cm.report().pass_counts["distribute_matmul"] == 1
+
+
+def test_python_numbers_computed_from_the_batch_size_follow_the_batch():
+    def forward(s, u, c):
+        return (u * c).sum(-1), c.shape[0] / 2, 1.5, c.shape[0] * 2
+
+    model = module(forward)
+    u, c = torch.randn(3, 4), torch.randn(7, 4)
+    cm = rocs.compile(model, ["u"], example_kwargs={"u": u[[0, 0, 1]], "c": c[:3]})
+    with torch.no_grad():
+        want = model(u[INDEX], c)
+        for got in (cm(u=u, c=c, candidate_to_request=INDEX), cm(u=u[INDEX], c=c)):
+            torch.testing.assert_close(got[0], want[0])
+            assert got[1:] == want[1:] == (3.5, 1.5, 14)
+        program = rocs.export(cm)
+        exported = program.module()(u=u, c=c, candidate_to_request=INDEX)
+        assert exported[1:] == want[1:]
