@@ -16,7 +16,7 @@ from typing import Any
 import sympy
 import torch
 from torch import fx
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensorMode
 from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -45,8 +45,13 @@ class NodeCost:
 
 
 def _concrete(value: Any, sizes: dict) -> Any:
+    """A size at ``sizes``; a data-dependent size (``nonzero``'s count, say) is estimated by its
+    upper bound for row selections: the batch size."""
     if isinstance(value, torch.SymInt):
-        return int(value.node.expr.subs(sizes))
+        expr = value.node.expr
+        unknown = expr.free_symbols - sizes.keys()
+        batch = next(iter(sizes.values()))
+        return int(expr.subs(sizes).subs({u: batch for u in unknown}))
     return value
 
 
@@ -54,6 +59,15 @@ def _fake_input(val: torch.Tensor, sizes: dict, mode: FakeTensorMode) -> torch.T
     shape = [_concrete(s, sizes) for s in val.shape]
     with mode:
         return torch.zeros(shape, dtype=val.dtype, device=val.device)
+
+
+def _fake_like(val: Any, sizes: dict, mode: FakeTensorMode) -> Any:
+    """A node's recorded value (``meta["val"]``) as a fake value at ``sizes``."""
+    if isinstance(val, torch.Tensor):
+        return _fake_input(val, sizes, mode)
+    if isinstance(val, (list, tuple)):
+        return type(val)(_fake_like(v, sizes, mode) for v in val)
+    return _concrete(val, sizes)
 
 
 def flops_at(gm: fx.GraphModule, sizes: dict) -> dict[str, int]:
@@ -70,9 +84,14 @@ def flops_at(gm: fx.GraphModule, sizes: dict) -> dict[str, int]:
             env[node] = mode.from_tensor(obj) if isinstance(obj, torch.Tensor) else obj
         elif node.op == "call_function":
             args, kwargs = fx.map_arg((node.args, node.kwargs), lambda a: env[a])
-            with mode, FlopCounterMode(display=False) as counter:
-                env[node] = node.target(*args, **kwargs)
-            counts[node.name] = counter.get_total_flops()
+            try:
+                with mode, FlopCounterMode(display=False) as counter:
+                    env[node] = node.target(*args, **kwargs)
+                counts[node.name] = counter.get_total_flops()
+            except DynamicOutputShapeException:
+                # Output size depends on values (nonzero, masked_select): no FLOPs of its own.
+                env[node] = _fake_like(node.meta.get("val"), sizes, mode)
+                counts[node.name] = 0
     return counts
 
 

@@ -31,13 +31,15 @@ def check_candidate_to_request(
     num_candidates: Optional[int],
     num_requests: Optional[int],
     *,
+    device: Optional[torch.device] = None,
     where: str = "",
     check_range: bool = True,
 ) -> None:
-    """Raise unless ``index`` is int64 ``[num_candidates]`` with values in ``[0, num_requests)``.
+    """Raise unless ``index`` is int64 ``[num_candidates]`` on ``device`` with values in
+    ``[0, num_requests)``.
 
-    ``num_candidates=None`` accepts any length; ``num_requests=None`` or ``check_range=False``
-    skips the range check (it reads the values: a device sync on CUDA).
+    ``num_candidates=None`` accepts any length and ``device=None`` any device; ``num_requests=None``
+    or ``check_range=False`` skips the range check (it reads the values: a device sync on CUDA).
     """
     prefix = f"{where}: " if where else ""
     if not isinstance(index, torch.Tensor):
@@ -48,6 +50,8 @@ def check_candidate_to_request(
         raise IndexTypeError(f"{prefix}{INDEX_NAME} must have dtype torch.int64, got {index.dtype}")
     if index.dim() != 1:
         raise InputError(f"{prefix}{INDEX_NAME} must be 1-D [N], got shape {tuple(index.shape)}")
+    if device is not None and index.device != device:
+        raise InputError(f"{prefix}{INDEX_NAME} is on {index.device} but the inputs are on {device}")
     if num_candidates is not None and index.shape[0] != num_candidates:
         raise InputError(
             f"{prefix}{INDEX_NAME} has {index.shape[0]} entries but the candidate inputs have "

@@ -3,6 +3,7 @@ differential test against eager on a ragged batch, in both call layouts."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -59,3 +60,55 @@ def test_python_numbers_computed_from_the_batch_size_follow_the_batch():
         program = rocs.export(cm)
         exported = program.module()(u=u, c=c, candidate_to_request=INDEX)
         assert exported[1:] == want[1:]
+
+
+def test_einsum_with_a_broadcast_weight_dim():
+    """A size-1 weight dim broadcasts in einsum: the split keeps it whole for every piece."""
+
+    def forward(s, u, c):
+        return torch.einsum("bi,ij->bj", torch.cat([s.a(u), c], -1), s.w)
+
+    torch.manual_seed(0)
+    model = module(forward, a=nn.Linear(4, 4), w=nn.Parameter(torch.randn(1, 5)))
+    assert_exact(model, torch.randn(3, 4), torch.randn(7, 4))
+
+
+def test_type_promotion_after_a_linear_is_not_fused():
+    """float candidate linear + double request term: the add promotes, the fused GEMM cannot."""
+
+    def forward(s, u, c):
+        return s.i(c) + s.u(u).double()
+
+    torch.manual_seed(0)
+    model = module(forward, i=nn.Linear(4, 3), u=nn.Linear(4, 3))
+    cm = assert_exact(model, torch.randn(3, 4), torch.randn(7, 4))
+    assert cm.report().pass_counts.get("ikbo_linear", 0) == 0
+
+
+def test_complex_request_inputs_in_drop_in_calls():
+    torch.manual_seed(0)
+    model = module(lambda s, u, c: (u.real * c).sum(-1) + u.imag.sum(-1))
+    assert_exact(model, torch.randn(3, 4, dtype=torch.complex128), torch.randn(7, 4))
+
+
+def test_an_index_on_another_device_is_refused_before_compute():
+    torch.manual_seed(0)
+    model = module(lambda s, u, c: (s.a(u) * c).sum(-1), a=nn.Linear(4, 4))
+    cm = assert_exact(model, torch.randn(3, 4), torch.randn(7, 4))
+    index = INDEX.to("meta")
+    with pytest.raises(rocs.InputError, match="is on meta but the inputs are on cpu"):
+        cm(u=torch.randn(3, 4), c=torch.randn(7, 4), candidate_to_request=index)
+
+
+def test_report_of_a_model_with_data_dependent_shapes():
+    def forward(s, u, c):
+        return u[u.sum(-1) > 0].sum() + s.a(c).sum(-1)
+
+    torch.manual_seed(0)
+    model = module(forward, a=nn.Linear(4, 4))
+    u, c = torch.randn(3, 4), torch.randn(7, 4)
+    cm = rocs.compile(model, ["u"], example_kwargs={"u": u[[0, 0, 1]], "c": c[:3]})
+    report = cm.report(num_candidates=64)
+    assert report.candidate_flops > 0  # the linear on c is counted
+    with torch.no_grad():
+        torch.testing.assert_close(cm(u=u[INDEX], c=c), model(u[INDEX], c))

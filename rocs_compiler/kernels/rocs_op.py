@@ -75,6 +75,7 @@ class RocsOp:
                 index,
                 num_candidates,
                 num_requests,
+                device=self.dispatch(*args).device,
                 where=f"rocs::{self.name}",
                 check_range=not index.is_cuda or debug_checks(),
             )

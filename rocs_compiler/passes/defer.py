@@ -108,11 +108,12 @@ def _split_einsum(b: Builder, node: fx.Node) -> Optional[fx.Node]:
         if letter in out or specs[pos].count(letter) != 1 or specs[1 - pos].count(letter) != 1:
             continue
         other_dim = specs[1 - pos].index(letter)
+        broadcasts = val_of(other).shape[other_dim] == 1  # einsum broadcasts a size-1 dim
         terms = []
         for pieces, spans in _split_by_role(info):
             new_ops = [None, None]
             new_ops[pos] = _join(b, pieces, info.dim)
-            new_ops[1 - pos] = _select_columns(b, other, other_dim, spans)
+            new_ops[1 - pos] = other if broadcasts else _select_columns(b, other, other_dim, spans)
             terms.append(b.call(aten.einsum.default, equation, new_ops))
         return b.call(aten.add.Tensor, terms[1], terms[0])
     return None

@@ -3,7 +3,7 @@
 After *share*, every request value that candidate computation reads arrives through
 ``index_select(x, 0, idx)``, a replicated ``[N, ...]`` copy. Each rule below replaces a consumer
 of such a broadcast with a ``rocs::`` op that takes ``x`` at its natural ``[R, ...]`` size plus
-``idx``; the op's reference (``rocs_compiler.kernels.OPS``) is exactly the replaced subgraph, so
+``idx``; the op's reference (``rocs_compiler.kernels.ROCS_OPS``) is exactly the replaced subgraph, so
 the identity each rule relies on is the definition of its op:
 
 - ``linear(c, W, b) + x[idx]`` -> ``broadcast_linear(c, W, b, x, idx)``;
@@ -75,7 +75,10 @@ def _split_add(node: fx.Node):
     for other, bcast in (pair, pair[::-1]):
         source = _broadcast_source(bcast)
         if source is not None and isinstance(other, fx.Node) and _single_user(other):
-            if tuple(_val(other).shape) == tuple(_val(node).shape) == tuple(_val(bcast).shape):
+            vals = (_val(other), _val(node), _val(bcast))
+            # Same shape and dtype: no broadcasting and no type promotion inside the fused add.
+            same_shape = tuple(vals[0].shape) == tuple(vals[1].shape) == tuple(vals[2].shape)
+            if same_shape and vals[0].dtype == vals[1].dtype == vals[2].dtype:
                 return other, source
     return None
 

@@ -194,7 +194,9 @@ class CompiledModel(nn.Module):
         contract = self.contract
         candidates = {n: leaves[n] for n in contract.candidate_inputs}
         rows = self._batch_rows(leaves, list(candidates)) if candidates else None
-        check_candidate_to_request(index, rows, None)
+        batched = [leaves[n] for n in (*candidates, *contract.request_inputs)]
+        device = batched[0].device if batched else None
+        check_candidate_to_request(index, rows, None, device=device)
         num_candidates = index.shape[0]
         if validate:
             # Request inputs may come replicated (N rows); R is the row count of the others.

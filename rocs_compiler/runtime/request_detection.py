@@ -11,13 +11,14 @@ from typing import Sequence
 
 import torch
 
-_BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def _bit_rows(x: torch.Tensor) -> torch.Tensor:
+    """``x``'s rows as integers with the same bits (complex128 as pairs of int64)."""
     flat = x.reshape(x.shape[0], -1)
     if flat.is_floating_point() or flat.is_complex():
-        flat = flat.contiguous().view(_BITS[flat.element_size()])
+        flat = flat.contiguous().view(_BITS[min(flat.element_size(), 8)])
     return flat
 
 
