@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import warnings
 from typing import Any, Mapping, Optional
 
 import torch
@@ -166,7 +167,11 @@ def export(compiled, example: Optional[Any] = None) -> ExportedProgram:
 
 def save(program: ExportedProgram, path: str | os.PathLike) -> None:
     """``torch.export.save``; load it back with :func:`load` (or ``import rocs_compiler`` first)."""
-    torch.export.save(program, path)
+    with warnings.catch_warnings():
+        # torch warns about weights shared between the graph's constants; they are CPU tensors
+        # saved once and loaded exactly, so the warning says nothing about this program.
+        warnings.filterwarnings("ignore", message="No complete tensor found in the group")
+        torch.export.save(program, path)
 
 
 def load(path: str | os.PathLike) -> ExportedProgram:

@@ -6,6 +6,7 @@ capture -> analyze -> defer (re-analyzes) -> cost -> share -> ikbo -> cleanup ->
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -40,8 +41,9 @@ def _debug_print(stage: str, gm: fx.GraphModule) -> None:
     if os.environ.get("ROCS_PRINT_GRAPHS"):
         from .graph_text import graph_table
 
-        print(f"==== rocs: after {stage} ====")
-        print(graph_table(gm))
+        # stderr, so that machine-readable output on stdout (``--format json``) stays intact.
+        print(f"==== rocs: after {stage} ====", file=sys.stderr)
+        print(graph_table(gm), file=sys.stderr)
 
 
 def compile_graph(
