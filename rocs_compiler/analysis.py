@@ -5,6 +5,8 @@ declaration; weights are CONST. For an op it joins the input roles: all CONST gi
 CANDIDATE gives CANDIDATE, and otherwise the op's rule (``role_rules``) decides whether the op is
 row-wise and may stay REQUEST. Sizes are values too: an int that involves the batch symbol is a
 *batch size* and is REQUEST (the rewrite evaluates it to R or N by its consumer's role).
+:func:`infer_node` is one step of that walk, reading the input roles from the nodes; the rewrite
+engine takes the same steps as it sweeps the graph.
 
 Only this driver writes ``node.meta["rocs_role"]`` and ``node.meta["rocs_reason"]``.
 """
@@ -78,18 +80,41 @@ def _is_scalar_value(val: Any) -> bool:
 
 
 def analyze(gm: fx.GraphModule, request_placeholders: set[str], symbol: sympy.Symbol) -> Analysis:
-    roles: dict[fx.Node, Role] = {}
-    result = Analysis(roles)
+    """Infer every node's role, in topological order; collect the fallbacks."""
+    result = Analysis({})
     for node in gm.graph.nodes:
-        role, reason = _infer(node, roles, request_placeholders, symbol)
-        roles[node] = role
-        node.meta[ROLE] = role
-        node.meta[REASON] = reason
+        infer_node(node, request_placeholders, symbol)
+        result.roles[node] = node.meta[ROLE]
+        reason = node.meta[REASON]
         if reason is not None and node.op == "call_function":
             result.fallbacks.append(
                 Fallback(node.name, op_name(node.target), reason, source_module(node))
             )
     return result
+
+
+def infer_node(node: fx.Node, request_placeholders: set[str], symbol: sympy.Symbol) -> None:
+    """Write ``node``'s role and fallback reason, reading its inputs' roles from their meta.
+
+    One step of :func:`analyze`; the rewrite engine calls it node by node, in topological order,
+    so that the inputs are always inferred first.
+    """
+    role, reason = _infer(node, _META_ROLES, request_placeholders, symbol)
+    node.meta[ROLE] = role
+    node.meta[REASON] = reason
+
+
+class _MetaRoles:
+    """The inferred roles as the rules read them (``roles[node]``): stored on the nodes."""
+
+    def __getitem__(self, node: fx.Node) -> Role:
+        try:
+            return node.meta[ROLE]
+        except KeyError:
+            raise CompileError(f"node {node.name} is read before its role was inferred") from None
+
+
+_META_ROLES = _MetaRoles()
 
 
 def _infer(node, roles, request_placeholders, symbol) -> tuple[Role, Optional[str]]:

@@ -30,7 +30,7 @@ import torch
 from torch import fx
 
 from .. import op_groups
-from ..analysis import analyze
+from ..analysis import infer_node
 from ..roles import Role
 from .concat import Concat, mixed_concat, role_of, val_of
 from .engine import Builder, Rewrite, rewrite_to_fixpoint
@@ -392,10 +392,10 @@ def defer_rewrites() -> list[Rewrite]:
 def defer(gm: fx.GraphModule, request_placeholders: set[str], symbol: sympy.Symbol):
     """Normalize, then apply the defer identities to a fixpoint. Returns (graph, counts)."""
 
-    def reanalyze(g: fx.GraphModule) -> None:
-        analyze(g, request_placeholders, symbol)
+    def infer(node: fx.Node) -> None:
+        infer_node(node, request_placeholders, symbol)
 
     fold_constants(gm)  # parametrized weights (GLM masks) become values the rules can read
     rewrites = normalize_rewrites() + mask_rewrites() + defer_rewrites()
-    counts = rewrite_to_fixpoint(gm, rewrites, reanalyze)
+    counts = rewrite_to_fixpoint(gm, rewrites, infer)
     return gm, counts

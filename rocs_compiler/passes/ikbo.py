@@ -300,11 +300,11 @@ def _inline(program: _ProgramBuilder, fused: fx.Node) -> program_ast.Node:
     return program_ast.rename_inputs(text, lambda x: renamed[str(x)])
 
 
-def _place_new_nodes(gm: fx.GraphModule) -> None:
-    """A node a rule created lives where its highest-placed input lives."""
-    for node in gm.graph.nodes:
-        if PLACEMENT not in node.meta:
-            node.meta[PLACEMENT] = Role.join_all(a.meta[PLACEMENT] for a in node.all_input_nodes)
+def _place_new_node(node: fx.Node) -> None:
+    """A node a rule created lives where its highest-placed input lives; *share* placed the
+    others."""
+    if PLACEMENT not in node.meta:
+        node.meta[PLACEMENT] = Role.join_all(a.meta[PLACEMENT] for a in node.all_input_nodes)
 
 
 def ikbo(gm: fx.GraphModule, pointwise: bool = False) -> tuple[fx.GraphModule, dict[str, int]]:
@@ -322,7 +322,7 @@ def ikbo(gm: fx.GraphModule, pointwise: bool = False) -> tuple[fx.GraphModule, d
     if pointwise:
         rewrites.append(Rewrite("ikbo_pointwise", frozenset(p.overloadpacket for p in _PROGRAM_OPS),
                                 _fuse_pointwise(ctx)))
-    counts = rewrite_to_fixpoint(gm, rewrites, _place_new_nodes)
+    counts = rewrite_to_fixpoint(gm, rewrites, _place_new_node)
     return gm, counts
 
 
