@@ -3,15 +3,19 @@
 GLM splits every hidden state into an ordered *request group* (first) and *candidate group*
 (last). Information may flow from request lanes into candidate lanes, never back, so the request
 lanes of every layer are functions of request-side inputs only and the compiler runs them once
-per request. Each layer here produces its output either as ``torch.cat([request, candidate], -1)``
-(or along the feature axis for ``[B, F, D]`` stacks) or as one full-width op whose zero structure
-is in its weights; the compiler's role analysis reads both (``rocs_compiler.passes.mask`` for
-the weights, the concatenation rewrites for the rest).
+per request. Each layer here produces its output as ``torch.cat([request, candidate], -1)`` (or
+along the feature axis for ``[B, F, D]`` stacks) of per-group computations: the request outputs
+are computed from the request inputs alone, so the masked block is *structural*, skipped by the
+forward rather than multiplied by zero. Eager, training and compiled models therefore agree on
+every input, an inf or NaN in a candidate lane included (``x @ (W * mask).T`` would put
+``inf * 0 = NaN`` into the request lanes), and the compiler needs no weight values to find the
+lanes: the concatenation rewrites read them from the graph. Zeros in ordinary weights are never
+exploited: they change when weights are refreshed, and skipping them changes NaN propagation.
 
 Masked weights are ``torch.nn.utils.parametrize`` parametrizations ``W = W_raw * mask`` with a
-constant mask buffer: the masked block is exactly zero after any optimizer step (weight decay
-included), because it is recomputed from the mask on every access. The raw block starts at zero
-and receives zero gradient, so it stays zero under SGD and Adam as well.
+constant mask buffer, so ``layer.weight`` shows the zero block and is exactly zero there after
+any optimizer step (weight decay included). The forward never reads the block, so it receives
+exactly zero gradient; the raw block starts at zero and stays zero under SGD and Adam as well.
 
 DCA keeps a history stack request-only: history tokens attend only to history tokens, and at
 every depth request-side and candidate-side query tokens cross-attend into that depth's history
@@ -128,8 +132,9 @@ class GLMLinear(_BlockLowerTriangular):
 
         ``linear(x, W, b) == cat([linear(x_r, W_RR, b_R), linear(x, [W_CR, W_CC], b_C)], -1)``
 
-    and the first ``out_request`` outputs are a request lane. The forward is the single full-width
-    ``F.linear``; the compiler reads the exactly-zero block from the weight value.
+    and the first ``out_request`` outputs are a request lane. The forward computes the right side,
+    so the zero block ``W_RC`` is never read (an inf in a candidate input stays out of the
+    request outputs, in eager as in the compiled model).
     """
 
     def __init__(
@@ -151,7 +156,14 @@ class GLMLinear(_BlockLowerTriangular):
         self._mask_weight()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        weight, bias, fr, mr = self.weight, self.bias, self.in_request, self.out_request
+        if mr == 0:
+            return F.linear(x, weight, bias)
+        request = F.linear(x[..., :fr], weight[:mr, :fr], None if bias is None else bias[:mr])
+        if self.out_candidate == 0:
+            return request
+        candidate = F.linear(x, weight[mr:], None if bias is None else bias[mr:])
+        return torch.cat([request, candidate], dim=-1)
 
     def extra_repr(self) -> str:
         return (

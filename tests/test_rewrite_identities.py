@@ -1,4 +1,4 @@
-"""Every normalize, mask and defer rewrite, alone, on a tiny captured graph.
+"""Every normalize and defer rewrite, alone, on a tiny captured graph.
 
 Each rewrite has a sample: a model of a few ops over a request input ``u`` and a candidate input
 ``c``. The sample is captured as real ATen (``rocs_compiler.capture``), the one rewrite is applied
@@ -25,17 +25,14 @@ from rocs_compiler.analysis import analyze, infer_node
 from rocs_compiler.capture import capture
 from rocs_compiler.errors import CompileError
 from rocs_compiler.graph_meta import ROLE
-from rocs_compiler.layers import GLMLinear
-from rocs_compiler.passes.cleanup import fold_constants
 from rocs_compiler.passes.defer import defer_rewrites
 from rocs_compiler.passes.engine import Rewrite, rewrite_to_fixpoint
-from rocs_compiler.passes.mask import mask_rewrites
 from rocs_compiler.passes.normalize import normalize_rewrites
 from rocs_compiler.verify import verify_roles
 
 
 def all_rewrites():
-    return normalize_rewrites() + mask_rewrites() + defer_rewrites()
+    return normalize_rewrites() + defer_rewrites()
 
 
 class Net(nn.Module):
@@ -107,10 +104,6 @@ SAMPLES: dict[str, Sample] = {
         lambda m, u, c: m.bag(u) * c, ((3,), (4,)),
         lambda: {"bag": nn.EmbeddingBag(10, 4, mode="sum")}, ids="u",
     ),
-    # mask
-    "glm_split_rows": Sample(
-        on_vec(lambda m, x: m.lin(x)), VEC, lambda: {"lin": GLMLinear(3, 4, 2, 2)}, exact=False
-    ),
     # defer: contractions over the concatenated axis
     "split_linear": Sample(
         on_vec(lambda m, x: m.lin(x)), VEC, lambda: {"lin": nn.Linear(7, 3)}, exact=False
@@ -172,7 +165,6 @@ def test_rewrite_identity(name):
     batches = [_inputs(sample, rows, seed=rows) for rows in (1, 5)]
     expected = [_run(gm, captured, inputs) for inputs in batches]
 
-    fold_constants(gm)  # as defer does: masked weights become values the mask rule reads
     counts = rewrite_to_fixpoint(gm, [rewrite], lambda n: infer_node(n, request, symbol))
 
     assert counts[name] >= 1, f"{name} did not fire on its sample"

@@ -34,8 +34,6 @@ from ..analysis import infer_node
 from ..roles import Role
 from .concat import Concat, mixed_concat, role_of, val_of
 from .engine import Builder, Rewrite, rewrite_to_fixpoint
-from .cleanup import fold_constants
-from .mask import mask_rewrites
 from .normalize import normalize_rewrites
 
 aten = torch.ops.aten
@@ -395,7 +393,6 @@ def defer(gm: fx.GraphModule, request_placeholders: set[str], symbol: sympy.Symb
     def infer(node: fx.Node) -> None:
         infer_node(node, request_placeholders, symbol)
 
-    fold_constants(gm)  # parametrized weights (GLM masks) become values the rules can read
-    rewrites = normalize_rewrites() + mask_rewrites() + defer_rewrites()
+    rewrites = normalize_rewrites() + defer_rewrites()
     counts = rewrite_to_fixpoint(gm, rewrites, infer)
     return gm, counts
