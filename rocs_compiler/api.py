@@ -53,7 +53,10 @@ def compile(  # noqa: A001 - mirrors torch.compile
 
         return build_report(result, num_candidates, num_requests)
 
-    compiled = CompiledModel(result.shared_graph, contract, captured.placeholder_of, report_builder, model)
+    compiled = CompiledModel(
+        result.shared_graph, contract, captured.placeholder_of, report_builder, model,
+        weight_names=captured.param_names,
+    )
     compiled.pipeline_result = result  # logical and shared graphs, for inspection tools
     return compiled
 

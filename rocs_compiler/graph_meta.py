@@ -13,12 +13,16 @@ another's vocabulary. Values are :class:`~rocs_compiler.roles.Role` members thro
   through ``INDEX_NAME``.
 - ``BROADCAST``: marks ``index_select(x, 0, candidate_to_request)`` nodes that *share* inserts
   where a request value enters candidate computation.
+- ``FOLD``: on a ``get_attr`` node that reads a folded constant, its
+  :class:`~rocs_compiler.folded.Fold` (the weight-only subgraph it was evaluated from). Written
+  by *cleanup*; the runtime evaluates it again when a weight it reads changes.
 """
 
 ROLE = "rocs_role"
 REASON = "rocs_reason"
 PLACEMENT = "rocs_placement"
 BROADCAST = "rocs_broadcast"
+FOLD = "rocs_fold"
 
 # The shared graph's last input: int64 [N], the request row of every candidate.
 INDEX_NAME = "candidate_to_request"

@@ -1,10 +1,13 @@
 """cleanup: constant folding, common subexpressions, full slices, dead code.
 
 Identities: a node whose inputs are all weights (no input reaches it) has the same value on every
-call, so it is evaluated once at compile time and stored as a buffer; two pure nodes with the
-same op and the same arguments have the same value; ``slice(x, d, 0, end)`` with ``end`` at or
-past the size of dim ``d`` is ``x`` (export spells ``x[:]`` over the batch dim this way); a pure
-node nobody uses can go.
+call *as long as the weights do not change*, so it is evaluated once at compile time and stored
+as a buffer, and the ``get_attr`` node that reads the buffer keeps the subgraph as its recipe
+(``graph_meta.FOLD``, a :class:`~rocs_compiler.folded.Fold`) so that the runtime can evaluate it
+again after a weight refresh; two pure nodes with the same op and the same arguments have the
+same value; ``slice(x, d, 0, end)`` with ``end`` at or past the size of dim ``d`` is ``x``
+(export spells ``x[:]`` over the batch dim this way); a pure node nobody uses can go. No
+decision here depends on a weight's value, only on shapes.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
+from ..folded import Fold
+from ..graph_meta import FOLD, PLACEMENT
 from ..op_groups import is_mutating, is_random
-from ..graph_meta import PLACEMENT
 from ..roles import Role
 
 _FOLD_LIMIT_ELEMENTS = 1 << 24  # never fold a constant into something larger than this
@@ -37,7 +41,8 @@ def _pure(node: fx.Node) -> bool:
 
 
 def fold_constants(gm: fx.GraphModule) -> int:
-    """Evaluate weight-only tensor nodes (slices and concatenations of weights, mostly)."""
+    """Evaluate weight-only tensor nodes (slices and concatenations of weights, mostly) into
+    buffers, each read by a ``get_attr`` node that carries its recipe."""
     values: dict[fx.Node, Any] = {}
     folded = 0
     for node in list(gm.graph.nodes):
@@ -61,6 +66,7 @@ def fold_constants(gm: fx.GraphModule) -> int:
             new = gm.graph.get_attr(name)
         new.meta.update(node.meta)
         new.meta[PLACEMENT] = Role.CONST
+        new.meta[FOLD] = Fold.of(node)
         node.replace_all_uses_with(new)
         values[new] = values[node]
         folded += 1

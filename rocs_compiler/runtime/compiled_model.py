@@ -8,14 +8,15 @@ Two calling conventions:
   form one request.
 
 The module holds no per-call state, so concurrent calls are safe; it has no shape
-specialization, so any R and N run without recompiling.
+specialization, so any R and N run without recompiling. It computes with the original model's
+current weights: in-place updates and reassigned parameters are seen (``runtime/weights.py``).
 """
 
 from __future__ import annotations
 
 import inspect
 import warnings
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import torch
 from torch import fx, nn
@@ -26,6 +27,7 @@ from ..graph_meta import PLACEMENT
 from ..index_contract import check_candidate_to_request, check_index_range
 from ..roles import Role
 from .request_detection import group_requests, rows_consistent
+from .weights import WeightRefresh
 from ..inputs import GRAPH_OUTPUT, bind_inputs, is_tensor, named_leaves, replace_leaves
 
 
@@ -92,6 +94,9 @@ class CompiledModel(nn.Module):
     Call it like the original model (drop-in), or in shared layout with the keyword argument
     ``candidate_to_request``. ``validate=True`` additionally accepts request inputs passed with N
     rows in shared layout and checks that they are constant within every request.
+
+    ``weight_names`` maps the graph module's weight attributes to the parameter and buffer names
+    of ``original``; with it the compiled model follows weight updates of ``original``.
     """
 
     def __init__(
@@ -102,6 +107,7 @@ class CompiledModel(nn.Module):
         report_builder: Optional[Callable] = None,
         original: Optional[nn.Module] = None,
         fallback_reason: Optional[str] = None,
+        weight_names: Optional[Mapping[str, str]] = None,
     ):
         super().__init__()
         self.graph_module = graph_module
@@ -111,9 +117,15 @@ class CompiledModel(nn.Module):
         self._fallback_reason = fallback_reason
         self._warned = False
         self._constant_outputs = _constant_output_positions(graph_module)
-        # Not a submodule either: a view of graph_module's tensors, rebuilt when they move.
+        # Not a submodule either: a view of graph_module's tensors, rebuilt when they move or
+        # when a weight refresh replaced one of them (a new ``_weights.epoch``).
         object.__setattr__(self, "_runner", None)
-        # Not a submodule: the compiled graph owns its own copy of the weights' references.
+        object.__setattr__(self, "_runner_epoch", 0)
+        weights = None
+        if isinstance(graph_module, fx.GraphModule) and original is not None and weight_names:
+            weights = WeightRefresh(graph_module, original, weight_names)
+        object.__setattr__(self, "_weights", weights)
+        # Not a submodule: the compiled graph holds aliases of its weights and follows them.
         object.__setattr__(self, "_original", original)
 
     @property
@@ -149,26 +161,48 @@ class CompiledModel(nn.Module):
         """A compiled model with this one's contract and report that runs ``graph`` instead
         (e.g. the graph lowered by Inductor): a module taking the graph module's inputs, whose
         ``graph`` attribute is the FX graph it computes."""
-        return CompiledModel(
+        compiled = CompiledModel(
             graph, self.contract, self._placeholder_of, self._report_builder, self._original
         )
+        object.__setattr__(compiled, "_weights", self._weights)  # the same graph module's weights
+        return compiled
+
+    def refresh_weights(self) -> None:
+        """Re-read every weight of the original model and evaluate every folded constant again.
+
+        Calls do this by themselves after in-place updates and reassignments; only writes
+        through ``.data``, which bypass PyTorch's version counters, need it.
+        """
+        if self._weights is not None:
+            self._weights.refresh(force=True)
 
     def _graph_runner(self) -> Callable:
         """The graph with its ops called directly: ``index`` was range-checked above."""
         if torch.compiler.is_compiling():
             return self.graph_module  # tracers (dynamo, export) read the graph's ops themselves
-        if self._runner is None:
+        weights = self._weights
+        epoch = 0
+        if weights is not None:
+            if not weights.current():
+                weights.refresh()
+            epoch = weights.epoch
+        if self._runner is None or self._runner_epoch != epoch:
             from .direct import direct_program
 
             gm = self.graph_module
             runner = direct_program(gm) if isinstance(gm, fx.GraphModule) else gm
             object.__setattr__(self, "_runner", runner)
+            object.__setattr__(self, "_runner_epoch", epoch)
         return self._runner
 
     def _apply(self, fn, recurse=True):
-        # ``.to()`` and friends may replace the graph's buffers: rebuild the runner on next call.
+        # ``.to()`` and friends may replace the graph's buffers: rebuild the runner on next call,
+        # and find out again which weights still alias the original's.
         object.__setattr__(self, "_runner", None)
-        return super()._apply(fn, recurse)
+        out = super()._apply(fn, recurse)
+        if self._weights is not None:
+            self._weights.bind()
+        return out
 
     # -- conventions ---------------------------------------------------------------------------
 

@@ -1,0 +1,255 @@
+"""Weight refresh: a compiled model computes with its original model's current weights.
+
+The compiled graph reads each parameter and buffer of the original model through an alias (a
+``get_attr`` attribute that shares storage and version counter with it, made at capture), so
+in-place updates (``load_state_dict``, optimizer steps, ``copy_`` under ``no_grad``) reach it
+with no work at all. Three things do not follow by themselves:
+
+- *folded constants* (``passes/cleanup.py``): weight-only subgraphs evaluated once into buffers
+  of their own, e.g. the column slices of a weight that ``split_linear`` makes, or a GLM weight
+  times its mask. Each ``get_attr`` node reading one carries its recipe (``graph_meta.FOLD``);
+- *rebinding*: a new tensor object where a weight was (``module.weight = nn.Parameter(...)``,
+  ``load_state_dict(assign=True)``, a replaced submodule), or a weight whose storage was swapped
+  in place (``set_``, which a parametrization's ``right_inverse`` uses);
+- *copies*: after ``compiled.to(device)`` the graph module holds copies of the weights.
+
+Identity: a folded constant (or a copy) equals its recipe evaluated on the weights as long as no
+weight it reads was written since. Every in-place write bumps a tensor's ``_version`` counter
+(autograd's own staleness check relies on it), and every assignment of a parameter, buffer or
+submodule goes through ``nn.Module``'s registration hooks, which here count into one
+process-wide number. So before each call :meth:`WeightRefresh.current` compares that number and
+the version counters of the model's weights with those of the last refresh (one C attribute
+read per weight, about 1 us for 40 weights); when either moved, :meth:`WeightRefresh.refresh`
+looks the weights up again by name, rebinds the aliases that no longer alias, copies into the
+copies, and evaluates again the folds that read a changed weight. Folds and copies are updated
+in place (``copy_``), so whoever holds them keeps valid references; rebinding replaces graph
+module attributes and bumps :attr:`WeightRefresh.epoch`, after which a runner that bound the
+old tensors (the direct program) must be rebuilt.
+
+Refused (``CompileError``, "compile again"): a weight that is no longer a parameter or buffer
+under its name, or whose new tensor has another shape, dtype or device. Not seen: writes
+through ``.data`` (``p.data.copy_(x)``, ``p.data = x``), which by PyTorch's definition bypass
+version tracking; ``CompiledModel.refresh_weights()`` re-reads everything after such writes.
+"""
+
+from __future__ import annotations
+
+import operator
+import threading
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+import torch
+from torch import fx, nn
+from torch.nn.modules import module as _module
+
+from ..errors import CompileError
+from ..folded import Fold
+from ..graph_meta import FOLD
+
+
+class _Registrations:
+    """How many parameters, buffers and submodules were assigned anywhere in the process."""
+
+    count = 0
+
+
+def _count_registration(*_args) -> None:
+    _Registrations.count += 1
+
+
+_module.register_module_parameter_registration_hook(_count_registration)
+_module.register_module_buffer_registration_hook(_count_registration)
+_module.register_module_module_registration_hook(_count_registration)
+
+_VERSION = operator.attrgetter("_version")
+# One lock for every compiled model's refreshes: they are rare, and a per-instance lock would make
+# compiled models impossible to deep-copy.
+_LOCK = threading.RLock()
+
+
+@dataclass
+class _Weight:
+    attr: str  # graph module attribute
+    name: str  # the parameter's or buffer's name in the original model
+    source: torch.Tensor  # the model's tensor, as last seen
+    alias: bool  # the attribute aliases ``source`` (else it is a copy kept equal to it)
+    version: int = -1  # ``source._version`` as last seen
+
+
+@dataclass
+class _Folded:
+    attr: str
+    fold: Fold
+    sources: frozenset[str]
+    owned: bool  # the buffer has storage of its own (else it is a view of a weight)
+
+
+class WeightRefresh:
+    """Keeps the weights and folded constants of ``gm`` equal to ``model``'s current weights.
+
+    ``names`` maps graph module attributes to the model's parameter and buffer names (capture's
+    ``param_names``); attributes whose name is not a parameter or buffer of ``model`` (constants
+    lifted from the forward) are left alone.
+    """
+
+    def __init__(self, gm: fx.GraphModule, model: nn.Module, names: Mapping[str, str]):
+        self._gm, self._model, self._names = gm, model, dict(names)
+        self.epoch = 0  # bumped whenever an attribute of ``gm`` is replaced
+        self.bind()
+
+    def bind(self) -> None:
+        """Find what follows what (after compiling, or after ``gm``'s tensors moved)."""
+        with _LOCK:
+            self._bind()
+            self.epoch += 1  # whoever bound ``gm``'s tensors must bind them again
+
+    def _bind(self) -> None:
+        gm = self._gm
+        weights = []
+        for attr, name in self._names.items():
+            held = getattr(gm, attr, None)
+            source = _lookup(self._model, name)
+            if isinstance(held, torch.Tensor) and source is not None and _trackable(source):
+                weights.append(_Weight(attr, name, source, _same_view(held, source)))
+        folds = []
+        for node in gm.graph.nodes:
+            fold = node.meta.get(FOLD) if node.op == "get_attr" else None
+            if fold is None:
+                continue
+            missing = [s for s in fold.sources if not hasattr(gm, s)]
+            if missing:
+                raise RuntimeError(
+                    f"rocs: folded constant {node.target} reads {missing}, which the graph module "
+                    "lacks; it could not follow weight refreshes"
+                )
+            buffer = getattr(gm, node.target)
+            owned = not any(_shares_storage(buffer, getattr(gm, s)) for s in fold.sources)
+            folds.append(_Folded(node.target, fold, fold.sources, owned))
+        self._weights, self._folds = weights, folds
+        self._watched = [w.source for w in weights]
+        self._versions: Optional[list[int]] = None  # the next call refreshes everything once
+        self._registrations = -1
+
+    def current(self) -> bool:
+        """True when no weight was written or reassigned since the last refresh (per call)."""
+        return (
+            self._registrations == _Registrations.count
+            and list(map(_VERSION, self._watched)) == self._versions
+        )
+
+    def refresh(self, force: bool = False) -> None:
+        """Bring ``gm`` up to date with the model's weights (see the module docstring)."""
+        with _LOCK:
+            if not force and self.current():
+                return
+            count = _Registrations.count  # read first: later registrations refresh again
+            look_up = force or count != self._registrations
+            everything = force or self._versions is None
+            gm, sources, steps = self._gm, [], []
+            for w in self._weights:  # check everything before changing anything
+                source = self._require(w) if look_up else w.source
+                sources.append(source)
+                held = getattr(gm, w.attr)
+                moved = everything or source is not w.source or _VERSION(source) != w.version
+                if w.alias and not _same_view(held, source):
+                    _check_like(w, held, source, same_device=True)
+                    steps.append((w, source, "rebind"))
+                elif moved:
+                    _check_like(w, held, source, same_device=w.alias)
+                    steps.append((w, source, "written" if w.alias else "copy"))
+            changed, rebound = set(), set()
+            for w, source, step in steps:
+                if step == "rebind":
+                    _assign(gm, w.attr, source.detach())
+                    rebound.add(w.attr)
+                elif step == "copy":
+                    with torch.no_grad():
+                        getattr(gm, w.attr).copy_(source)
+                changed.add(w.attr)
+            for w, source in zip(self._weights, sources):
+                w.source, w.version = source, _VERSION(source)
+            for f in self._folds:
+                if f.sources & rebound or (f.owned and (everything or f.sources & changed)):
+                    value = f.fold.evaluate(gm)
+                    buffer = getattr(gm, f.attr)
+                    if f.owned and buffer.shape == value.shape and buffer.dtype == value.dtype:
+                        buffer.copy_(value)
+                    else:
+                        _assign(gm, f.attr, value)
+                        rebound.add(f.attr)
+            if rebound:
+                self.epoch += 1
+            self._watched = [w.source for w in self._weights]
+            self._versions = [w.version for w in self._weights]
+            self._registrations = count
+
+    def _require(self, w: _Weight) -> torch.Tensor:
+        source = _lookup(self._model, w.name)
+        if source is None:
+            raise CompileError(
+                f"{w.name} is no longer a parameter or buffer of the compiled model's original; "
+                "the compiled graph reads it: compile the model again"
+            )
+        return source
+
+
+def _lookup(model: nn.Module, name: str) -> Optional[torch.Tensor]:
+    """The parameter or buffer registered under ``name`` (not a computed attribute)."""
+    prefix, _, leaf = name.rpartition(".")
+    try:
+        owner = model.get_submodule(prefix)
+    except AttributeError:
+        return None
+    for table in (owner._parameters, owner._buffers):
+        if leaf in table:
+            return table[leaf]  # None when it was set to None
+    return None
+
+
+def _trackable(t: torch.Tensor) -> bool:
+    """Inference tensors have no version counter (they cannot be written outside inference mode)."""
+    return not t.is_inference()
+
+
+def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (
+        a.device == b.device
+        and a.dtype == b.dtype
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+        and a.storage_offset() == b.storage_offset()
+        and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    )
+
+
+def _shares_storage(a: torch.Tensor, b: object) -> bool:
+    return (
+        isinstance(b, torch.Tensor)
+        and a.device == b.device
+        and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    )
+
+
+def _check_like(w: _Weight, held: torch.Tensor, source: torch.Tensor, same_device: bool) -> None:
+    problems = []
+    if source.shape != held.shape:
+        problems.append(f"shape {tuple(source.shape)}, compiled for {tuple(held.shape)}")
+    if same_device and source.dtype != held.dtype:
+        problems.append(f"dtype {source.dtype}, compiled for {held.dtype}")
+    if same_device and source.device != held.device:
+        problems.append(f"device {source.device}, compiled for {held.device}")
+    if problems:
+        raise CompileError(
+            f"{w.name} was replaced by a tensor of {', '.join(problems)}; the compiled graph is "
+            "specialized to it: compile the model again"
+        )
+
+
+def _assign(gm: nn.Module, attr: str, value: torch.Tensor) -> None:
+    """Replace an attribute of the graph module; a buffer without the registration hooks (the
+    graph module is ours, so that is no reassignment the compiled model needs to hear about)."""
+    if attr in gm._buffers:
+        gm._buffers[attr] = value
+    else:
+        setattr(gm, attr, value)
