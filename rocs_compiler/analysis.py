@@ -13,6 +13,7 @@ Only this driver writes ``node.meta["rocs_role"]`` and ``node.meta["rocs_reason"
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
@@ -65,6 +66,18 @@ def source_module(node: fx.Node) -> str:
 
 def _node_args(node: fx.Node) -> Iterable[fx.Node]:
     return node.all_input_nodes
+
+
+def _used_tensor_outputs(node: fx.Node, val: Any) -> list[torch.Tensor]:
+    """The tensors of ``val`` that the graph reads: for a tuple, the items some ``getitem``
+    takes (batch norm's saved statistics are empty tensors nothing reads)."""
+    outputs = _tensor_outputs(val)
+    if not isinstance(val, (list, tuple)) or not node.users:
+        return outputs
+    if not all(u.target is operator.getitem for u in node.users):
+        return outputs
+    used = {u.args[1] for u in node.users}
+    return [v for i, v in enumerate(val) if i in used and isinstance(v, torch.Tensor)]
 
 
 def _tensor_outputs(val: Any) -> list[torch.Tensor]:
@@ -153,7 +166,7 @@ def _infer(node, roles, request_placeholders, symbol) -> tuple[Role, Optional[st
         ) from err
     if reason is not None:
         return Role.CANDIDATE, reason
-    outputs = _tensor_outputs(val)
+    outputs = _used_tensor_outputs(node, val)
     if not outputs or not all(is_batched(t, symbol) for t in outputs):
         return Role.CANDIDATE, "output does not keep the batch dim first"
     return Role.REQUEST, None

@@ -182,6 +182,10 @@ def capture(
                 program = torch.export.export(
                     wrapper, (example,), dynamic_shapes=dynamic, strict=strict
                 )
+                # Functionalize (no decompositions): in-place ops and writes through views become
+                # value ops (``copy_`` into a slice -> ``slice_scatter``), so every pass reasons
+                # about values only.
+                program = program.run_decompositions({})
             break
         except Exception as err:  # noqa: BLE001 - every failure is reported with its route
             failures.append(f"{route}: {_first_error_lines(err)}")
@@ -259,7 +263,23 @@ def _lift_to_attrs(program, tensor_names):
     gm = fx.GraphModule(root, graph)
     gm.graph.lint()
     _reject_mutation(gm)
+    _views_to_reshapes(gm)
     return gm, placeholder_of, param_names
+
+
+# Views that functionalization chose by the example's strides (``reshape`` of a tensor that
+# happened to be contiguous becomes ``view``).
+_STRIDE_DEPENDENT_VIEWS = {torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default}
+
+
+def _views_to_reshapes(gm: fx.GraphModule) -> None:
+    """``view(x, s)`` -> ``reshape(x, s)``: equal values, and in a functional graph aliasing is
+    unobservable. A rewrite may give ``x`` another layout than capture saw (a fused op returns a
+    contiguous tensor where SDPA returned a transposed one), where ``view`` would fail."""
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in _STRIDE_DEPENDENT_VIEWS:
+            node.target = torch.ops.aten.reshape.default
+    gm.recompile()
 
 
 def _reject_mutation(gm: fx.GraphModule) -> None:

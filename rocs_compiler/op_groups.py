@@ -36,12 +36,13 @@ OpOverloadPacket = torch._ops.OpOverloadPacket
 
 # Elementwise in effect, but without the pointwise tag in ATen. ``dropout`` and its kin are
 # elementwise in eval mode (identity); their randomness is a separate question (see
-# :func:`random_only_when_asked`). ``_to_copy``/``to``/``alias``/``contiguous`` convert or copy.
+# ``RANDOM_ONLY_WHEN_ASKED``). ``_to_copy``/``to``/``alias``/``contiguous`` convert or copy;
+# ``copy(self, src)`` (functionalized ``self.copy_(src)``) is ``src`` broadcast to ``self``.
 ELEMENTWISE_UNTAGGED = frozenset(
     {
         aten.hardswish, aten.log_sigmoid, aten.floor_divide, aten.__and__, aten.__or__,
         aten.__xor__, aten.dropout, aten.feature_dropout, aten.alpha_dropout, aten._to_copy,
-        aten.to, aten.alias, aten.contiguous, aten.clone, aten.type_as,
+        aten.to, aten.alias, aten.contiguous, aten.clone, aten.type_as, aten.copy,
     }
 )
 

@@ -243,6 +243,30 @@ def _squeeze(ctx: RuleContext) -> Optional[str]:
 register(aten.prelu)(elementwise_rule)
 
 
+@register(aten.slice_scatter)
+def _slice_scatter(ctx: RuleContext) -> Optional[str]:
+    """Functionalized ``x[:, a:b] = y``: row-wise when it writes along another dim than the batch
+    dim, or when it writes every row (the result is then ``src`` itself)."""
+    x = ctx.val(ctx.arg("self"))
+    if ctx.batch_scalars(exclude=frozenset({"start", "end"})):
+        return "a scalar operand depends on the batch size"
+    if ctx.arg("dim") % x.dim() == 0:
+        whole = ctx.arg("start") in (None, 0) and ctx.arg("step") == 1
+        if not whole or tuple(ctx.val(ctx.arg("src")).shape) != tuple(x.shape):
+            return "writes a range of batch rows"
+    return all_batched_aligned_rule(ctx)
+
+
+@register(aten.select_scatter)
+def _select_scatter(ctx: RuleContext) -> Optional[str]:
+    """Functionalized ``x[:, i] = y``."""
+    if ctx.arg("dim") % ctx.val(ctx.arg("self")).dim() == 0:
+        return "writes one batch row"
+    if ctx.batch_scalars():
+        return "a scalar operand depends on the batch size"
+    return ROWWISE
+
+
 @register(aten.tril, aten.triu)
 def _triangular(ctx: RuleContext) -> Optional[str]:
     if ctx.val(ctx.node.args[0]).dim() < 3:

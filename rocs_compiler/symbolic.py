@@ -28,6 +28,13 @@ def expr_of(value: Any) -> sympy.Expr | None:
     return None
 
 
+def same_size(a: Any, b: Any) -> bool:
+    """True when two sizes (ints or SymInts) are equal for every value of their symbols."""
+    ea = a.node.expr if isinstance(a, torch.SymInt) else sympy.Integer(a)
+    eb = b.node.expr if isinstance(b, torch.SymInt) else sympy.Integer(b)
+    return sympy.simplify(ea - eb) == 0
+
+
 def depends_on(value: Any, symbol: sympy.Symbol) -> bool:
     """True when an int/SymInt (or a shape, a list of them) involves the batch symbol."""
     if isinstance(value, (list, tuple, torch.Size)):

@@ -30,6 +30,7 @@ import torch
 from torch import fx
 
 from .. import op_groups
+from ..symbolic import same_size
 from ..analysis import infer_node
 from ..roles import Role
 from .concat import Concat, mixed_concat, role_of, val_of
@@ -305,14 +306,14 @@ def _distribute_reshape(b: Builder, node: fx.Node) -> Optional[fx.Node]:
         return None
     group_end = None
     for end in range(d + 1, len(in_shape) + 1):
-        if _same_size(math.prod(in_shape[d:end]) if end > d else 1, out_shape[d]):
+        if same_size(math.prod(in_shape[d:end]) if end > d else 1, out_shape[d]):
             if _same_prefix(in_shape[end:], out_shape[d + 1:]) or end == d + 1:
                 group_end = end
                 break
     if group_end is None:
         return None
     merged = math.prod(in_shape[d + 1:group_end])
-    if group_end == d + 1 and not _same_size(in_shape[d], out_shape[d]):
+    if group_end == d + 1 and not same_size(in_shape[d], out_shape[d]):
         return None
     outs = []
     for piece, size in zip(info.pieces, info.sizes):
@@ -325,14 +326,8 @@ def _distribute_reshape(b: Builder, node: fx.Node) -> Optional[fx.Node]:
     return _cat_pieces(b, outs, d)
 
 
-def _same_size(a: Any, b: Any) -> bool:
-    ea = a.node.expr if isinstance(a, torch.SymInt) else sympy.Integer(a)
-    eb = b.node.expr if isinstance(b, torch.SymInt) else sympy.Integer(b)
-    return sympy.simplify(ea - eb) == 0
-
-
 def _same_prefix(a: list, b: list) -> bool:
-    return len(a) == len(b) and all(_same_size(x, y) for x, y in zip(a, b))
+    return len(a) == len(b) and all(same_size(x, y) for x, y in zip(a, b))
 
 
 def _distribute_matmul(b: Builder, node: fx.Node) -> Optional[fx.Node]:

@@ -23,6 +23,7 @@ from typing import Optional
 import torch
 from torch import fx
 
+from ..symbolic import same_size
 from .concat import as_concat, role_of, val_of
 from .engine import Builder, Rewrite
 
@@ -139,7 +140,7 @@ def _is_regular_offsets(node, rows, width: int) -> bool:
     start, end, step = node.args[:3]
     if start != 0 or step != width:
         return False
-    return isinstance(end, fx.Node) and end.target == aten.sym_numel.default and end.args[0] is rows
+    return same_size(val_of(end), val_of(rows).numel())
 
 
 def normalize_rewrites() -> list[Rewrite]:
