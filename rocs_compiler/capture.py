@@ -182,10 +182,11 @@ def capture(
                 program = torch.export.export(
                     wrapper, (example,), dynamic_shapes=dynamic, strict=strict
                 )
-                # Functionalize (no decompositions): in-place ops and writes through views become
-                # value ops (``copy_`` into a slice -> ``slice_scatter``), so every pass reasons
-                # about values only.
-                program = program.run_decompositions({})
+                if _has_mutation(program.graph_module):
+                    # Functionalize (no decompositions): in-place ops and writes through views
+                    # become value ops (``copy_`` into a slice -> ``slice_scatter``), so every
+                    # pass reasons about values only. A pure graph is functional already.
+                    program = program.run_decompositions({})
             break
         except Exception as err:  # noqa: BLE001 - every failure is reported with its route
             failures.append(f"{route}: {_first_error_lines(err)}")
@@ -280,6 +281,14 @@ def _views_to_reshapes(gm: fx.GraphModule) -> None:
         if node.op == "call_function" and node.target in _STRIDE_DEPENDENT_VIEWS:
             node.target = torch.ops.aten.reshape.default
     gm.recompile()
+
+
+def _has_mutation(gm: fx.GraphModule) -> bool:
+    return any(
+        isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable
+        for n in gm.graph.nodes
+        if n.op == "call_function"
+    )
 
 
 def _reject_mutation(gm: fx.GraphModule) -> None:
