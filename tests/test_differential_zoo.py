@@ -73,14 +73,12 @@ def test_dropin_layout(compiled, batch_name):
     assert_outputs_match(got, expected, f"{entry.name} {batch_name} drop-in")
 
 
-def test_shared_layout_validate_with_replicated_request_inputs(compiled):
+def test_call_replicated_with_a_known_grouping(compiled):
     entry, model, cm = compiled
     batch = _batch(entry, "ragged_shuffled")
     expected = eager(model, batch.replicated())
-    got = cm(**batch.replicated(), candidate_to_request=batch.candidate_to_request, validate=True)
-    assert_outputs_match(got, expected, f"{entry.name} validate=True, replicated request inputs")
-    got = cm(**batch.kwargs, candidate_to_request=batch.candidate_to_request, validate=True)
-    assert_outputs_match(got, expected, f"{entry.name} validate=True, shared request inputs")
+    got = cm.call_replicated(**batch.replicated(), candidate_to_request=batch.candidate_to_request)
+    assert_outputs_match(got, expected, f"{entry.name} call_replicated")
 
 
 def test_repeated_user_not_contiguous(compiled):

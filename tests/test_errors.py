@@ -173,9 +173,9 @@ def _bad_calls():
             r"candidate_to_request|rows",
         ),
         "dropin_rows_disagree": ({**rep, "item": torch.randn(N + 1, D)}, r"disagree"),
-        "validate_rows_neither_R_nor_N": (
-            {**sh, "user": torch.randn(R + 2, D), "candidate_to_request": idx, "validate": True},
-            r"user",
+        "replicated_request_inputs_with_an_index": (
+            {**rep, "candidate_to_request": idx},
+            r"one row per request.*call_replicated",
         ),
     }
 
@@ -215,63 +215,58 @@ def test_missing_and_unknown_dict_keys():
 
 
 # ------------------------------------------------------------------------------------------
-# validate=True
+# call_replicated: replicated request inputs with a known grouping
 
 
-def test_validate_names_a_request_input_that_varies_within_a_request(compiled):
+def test_call_replicated_names_a_request_input_that_varies_within_a_request(compiled):
     _, cm = compiled
     rep = replicated_inputs()
     rep["user_ids"] = rep["user_ids"].clone()
     rep["user_ids"][4] += 1  # candidate 4 belongs to request 0, like candidate 0
     with pytest.raises(rocs.InputError, match="user_ids"):
-        cm(**rep, candidate_to_request=INDEX, validate=True)
+        cm.call_replicated(**rep, candidate_to_request=INDEX)
     rep = replicated_inputs()
     rep["user"] = rep["user"].clone()
     rep["user"][5, 2] = float("nan")
     with pytest.raises(rocs.InputError, match="'user'"):
-        cm(**rep, candidate_to_request=INDEX, validate=True)
+        cm.call_replicated(**rep, candidate_to_request=INDEX)
 
 
-def test_validate_passes_when_constant_within_requests(compiled):
+def test_call_replicated_passes_when_constant_within_requests(compiled):
     model, cm = compiled
     expected = eager(model, replicated_inputs())
-    got = cm(**replicated_inputs(), candidate_to_request=INDEX, validate=True)
-    assert_outputs_match(got, expected, "validate=True, replicated request inputs")
-    got = cm(**shared_inputs(), candidate_to_request=INDEX, validate=True)
-    assert_outputs_match(got, expected, "validate=True, shared request inputs")
+    got = cm.call_replicated(**replicated_inputs(), candidate_to_request=INDEX)
+    assert_outputs_match(got, expected, "call_replicated")
 
 
-def test_validate_accepts_mixed_replicated_and_shared_request_inputs(compiled):
-    model, cm = compiled
-    sh, rep = shared_inputs(), replicated_inputs()
-    expected = eager(model, rep)
-    got = cm(
-        user=rep["user"],
-        user_ids=sh["user_ids"],
-        item=sh["item"],
-        candidate_to_request=INDEX,
-        validate=True,
-    )
-    assert_outputs_match(got, expected, "validate=True, user replicated, user_ids shared")
+def test_call_replicated_refuses_request_inputs_with_one_row_per_request(compiled):
+    _, cm = compiled
+    with pytest.raises(rocs.InputError, match="one row per candidate"):
+        cm.call_replicated(**shared_inputs(), candidate_to_request=INDEX)
 
 
-def test_validate_accepts_a_request_without_candidates(compiled):
-    """A shared batch may hold a request with no candidates (here the last one). Without
-    ``validate`` it is accepted; ``validate=True`` must accept whatever the plain call accepts."""
+def test_shared_layout_accepts_a_request_without_candidates(compiled):
+    """A shared batch may hold a request with no candidates (here the last one)."""
     model, cm = compiled
     sh = shared_inputs()
     index = torch.tensor([0, 1, 1, 0, 0, 1, 1])  # request 2 has no candidates
     rep = {"user": sh["user"][index], "user_ids": sh["user_ids"][index], "item": sh["item"]}
-    expected = eager(model, rep)
-    assert_outputs_match(cm(**sh, candidate_to_request=index), expected, "validate=False")
-    try:
-        got = cm(**sh, candidate_to_request=index, validate=True)
-    except rocs.InputError as err:
-        raise AssertionError(
-            "validate=True rejects a valid shared-layout batch whose last request has no "
-            f"candidates (R is taken from candidate_to_request.max() + 1): {err}"
-        ) from None
-    assert_outputs_match(got, expected, "validate=True")
+    assert_outputs_match(cm(**sh, candidate_to_request=index), eager(model, rep), "shared")
+    got = cm.call_replicated(**rep, candidate_to_request=index)
+    assert_outputs_match(got, eager(model, rep), "call_replicated")
+
+
+def test_one_candidate_per_request_is_the_shared_layout():
+    """R = N is legal when every candidate is its own request, in any order."""
+    model = USER_ITEM_MLP.build()
+    cm = USER_ITEM_MLP.compile(model)
+    batch = USER_ITEM_MLP.batch([1, 1, 1, 1])
+    order = torch.tensor([2, 0, 3, 1])
+    replicated = batch.replicated()
+    shared = {k: (v[order] if k in USER_ITEM_MLP.request_inputs else v) for k, v in replicated.items()}
+    index = torch.argsort(order)
+    got = cm(**shared, candidate_to_request=index)
+    assert_outputs_match(got, eager(model, replicated), "R = N shared")
 
 
 # ------------------------------------------------------------------------------------------

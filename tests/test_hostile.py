@@ -112,3 +112,43 @@ def test_report_of_a_model_with_data_dependent_shapes():
     assert report.candidate_flops > 0  # the linear on c is counted
     with torch.no_grad():
         torch.testing.assert_close(cm(u=u[INDEX], c=c), model(u[INDEX], c))
+
+
+class WithValidateFlag(nn.Module):
+    """A model keyword named like a runtime flag of other tools: it is the model's."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+
+    def forward(self, u, c, validate=False):
+        out = (self.a(u) * c).sum(-1)
+        return out.clamp(-1.0, 1.0) if validate else out
+
+
+def test_a_model_keyword_named_validate_reaches_the_model():
+    torch.manual_seed(0)
+    model = WithValidateFlag().eval()
+    u, c = torch.randn(3, 4) * 3, torch.randn(7, 4)
+    example = {"u": u[[0, 0, 1]], "c": c[:3], "validate": True}
+    cm = rocs.compile(model, ["u"], example_kwargs=example)
+    with torch.no_grad():
+        want = model(u[INDEX], c, validate=True)
+        assert not torch.equal(want, model(u[INDEX], c))  # the flag changes the result
+        torch.testing.assert_close(cm(u=u, c=c, candidate_to_request=INDEX, validate=True), want)
+        torch.testing.assert_close(cm(u=u[INDEX], c=c, validate=True), want)
+
+
+def test_replicated_request_inputs_with_an_index_are_refused_not_misread():
+    """One request row per candidate plus an index that groups candidates: the caller passed
+    replicated inputs to the shared layout. Refused, never reinterpreted."""
+    torch.manual_seed(0)
+    model = module(lambda s, u, c: (s.a(u) * c).sum(-1), a=nn.Linear(4, 4))
+    u, c = torch.randn(3, 4), torch.randn(7, 4)
+    cm = assert_exact(model, u, c)
+    with pytest.raises(rocs.InputError, match="one row per request"):
+        cm(u=u[INDEX], c=c, candidate_to_request=INDEX)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            cm.call_replicated(u=u[INDEX], c=c, candidate_to_request=INDEX), model(u[INDEX], c)
+        )

@@ -91,9 +91,17 @@ def _same_constant(a: Any, b: Any) -> bool:
 class CompiledModel(nn.Module):
     """A model whose request-only computation runs once per request.
 
-    Call it like the original model (drop-in), or in shared layout with the keyword argument
-    ``candidate_to_request``. ``validate=True`` additionally accepts request inputs passed with N
-    rows in shared layout and checks that they are constant within every request.
+    Three layouts, each named by how it is called, never guessed from row counts:
+
+    - ``cm(*args, **kwargs)``: drop-in, exactly the original call (replicated inputs); requests
+      are found among consecutive equal request rows;
+    - ``cm(*args, candidate_to_request=idx, **kwargs)``: shared layout, request inputs with one
+      row per request (R rows), candidate inputs with N rows;
+    - ``cm.call_replicated(*args, candidate_to_request=idx, **kwargs)``: replicated request inputs
+      (N rows) with a known grouping; checks that they are constant within every request.
+
+    ``candidate_to_request`` is the only keyword the compiled model takes for itself (a model
+    input of that name is refused at compile time); every other keyword is the model's.
 
     ``weight_names`` maps the graph module's weight attributes to the parameter and buffer names
     of ``original``; with it the compiled model follows weight updates of ``original``.
@@ -140,12 +148,23 @@ class CompiledModel(nn.Module):
             return Report.for_fallback(self._fallback_reason or "eager fallback")
         return self._report_builder(num_candidates, num_requests)
 
-    def forward(self, *args, candidate_to_request: Optional[torch.Tensor] = None, validate: bool = False, **kwargs):
+    def forward(self, *args, candidate_to_request: Optional[torch.Tensor] = None, **kwargs):
         leaves = self.contract.leaves(args, kwargs)
         if candidate_to_request is None:
             requests, candidates, index = self._group(leaves)
         else:
-            requests, candidates, index = self._check_shared(leaves, candidate_to_request, validate)
+            requests, candidates, index = self._check_shared(leaves, candidate_to_request)
+        return self._run(args, kwargs, leaves, requests, candidates, index)
+
+    def call_replicated(self, *args, candidate_to_request: torch.Tensor, **kwargs):
+        """The original call (request inputs replicated, one row per candidate) with the
+        grouping given: ``candidate_to_request[n]`` is candidate n's request. Raises
+        :class:`InputError` when a request input varies within a request."""
+        leaves = self.contract.leaves(args, kwargs)
+        requests, candidates, index = self._check_replicated(leaves, candidate_to_request)
+        return self._run(args, kwargs, leaves, requests, candidates, index)
+
+    def _run(self, args, kwargs, leaves, requests, candidates, index):
         with torch.no_grad():
             if self.graph_module is None:
                 return self._run_eager(args, kwargs, requests, index)
@@ -224,38 +243,53 @@ class CompiledModel(nn.Module):
         candidates = {n: leaves[n] for n in contract.candidate_inputs}
         return requests, candidates, index
 
-    def _check_shared(self, leaves: dict, index: Any, validate: bool):
+    def _check_index(self, leaves: dict, index: Any) -> dict:
+        """The candidate inputs, after checking ``index`` against them (type, length, device)."""
         contract = self.contract
         candidates = {n: leaves[n] for n in contract.candidate_inputs}
         rows = self._batch_rows(leaves, list(candidates)) if candidates else None
         batched = [leaves[n] for n in (*candidates, *contract.request_inputs)]
         device = batched[0].device if batched else None
         check_candidate_to_request(index, rows, None, device=device)
+        return candidates
+
+    def _check_shared(self, leaves: dict, index: Any):
+        contract = self.contract
+        candidates = self._check_index(leaves, index)
         num_candidates = index.shape[0]
-        if validate:
-            # Request inputs may come replicated (N rows); R is the row count of the others.
-            shared = [n for n in contract.request_inputs if leaves[n].shape[0] != num_candidates]
-            if shared:
-                num_requests = self._batch_rows(leaves, shared)
-            else:
-                num_requests = int(index.max()) + 1 if num_candidates else 0
-        elif contract.request_inputs:
+        if contract.request_inputs:
             num_requests = self._batch_rows(leaves, contract.request_inputs)
         else:
             num_requests = num_candidates
         check_index_range(index, num_requests)
+        if contract.request_inputs and num_requests == num_candidates > 1:
+            # One row per candidate is what replicated inputs look like: accept it only when
+            # every row is its own request (the index is a permutation), never reinterpret it.
+            if int(torch.unique(index).numel()) != num_candidates:
+                raise InputError(
+                    f"request inputs have {num_requests} rows, one per candidate, but "
+                    "candidate_to_request groups candidates into fewer requests: the shared "
+                    "layout takes one row per request. For replicated request inputs call the "
+                    "model without candidate_to_request, or cm.call_replicated(...)"
+                )
+        return {n: leaves[n] for n in contract.request_inputs}, candidates, index
+
+    def _check_replicated(self, leaves: dict, index: Any):
+        contract = self.contract
+        candidates = self._check_index(leaves, index)
+        num_candidates = index.shape[0]
+        check_index_range(index, num_candidates)
+        num_requests = int(index.max()) + 1 if num_candidates else 0
         requests = {}
         for name in contract.request_inputs:
             value = leaves[name]
             rows = value.shape[0] if value.dim() else None
-            if validate and rows == num_candidates and rows != num_requests:
-                value = _reduce_replicated(name, value, index, num_requests)
-            elif rows != num_requests:
+            if rows != num_candidates:
                 raise InputError(
-                    f"request input {name!r} has {rows} rows; shared layout needs R = "
-                    f"{num_requests} (pass validate=True to give request inputs replicated)"
+                    f"call_replicated takes request inputs with one row per candidate; "
+                    f"{name!r} has {rows} rows, candidate_to_request {num_candidates} entries"
                 )
-            requests[name] = value
+            requests[name] = _reduce_replicated(name, value, index, num_requests)
         return requests, candidates, index
 
     def _run_eager(self, args, kwargs, requests, index):
