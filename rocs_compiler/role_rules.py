@@ -23,7 +23,7 @@ from torch import fx
 
 from . import op_groups
 from .roles import Role
-from .symbolic import depends_on, is_batch_size
+from .symbolic import depends_on
 
 aten = torch.ops.aten
 Rule = Callable[["RuleContext"], Optional[str]]

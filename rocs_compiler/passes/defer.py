@@ -23,7 +23,7 @@ not); the re-association of sums they introduce is the only numerical difference
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Optional
 
 import sympy
 import torch
