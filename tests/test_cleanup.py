@@ -6,6 +6,7 @@ import torch
 from models_for_tests import Case, Spec, check_both_conventions
 from torch import nn
 
+import rocs_compiler as rocs
 from rocs_compiler.kernels.request_groups import group_by_request
 
 
@@ -50,3 +51,50 @@ def test_grouping_is_reused_for_one_index_and_redone_after_a_change():
     rows = {int(r): g.candidates[i].tolist() for g in regrouped for i, r in enumerate(g.requests)}
     assert rows == {0: [1, 4], 1: [2], 2: [0, 3]}
     assert group_by_request(idx.clone(), 3) is not regrouped
+
+
+class ColumnVectorMix(torch.nn.Module):
+    """DCN-mixture style: low-rank maps applied to x as a column vector, W @ x with x [B, d, 1]."""
+
+    def __init__(self, d: int = 8, r: int = 4):
+        super().__init__()
+        self.V = torch.nn.Parameter(torch.randn(2, d, r))
+        self.U = torch.nn.Parameter(torch.randn(2, d, r))
+
+    def forward(self, u, c):
+        x = torch.cat([u, c], 1).unsqueeze(2)
+        for i in range(2):
+            x = x + torch.matmul(self.U[i], torch.tanh(torch.matmul(self.V[i].t(), x)))
+        return x.squeeze(2).sum(1)
+
+
+def test_weight_first_matmuls_run_as_the_originals_folded_mm():
+    """matmul(W, x [B, d, 1]) folds into one mm in eager (W requires grad); the compiled graph
+    spells that mm out instead of a batched matmul, with the very same bits."""
+    torch.manual_seed(0)
+    model = ColumnVectorMix().eval()
+    u, c = torch.randn(3, 4), torch.randn(7, 4)
+    index = torch.tensor([0, 0, 1, 2, 2, 2, 1])
+    cm = rocs.compile(
+        model, ["u"], example_kwargs={"u": u[[0, 0, 1]], "c": c[:3]},
+        options={"defer": False, "ikbo": False},
+    )  # fmt: skip
+    nodes = list(cm.graph_module.graph.nodes)
+    assert not any(n.target == torch.ops.aten.matmul.default for n in nodes)
+    assert sum(n.target == torch.ops.aten.mm.default for n in nodes) == 4
+    with torch.no_grad():
+        want = model(u[index], c)
+        torch.testing.assert_close(cm(u=u[index], c=c), want, rtol=0, atol=0)
+        torch.testing.assert_close(cm(u=u, c=c, candidate_to_request=index), want, rtol=0, atol=0)
+
+
+def test_weight_first_matmuls_with_the_default_passes_are_exact():
+    torch.manual_seed(0)
+    model = ColumnVectorMix().eval()
+    u, c = torch.randn(3, 4), torch.randn(7, 4)
+    index = torch.tensor([0, 0, 1, 2, 2, 2, 1])
+    cm = rocs.compile(model, ["u"], example_kwargs={"u": u[[0, 0, 1]], "c": c[:3]})
+    with torch.no_grad():
+        want = model(u[index], c)
+        torch.testing.assert_close(cm(u=u, c=c, candidate_to_request=index), want)
+        torch.testing.assert_close(cm(u=u[index], c=c), want)

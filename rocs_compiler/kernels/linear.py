@@ -19,7 +19,8 @@ the GEMM accumulates into it in place (``addmm_`` / ``baddbmm_`` with beta = 1),
 ``[N, M]`` temporary exists besides the output; with one request (R = 1, every index 0) the
 request row is the GEMM's broadcast bias. A compression with a tiny weight
 (``M * Kc <= FOLD_CANDIDATES_MAX_MK``) runs as one GEMM over a ``[Kc, N * D]`` copy of ``ec``
-instead of N tiny ones. CUDA path: Triton kernels in
+instead of N tiny ones, and one with column vectors (``D = 1``) is the broadcast linear of
+``ec`` viewed as ``[N, Kc]``. CUDA path: Triton kernels in
 ``linear_triton.py``. FLOPs count the candidate GEMM only (``2 N M K`` and ``2 N M Kc D``);
 the broadcast add is not a per-candidate matmul.
 """
@@ -117,6 +118,14 @@ def _check_compression(ec, weight, request_term, candidate_to_request):
 def _compression_cpu(ec, weight, request_term, candidate_to_request) -> torch.Tensor:
     num_candidates, kc, d = ec.shape
     m = weight.shape[0]
+    if d == 1:
+        # Column vectors (DCN-mixture style): out[n] = W @ ec[n] is a row of one [N, Kc] @ W.T
+        # GEMM, the broadcast linear; N tiny batched products would be 5-20x slower.
+        rows = _linear_cpu(
+            ec.reshape(num_candidates, kc), weight, None,
+            request_term.reshape(-1, m), candidate_to_request,
+        )  # fmt: skip
+        return rows.view(num_candidates, m, 1)
     if m * kc <= FOLD_CANDIDATES_MAX_MK:
         # A tiny [M, Kc] weight: one GEMM over all candidates' columns beats N tiny GEMMs.
         columns = ec.permute(1, 0, 2).reshape(kc, num_candidates * d)
