@@ -362,7 +362,10 @@ def _names(text: str) -> list[str]:
 
 
 def _positive(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
@@ -518,6 +521,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_USAGE
     if extra and args.command != "bench":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    output = getattr(args, "output", None)
+    if output and not Path(output).resolve().parent.is_dir():
+        # Checked before any compile work, which can take seconds.
+        parser.error(f"argument -o/--output: directory {Path(output).parent} does not exist")
     from .errors import CompileError, InputError
 
     try:

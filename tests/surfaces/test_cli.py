@@ -99,6 +99,36 @@ def test_usage_errors_exit_2(argv, capsys):
     assert exit_info.value.code == 2
 
 
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["inspect", "models_zoo:dlrm", "--candidates", "ten"],
+            "--candidates: expected a positive integer, got 'ten'",
+        ),
+        (
+            ["inspect", "models_zoo:dlrm", "-o", "/nonexistent/dir/x.html"],
+            "directory /nonexistent/dir does not exist",
+        ),
+        (
+            ["export", "models_zoo:dlrm", "-o", "/nonexistent/dir/x.pt2"],
+            "directory /nonexistent/dir does not exist",
+        ),
+    ],
+)
+def test_argument_errors_name_the_argument_before_compiling(argv, message, monkeypatch, capsys):
+    import rocs_compiler.api
+
+    def no_compile(*args, **kwargs):
+        raise AssertionError("compiled before checking the arguments")
+
+    monkeypatch.setattr(rocs_compiler.api, "compile_graph", no_compile)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
 def test_no_command_prints_help_and_exits_2(capsys):
     code, _, err = run(capsys)
     assert code == 2 and "usage: rocs" in err
