@@ -21,6 +21,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     *,
     fallback: str = "error",
     options: Optional[Mapping[str, Any] | Options] = None,
+    unbatched_inputs: Sequence[str] | str = (),
 ) -> CompiledModel:
     """Compile ``model`` so its request-only computation runs once per request.
 
@@ -33,6 +34,8 @@ def compile(  # noqa: A001 - mirrors torch.compile
             ``"eager"`` returns a wrapper that runs the original model and warns once.
         options: pass switches, a dict or :class:`Options`, e.g. ``{"defer": False}``; an
             unknown key or a wrong type raises :class:`OptionsError` listing the valid ones.
+        unbatched_inputs: names of tensor inputs without a batch dim (a table passed to every
+            call), needed only when their dim 0 equals the example's batch size.
     """
     options = Options.from_mapping(options, where="rocs.compile")
     if isinstance(request_inputs, str):
@@ -40,12 +43,19 @@ def compile(  # noqa: A001 - mirrors torch.compile
     if fallback not in ("error", "eager"):
         raise ValueError(f"fallback must be 'error' or 'eager', got {fallback!r}")
     example_kwargs = dict(example_kwargs or {})
+    if isinstance(unbatched_inputs, str):
+        unbatched_inputs = [unbatched_inputs]
+    unbatched = list(unbatched_inputs)
     try:
-        result = compile_graph(model, list(request_inputs), tuple(example_inputs), example_kwargs, options)
+        result = compile_graph(
+            model, list(request_inputs), tuple(example_inputs), example_kwargs, options, unbatched
+        )
     except CompileError as err:
         if fallback == "error":
             raise
-        return _eager_fallback(model, list(request_inputs), tuple(example_inputs), example_kwargs, err)
+        return _eager_fallback(
+            model, list(request_inputs), tuple(example_inputs), example_kwargs, err, unbatched
+        )
     captured = result.captured
     contract = _contract(captured)
     def report_builder(num_candidates: int, num_requests: int):
@@ -74,9 +84,9 @@ def _contract(described) -> InputContract:
     )
 
 
-def _eager_fallback(model, request_inputs, example_args, example_kwargs, err) -> CompiledModel:
+def _eager_fallback(model, request_inputs, example_args, example_kwargs, err, unbatched) -> CompiledModel:
     from .capture import describe_example
 
     warnings.warn(f"rocs: compilation failed, the model will run eagerly: {err}", stacklevel=3)
-    call = describe_example(model, example_args, example_kwargs, request_inputs)
+    call = describe_example(model, example_args, example_kwargs, request_inputs, unbatched)
     return CompiledModel(None, _contract(call), {}, None, model, fallback_reason=str(err).splitlines()[0])

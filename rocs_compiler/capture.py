@@ -12,7 +12,7 @@ import collections
 import inspect
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import sympy
 import torch
@@ -118,9 +118,16 @@ class ExampleCall:
 
 
 def describe_example(
-    model: nn.Module, example_args: tuple, example_kwargs: Mapping[str, Any], request_inputs: list[str]
+    model: nn.Module,
+    example_args: tuple,
+    example_kwargs: Mapping[str, Any],
+    request_inputs: list[str],
+    unbatched_inputs: Sequence[str] = (),
 ) -> ExampleCall:
-    """Name the example's leaves, find the batched ones, and run it once for the output layout."""
+    """Name the example's leaves, find the batched ones, and run it once for the output layout.
+
+    A tensor leaf is batched when its dim 0 has the example's batch size, unless
+    ``unbatched_inputs`` names it (a table whose row count happens to equal the batch size)."""
     if model.training:
         raise InputError("rocs compiles models for inference: call model.eval() first")
     signature = inspect.signature(model.forward)
@@ -131,9 +138,18 @@ def describe_example(
         raise InputError("the example inputs contain no tensors")
     covered = match_names(request_inputs, tensor_names)
     request_leaves = [leaf for hits in covered.values() for leaf in hits]
-    candidate_leaves = [n for n in tensor_names if n not in request_leaves]
+    fixed = {leaf for hits in match_names(unbatched_inputs, tensor_names).values() for leaf in hits}
+    if fixed & set(request_leaves):
+        raise InputError(
+            f"input(s) {', '.join(sorted(fixed & set(request_leaves)))} are declared both "
+            "request-side and unbatched"
+        )
+    candidate_leaves = [n for n in tensor_names if n not in request_leaves and n not in fixed]
     batch_rows = _batch_rows(leaves, candidate_leaves or request_leaves)
-    batched = {n: leaves[n].dim() > 0 and leaves[n].shape[0] == batch_rows for n in tensor_names}
+    batched = {
+        n: leaves[n].dim() > 0 and leaves[n].shape[0] == batch_rows and n not in fixed
+        for n in tensor_names
+    }
     for name in request_leaves:
         if not batched[name]:
             raise InputError(
@@ -156,10 +172,11 @@ def capture(
     example_kwargs: Mapping[str, Any],
     request_inputs: list[str],
     strict_fallback: bool = True,
+    unbatched_inputs: Sequence[str] = (),
 ) -> CapturedGraph:
     """Capture ``model``; ``strict_fallback=False`` skips the strict (dynamo) route, which
     resets dynamo's caches and so must not run inside a ``torch.compile`` backend."""
-    call = describe_example(model, example_args, example_kwargs, request_inputs)
+    call = describe_example(model, example_args, example_kwargs, request_inputs, unbatched_inputs)
     signature, leaves, tensor_names, batched = call.signature, call.leaves, call.input_names, call.batched
     flat, treespec = pytree.tree_flatten(call.bound)
     tensor_positions = [i for i, v in enumerate(flat) if is_tensor(v)]

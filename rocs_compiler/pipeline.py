@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from torch import fx, nn
 
@@ -52,11 +52,13 @@ def compile_graph(
     example_args: tuple,
     example_kwargs: Mapping[str, Any],
     options: Options = Options(),
+    unbatched_inputs: Sequence[str] = (),
 ) -> PipelineResult:
     """Run the pipeline; entry points validate ``options`` (:meth:`Options.from_mapping`) first."""
     captured = capture(
-        model, example_args, example_kwargs, request_inputs, strict_fallback=options.capture_strict
-    )
+        model, example_args, example_kwargs, request_inputs,
+        strict_fallback=options.capture_strict, unbatched_inputs=unbatched_inputs,
+    )  # fmt: skip
     symbol = captured.batch_symbol
     request_placeholders = {captured.placeholder_of[n] for n in captured.request_inputs}
     gm = captured.graph_module

@@ -152,3 +152,29 @@ def test_replicated_request_inputs_with_an_index_are_refused_not_misread():
         torch.testing.assert_close(
             cm.call_replicated(u=u[INDEX], c=c, candidate_to_request=INDEX), model(u[INDEX], c)
         )
+
+
+class TableLookup(nn.Module):
+    """A [5, D] table passed to every call: with a 5-row example it looks batched."""
+
+    def forward(self, u, c, table):
+        return (u * c).sum(-1) + (c @ table.t()).amax(-1)
+
+
+def test_an_unbatched_input_the_size_of_the_example_batch():
+    torch.manual_seed(0)
+    model = TableLookup().eval()
+    u, c, table = torch.randn(3, 4), torch.randn(7, 4), torch.randn(5, 4)
+    example = {"u": u[[0, 0, 1, 1, 2]], "c": c[:5], "table": table}
+    taken_as_batched = rocs.compile(model, ["u"], example_kwargs=example)
+    with pytest.raises(rocs.InputError, match="unbatched_inputs"):
+        taken_as_batched(u=u[INDEX], c=c, table=table)
+    cm = rocs.compile(model, ["u"], example_kwargs=example, unbatched_inputs=["table"])
+    with torch.no_grad():
+        want = model(u[INDEX], c, table)
+        torch.testing.assert_close(cm(u=u, c=c, table=table, candidate_to_request=INDEX), want)
+        torch.testing.assert_close(cm(u=u[INDEX], c=c, table=table), want)
+    with pytest.raises(rocs.InputError, match="both request-side and unbatched"):
+        rocs.compile(model, ["u"], example_kwargs=example, unbatched_inputs=["u"])
+    with pytest.raises(rocs.InputError, match="unknown input name 'tabel'"):
+        rocs.compile(model, ["u"], example_kwargs=example, unbatched_inputs=["tabel"])

@@ -230,7 +230,11 @@ class CompiledModel(nn.Module):
         distinct = set(rows.values())
         if None in distinct or len(distinct) > 1:
             detail = ", ".join(f"{n}: {r}" for n, r in rows.items())
-            raise InputError(f"batched inputs disagree on the number of rows ({detail})")
+            raise InputError(
+                f"batched inputs disagree on the number of rows ({detail}); an input without a "
+                "batch dim whose rows equalled the example's batch size is taken as batched: "
+                "name it in rocs.compile(..., unbatched_inputs=[...])"
+            )
         return distinct.pop()
 
     def _group(self, leaves: dict):
