@@ -178,3 +178,19 @@ def test_an_unbatched_input_the_size_of_the_example_batch():
         rocs.compile(model, ["u"], example_kwargs=example, unbatched_inputs=["u"])
     with pytest.raises(rocs.InputError, match="unknown input name 'tabel'"):
         rocs.compile(model, ["u"], example_kwargs=example, unbatched_inputs=["tabel"])
+
+
+def test_inputs_that_require_grad_are_refused_at_the_call():
+    """A compiled model computes without autograd; asking for input gradients is refused at the
+    call with the reason, not by a failing backward() later."""
+    torch.manual_seed(0)
+    model = module(lambda s, u, c: (s.a(u) * c).sum(-1), a=nn.Linear(4, 4))
+    u, c = torch.randn(3, 4), torch.randn(7, 4)
+    cm = assert_exact(model, u, c)
+    c_grad = c.clone().requires_grad_()
+    with pytest.raises(rocs.InputError, match="c require grad.*torch.no_grad"):
+        cm(u=u, c=c_grad, candidate_to_request=INDEX)
+    with torch.no_grad():  # the same inputs without autograd are fine
+        got = cm(u=u, c=c_grad, candidate_to_request=INDEX)
+        torch.testing.assert_close(got, model(u[INDEX], c))
+    assert cm(u=u, c=c, candidate_to_request=INDEX).shape == (7,)  # grad mode, no grad inputs

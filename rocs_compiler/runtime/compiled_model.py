@@ -165,6 +165,14 @@ class CompiledModel(nn.Module):
         return self._run(args, kwargs, leaves, requests, candidates, index)
 
     def _run(self, args, kwargs, leaves, requests, candidates, index):
+        if torch.is_grad_enabled():
+            wants_grad = [n for n, v in leaves.items() if is_tensor(v) and v.requires_grad]
+            if wants_grad:
+                raise InputError(
+                    f"input(s) {', '.join(wants_grad)} require grad, but a compiled model computes "
+                    "without autograd (its outputs carry no gradient): call it under "
+                    "torch.no_grad() or torch.inference_mode(), and train the original model"
+                )
         with torch.no_grad():
             if self.graph_module is None:
                 return self._run_eager(args, kwargs, requests, index)
