@@ -31,6 +31,7 @@ from ..folded import Fold
 from ..graph_meta import FOLD, PLACEMENT
 from ..op_groups import is_mutating, is_random
 from ..roles import Role
+from .engine import Builder
 
 _FOLD_LIMIT_ELEMENTS = 1 << 24  # never fold a constant into something larger than this
 
@@ -101,29 +102,18 @@ def weight_first_matmuls_fold(gm: fx.GraphModule) -> int:
         if w_val.dim() != 2 or x_val.dim() < 3 or not all(isinstance(d, int) for d in inner):
             continue
         k, n, m = inner[-2], inner[-1], w_val.shape[0]
-        placement = x.meta[PLACEMENT]
-        with gm.graph.inserting_before(node):
-            x_t = _call(gm, aten.transpose.int, (x, -1, -2), placement)
-            rows = _call(gm, aten.reshape.default, (x_t, [-1, k]), placement)
-            w_t = _call(gm, aten.t.default, (weight,), Role.CONST)
-            product = _call(gm, aten.mm.default, (rows, w_t), placement)
-            grouped = _call(gm, aten.reshape.default, (product, [-1, *inner[:-2], n, m]), placement)
-            out = _call(gm, aten.transpose.int, (grouped, -1, -2), placement)
-        out.meta.update({key: v for key, v in node.meta.items() if key not in ("val", PLACEMENT)})
+        b = Builder(gm, node, detect_fake_mode([x_val]))
+        rows = b.call(aten.reshape.default, b.call(aten.transpose.int, x, -1, -2), [-1, k])
+        w_t = b.call(aten.t.default, weight)
+        product = b.call(aten.mm.default, rows, w_t)
+        grouped = b.call(aten.reshape.default, product, [-1, *inner[:-2], n, m])
+        out = b.call(aten.transpose.int, grouped, -1, -2)
+        for new in b.created:
+            new.meta[PLACEMENT] = Role.CONST if new is w_t else x.meta[PLACEMENT]
         node.replace_all_uses_with(out)
         gm.graph.erase_node(node)
         rewritten += 1
     return rewritten
-
-
-def _call(gm: fx.GraphModule, target: Any, args: tuple, placement: Role) -> fx.Node:
-    """A new node with its fake value computed from its inputs' and the given placement."""
-    node = gm.graph.call_function(target, args)
-    vals = fx.map_arg(args, lambda a: a.meta["val"])
-    with detect_fake_mode([a.meta["val"] for a in node.all_input_nodes]):
-        node.meta["val"] = target(*vals)
-    node.meta[PLACEMENT] = placement
-    return node
 
 
 def _fold_limit(args: Any) -> int:
