@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 from ikbo_testing import make_index, randn
 from torch.export import Dim
