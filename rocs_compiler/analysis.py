@@ -3,12 +3,16 @@
 The driver walks the graph once in topological order. Inputs get their roles from the request
 declaration; weights are CONST. For an op it joins the input roles: all CONST gives CONST, any
 CANDIDATE gives CANDIDATE, and otherwise the op's rule (``role_rules``) decides whether the op is
-row-wise and may stay REQUEST. Sizes are values too: an int that involves the batch symbol is a
-*batch size* and is REQUEST (the rewrite evaluates it to R or N by its consumer's role).
+row-wise and may stay REQUEST. A REQUEST value also records its batch axis (``batch_axis.py``):
+the dim that holds the requests, anywhere in its shape and possibly merged with other dims; the
+rules read their inputs' axes, and the driver derives the output's. Sizes are values too: an int
+that involves the batch symbol is a *batch size* and is REQUEST (the rewrite evaluates it to R
+or N by its consumer's role).
 :func:`infer_node` is one step of that walk, reading the input roles from the nodes; the rewrite
 engine takes the same steps as it sweeps the graph.
 
-Only this driver writes ``node.meta["rocs_role"]`` and ``node.meta["rocs_reason"]``.
+Only this driver writes ``node.meta["rocs_role"]``, ``node.meta["rocs_reason"]`` and
+``node.meta["rocs_batch_axis"]``.
 """
 
 from __future__ import annotations
@@ -21,9 +25,10 @@ import sympy
 import torch
 from torch import fx
 
-from . import op_groups, role_rules
+from . import batch_axis, op_groups, role_rules
+from .batch_axis import LEADING
 from .errors import CompileError
-from .graph_meta import REASON, ROLE
+from .graph_meta import BATCH_AXIS, REASON, ROLE
 from .roles import Role
 from .symbolic import expr_of, is_batched
 
@@ -68,26 +73,6 @@ def _node_args(node: fx.Node) -> Iterable[fx.Node]:
     return node.all_input_nodes
 
 
-def _used_tensor_outputs(node: fx.Node, val: Any) -> list[torch.Tensor]:
-    """The tensors of ``val`` that the graph reads: for a tuple, the items some ``getitem``
-    takes (batch norm's saved statistics are empty tensors nothing reads)."""
-    outputs = _tensor_outputs(val)
-    if not isinstance(val, (list, tuple)) or not node.users:
-        return outputs
-    if not all(u.target is operator.getitem for u in node.users):
-        return outputs
-    used = {u.args[1] for u in node.users}
-    return [v for i, v in enumerate(val) if i in used and isinstance(v, torch.Tensor)]
-
-
-def _tensor_outputs(val: Any) -> list[torch.Tensor]:
-    if isinstance(val, torch.Tensor):
-        return [val]
-    if isinstance(val, (list, tuple)):
-        return [v for v in val if isinstance(v, torch.Tensor)]
-    return []
-
-
 def _is_scalar_value(val: Any) -> bool:
     return isinstance(val, (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool))
 
@@ -112,9 +97,13 @@ def infer_node(node: fx.Node, request_placeholders: set[str], symbol: sympy.Symb
     One step of :func:`analyze`; the rewrite engine calls it node by node, in topological order,
     so that the inputs are always inferred first.
     """
-    role, reason = _infer(node, _META_ROLES, request_placeholders, symbol)
+    role, reason, axes = _infer(node, _META_ROLES, request_placeholders, symbol)
     node.meta[ROLE] = role
     node.meta[REASON] = reason
+    if axes is None:
+        node.meta.pop(BATCH_AXIS, None)
+    else:
+        node.meta[BATCH_AXIS] = axes
 
 
 class _MetaRoles:
@@ -130,46 +119,82 @@ class _MetaRoles:
 _META_ROLES = _MetaRoles()
 
 
-def _infer(node, roles, request_placeholders, symbol) -> tuple[Role, Optional[str]]:
-    """(role, fallback reason); a reason is set only where request-side sharing was lost."""
+def _infer(node, roles, request_placeholders, symbol):
+    """(role, fallback reason, batch axes); a reason is set only where request-side sharing was
+    lost, axes only on REQUEST tensor values."""
     val = node.meta.get("val")
     if node.op == "placeholder":
         if node.name in request_placeholders:
-            return Role.REQUEST, None
-        return (Role.CANDIDATE if is_batched(val, symbol) else Role.CONST), None
+            return Role.REQUEST, None, LEADING
+        return (Role.CANDIDATE if is_batched(val, symbol) else Role.CONST), None, None
     if node.op == "get_attr":
-        return Role.CONST, None
+        return Role.CONST, None, None
     if node.op == "output":
-        return Role.join_all(roles[a] for a in _node_args(node)), None
+        return Role.join_all(roles[a] for a in _node_args(node)), None, None
     inputs = Role.join_all(roles[a] for a in _node_args(node))
     if _is_scalar_value(val):
-        return _scalar_role(node, val, inputs, symbol)
+        return (*_scalar_role(node, val, inputs, symbol), None)
     target = node.target
     if op_groups.is_random(target):
-        return Role.CANDIDATE, ("random op" if inputs == Role.REQUEST else None)
+        return Role.CANDIDATE, ("random op" if inputs == Role.REQUEST else None), None
     if op_groups.is_mutating(target):
-        return Role.CANDIDATE, ("mutates its input" if inputs == Role.REQUEST else None)
+        return Role.CANDIDATE, ("mutates its input" if inputs == Role.REQUEST else None), None
     if inputs == Role.CONST:
-        return Role.CONST, None
+        return Role.CONST, None, None
     if inputs == Role.CANDIDATE:
-        return Role.CANDIDATE, None
+        return Role.CANDIDATE, None, None
     rule = role_rules.lookup(target)
     if rule is None:
-        return Role.CANDIDATE, f"no role rule for {op_name(target)}"
+        return Role.CANDIDATE, f"no role rule for {op_name(target)}", None
     ctx = role_rules.RuleContext(node, symbol, roles, role_rules.bind_arguments(node))
     try:
         reason = rule(ctx)
+        axes = None if reason is not None else _output_axes(node, ctx, val, symbol)
     except Exception as err:  # noqa: BLE001 - re-raised with the node and its input roles
         detail = ", ".join(f"{a.name}={roles[a].name}" for a in _node_args(node))
         raise CompileError(
             f"role rule for {op_name(target)} failed at node {node.name} ({detail}): {err}"
         ) from err
+    if reason is None and isinstance(axes, str):
+        reason = axes
     if reason is not None:
-        return Role.CANDIDATE, reason
-    outputs = _used_tensor_outputs(node, val)
-    if not outputs or not all(is_batched(t, symbol) for t in outputs):
-        return Role.CANDIDATE, "output does not keep the batch dim first"
-    return Role.REQUEST, None
+        return Role.CANDIDATE, reason, None
+    return Role.REQUEST, None, axes
+
+
+def _output_axes(node, ctx, val, symbol):
+    """The batch axes of a row-wise op's outputs (one per tensor of a tuple, None for outputs
+    nothing reads), or the reason the op has none."""
+    if node.target is operator.getitem:
+        axes = ctx.axis(node.args[0])
+        axis = axes[node.args[1]] if isinstance(axes, tuple) else None
+        return axis if axis is not None else "reads an output without a batch dim"
+    if op_groups.packet(node.target) in op_groups.RESHAPES:
+        source = node.args[0]
+        return batch_axis.reshape_axis(ctx.val(source), ctx.axis(source), val, symbol)
+    inputs = [ctx.axis(n) for _, n in ctx.batched_operands()]
+    sized = ctx.batch_scalars()
+    if isinstance(val, torch.Tensor):
+        return batch_axis.output_axis(val, inputs, symbol, sized_from_batch=sized)
+    used = _used_indices(node, val)
+    axes = []
+    for i, item in enumerate(val):
+        if i not in used or not isinstance(item, torch.Tensor):
+            axes.append(None)
+            continue
+        axis = batch_axis.output_axis(item, inputs, symbol, sized_from_batch=sized)
+        if isinstance(axis, str):
+            return axis
+        axes.append(axis)
+    return tuple(axes)
+
+
+def _used_indices(node: fx.Node, val: Any) -> set[int]:
+    """The items of a tuple output that the graph reads (every item unless only ``getitem``s
+    read it: batch norm's saved statistics are empty tensors nothing reads)."""
+    if node.users and all(u.target is operator.getitem for u in node.users):
+        return {u.args[1] for u in node.users}
+    return set(range(len(val)))
 
 
 def _scalar_role(node, val, inputs, symbol) -> tuple[Role, Optional[str]]:

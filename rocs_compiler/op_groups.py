@@ -13,6 +13,8 @@ Families are sets of overload packets (``aten.add``), or predicates over a call 
   ``ELEMENTWISE_UNTAGGED`` (ops that compute elementwise but carry no tag), minus
   ``NOT_BROADCASTING`` (ops whose operands align by another rule than trailing dims).
 - ``SHAPE_ONLY``: views, permutes, expands and factories: they move or create data by shape.
+  ``RESHAPES`` are those among them that keep the row-major order of the elements and may merge
+  or split dims (``view``, ``reshape``, ``flatten``, ``unflatten``).
 - ``REDUCTIONS``: ``op(self, dim: int[], keepdim, ...)``, reducing over ``dim``.
 - ``ALONG_DIM``: ops that act along one ``dim`` argument (softmax, cumsum, index_select, cat...);
   ``ALONG_DIM_SAME_SHAPE`` are those among them whose output has the input's shape and whose
@@ -61,6 +63,13 @@ SHAPE_ONLY = frozenset(
     }
 )
 
+RESHAPES = frozenset(
+    {
+        aten.view, aten.reshape, aten._unsafe_view, aten.flatten, aten.unflatten, aten.view_as,
+        aten.reshape_as,
+    }
+)
+
 REDUCTIONS = frozenset(
     {
         aten.sum, aten.mean, aten.amax, aten.amin, aten.prod, aten.var, aten.std, aten.any,
@@ -100,7 +109,10 @@ COMMUTATIVE = frozenset({aten.add.Tensor, aten.mul.Tensor})
 
 # Tagged random because of an optional dropout; their rules check that it is off.
 RANDOM_ONLY_WHEN_ASKED = frozenset(
-    {aten.dropout, aten.feature_dropout, aten.alpha_dropout, aten.scaled_dot_product_attention}
+    {
+        aten.dropout, aten.feature_dropout, aten.alpha_dropout, aten.scaled_dot_product_attention,
+        aten.gru, aten.lstm, aten.rnn_tanh, aten.rnn_relu,
+    }
 )
 
 

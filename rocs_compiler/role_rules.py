@@ -1,14 +1,18 @@
 """Per-op role rules: is an ATen op row-wise for the given arguments?
 
-An op is *row-wise* when it commutes with gathering rows along dim 0:
-``op(x[idx], ...) == op(x, ...)[idx]`` for every index vector ``idx``. Only then may an op whose
-inputs are request-side run once per request. One registry maps each op (by overload packet) to
-a rule; family helpers register many ops at once, in the manner of batching rules.
+An op is *row-wise* when it commutes with gathering requests along its operands' batch axes
+(``batch_axis.py``): ``op(gather(x, idx), ...) == gather(op(x, ...), idx)`` for every index
+vector ``idx``. Only then may an op whose inputs are request-side run once per request. One
+registry maps each op (by overload packet) to a rule; family helpers register many ops at once,
+in the manner of batching rules.
 
 A rule receives a :class:`RuleContext` and returns ``None`` when the op is row-wise, or a short
-reason why it is not. The driver (``analysis.py``) calls a rule only when the op's inputs are
-request-side or constant, and then also checks that every output has the batch dim first. An op
-without a rule is computed per candidate, and the driver records that as a fallback.
+reason why it is not: it checks that the op does not act *along* a batch axis (reduce, contract,
+index or pad it). The driver (``analysis.py``) calls a rule only when the op's inputs are
+request-side or constant, and then derives the output's batch axis, which also checks that the
+batched operands line up (one dim of the output holds the batch, merged the same way in every
+operand). An op without a rule is computed per candidate, and the driver records that as a
+fallback.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ import torch
 from torch import fx
 
 from . import op_groups
+from .batch_axis import BatchAxis
+from .graph_meta import BATCH_AXIS
 from .roles import Role
 from .symbolic import depends_on
 
@@ -45,6 +51,23 @@ class RuleContext:
 
     def val(self, x: Any) -> Any:
         return x.meta.get("val") if isinstance(x, fx.Node) else x
+
+    def axis(self, x: Any) -> Any:
+        """The batch axis of a REQUEST node (a tuple of them for a tuple); None otherwise."""
+        if isinstance(x, fx.Node) and self.role(x) == Role.REQUEST:
+            return x.meta.get(BATCH_AXIS)
+        return None
+
+    def on_batch_axis(self, x: Any, dim: int) -> bool:
+        """True when ``dim`` of the tensor node ``x`` is its batch axis."""
+        axis = self.axis(x)
+        return isinstance(axis, BatchAxis) and dim % max(self.val(x).dim(), 1) == axis.dim
+
+    def batched_dim(self) -> tuple[Any, Optional[BatchAxis]]:
+        """(node, axis) of the first batched tensor operand."""
+        for _, node in self.batched_operands():
+            return node, self.axis(node)
+        return None, None
 
     def role(self, x: Any) -> Role:
         if isinstance(x, fx.Node):
@@ -134,21 +157,18 @@ def register(*ops: Any) -> Callable[[Rule], Rule]:
 
 
 def elementwise_rule(ctx: RuleContext) -> Optional[str]:
-    """Broadcasting elementwise ops: row-wise when every batched operand keeps dim 0 aligned."""
+    """Broadcasting elementwise ops: row-wise when the batched operands' axes meet in one output
+    dim, which the driver checks as it derives the output's axis."""
     if ctx.batch_scalars():
         return "a scalar operand depends on the batch size"
-    out = ctx.out
-    ndim = out.dim() if isinstance(out, torch.Tensor) else 0
-    for val, node in ctx.batched_operands():
-        if val.dim() != ndim:
-            return "a batched operand is broadcast against a higher-rank tensor"
     return ROWWISE
 
 
 def shape_only_rule(ctx: RuleContext) -> Optional[str]:
     """Ops that only move data by shape (views, permutes, expands, factories): row-wise whenever
-    the batch dim stays leading, which the driver checks on every output. Batch sizes may appear
-    as sizes, never as values (a fill value, a select index)."""
+    the output keeps the batch whole in one dim, which the driver checks as it derives the
+    output's axis (selecting or slicing the batch dim leaves no dim of the batch size). Batch
+    sizes may appear as sizes, never as values (a fill value, a select index)."""
     if ctx.batch_scalars(exclude=SHAPE_ARGUMENTS):
         return "a scalar operand depends on the batch size"
     return ROWWISE
@@ -156,12 +176,12 @@ def shape_only_rule(ctx: RuleContext) -> Optional[str]:
 
 def reduction_rule(dim_arg: str = "dim") -> Rule:
     def rule(ctx: RuleContext) -> Optional[str]:
-        x = ctx.val(ctx.node.args[0])
+        x = ctx.node.args[0]
         dims = ctx.arg(dim_arg)
         if dims is None or dims == []:
             return "reduces over every dim, the batch dim included"
         dims = [dims] if isinstance(dims, int) else list(dims)
-        if any(d % max(x.dim(), 1) == 0 for d in dims):
+        if any(ctx.on_batch_axis(x, d) for d in dims):
             return "reduces over the batch dim"
         return ROWWISE
 
@@ -174,12 +194,11 @@ def along_dim_rule(dim_arg: str = "dim", default: int = 0) -> Rule:
     def rule(ctx: RuleContext) -> Optional[str]:
         if ctx.batch_scalars():
             return "a scalar operand depends on the batch size"
-        first = ctx.node.args[0]
-        x = ctx.val(first[0] if isinstance(first, (list, tuple)) else first)
+        x, _ = ctx.batched_dim()
         d = ctx.arg(dim_arg, default)
         if d is None:
             return f"operates on the flattened tensor ({dim_arg}=None)"
-        if d % max(x.dim(), 1) == 0:
+        if x is not None and ctx.on_batch_axis(x, d):
             return "operates along the batch dim"
         if ctx.node.target.overloadpacket in _INDEX_ALONG_DIM:
             if ctx.role(ctx.arg("index")) != Role.CONST:
@@ -194,29 +213,46 @@ _INDEX_ALONG_DIM = {aten.index_select}
 
 def multi_dim_rule(dim_arg: str) -> Rule:
     def rule(ctx: RuleContext) -> Optional[str]:
-        x = ctx.val(ctx.node.args[0])
+        x = ctx.node.args[0]
         dims = ctx.arg(dim_arg)
         dims = [dims] if isinstance(dims, int) else list(dims or [])
         if not dims:
             return f"operates on the flattened tensor ({dim_arg} empty)"
-        if any(d % x.dim() == 0 for d in dims):
+        if any(ctx.on_batch_axis(x, d) for d in dims):
             return "operates along the batch dim"
         return ROWWISE
 
     return rule
 
 
-def all_batched_aligned_rule(ctx: RuleContext) -> Optional[str]:
-    """Batched matmul-like ops: every batched operand has the batch dim first, and constant
-    operands carry no batch dim (they broadcast)."""
-    out = ctx.out
-    for val, node in ctx.tensor_args():
-        if ctx.role(node) == Role.CONST:
-            if val.dim() >= out.dim() and val.shape[0] != 1:
-                return "a constant operand has its own leading dim where the batch dim is"
-        elif val.dim() != out.dim():
-            return "a batched operand does not share the output's leading batch dim"
-    return ROWWISE
+def contracting_rule(*contracted: tuple[str, Callable[[int], list[int]]]) -> Rule:
+    """Products (matmul and kin): row-wise unless a batched operand's axis is among the dims the
+    product contracts. ``contracted`` pairs an argument name with its contracted dims as a
+    function of its rank; the other dims of both operands pass to the output, where the driver
+    checks that the batched operands' axes meet."""
+
+    def rule(ctx: RuleContext) -> Optional[str]:
+        for name, dims_of in contracted:
+            x = ctx.arg(name)
+            if ctx.role(x) == Role.CONST or x is None:
+                continue
+            if any(ctx.on_batch_axis(x, d) for d in dims_of(ctx.val(x).dim())):
+                return f"contracts the batch dim of {name}"
+        return ROWWISE
+
+    return rule
+
+
+def _last(ndim: int) -> list[int]:
+    return [ndim - 1]
+
+
+def _second_last(ndim: int) -> list[int]:
+    return [ndim - 2] if ndim >= 2 else [0]
+
+
+def _attention_dims(ndim: int) -> list[int]:
+    return [ndim - 2, ndim - 1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -232,8 +268,7 @@ def _squeeze(ctx: RuleContext) -> Optional[str]:
         return "squeeze() without dims would drop the batch dim when there is one request"
     dims = ctx.arg("dim")
     dims = [dims] if isinstance(dims, int) else list(dims)
-    x = ctx.val(ctx.node.args[0])
-    if any(d % x.dim() == 0 for d in dims):
+    if any(ctx.on_batch_axis(ctx.node.args[0], d) for d in dims):
         return "squeezes the batch dim"
     return ROWWISE
 
@@ -250,18 +285,23 @@ def _slice_scatter(ctx: RuleContext) -> Optional[str]:
     x = ctx.val(ctx.arg("self"))
     if ctx.batch_scalars(exclude=frozenset({"start", "end"})):
         return "a scalar operand depends on the batch size"
-    if ctx.arg("dim") % x.dim() == 0:
+    written, _ = ctx.batched_dim()
+    if ctx.on_batch_axis(written, ctx.arg("dim")):
         whole = ctx.arg("start") in (None, 0) and ctx.arg("step") == 1
         if not whole or tuple(ctx.val(ctx.arg("src")).shape) != tuple(x.shape):
             return "writes a range of batch rows"
-    return all_batched_aligned_rule(ctx)
+    if ctx.role(ctx.arg("self")) == Role.CONST and ctx.val(ctx.arg("self")).dim() > 0:
+        return "writes batched rows into a constant"
+    return ROWWISE
 
 
 @register(aten.select_scatter)
 def _select_scatter(ctx: RuleContext) -> Optional[str]:
     """Functionalized ``x[:, i] = y``."""
-    if ctx.arg("dim") % ctx.val(ctx.arg("self")).dim() == 0:
+    if ctx.on_batch_axis(ctx.batched_dim()[0], ctx.arg("dim")):
         return "writes one batch row"
+    if ctx.role(ctx.arg("self")) == Role.CONST:
+        return "writes batched rows into a constant"
     if ctx.batch_scalars():
         return "a scalar operand depends on the batch size"
     return ROWWISE
@@ -269,8 +309,9 @@ def _select_scatter(ctx: RuleContext) -> Optional[str]:
 
 @register(aten.tril, aten.triu)
 def _triangular(ctx: RuleContext) -> Optional[str]:
-    if ctx.val(ctx.node.args[0]).dim() < 3:
-        return "triangular mask over a matrix whose rows are the batch"
+    x = ctx.node.args[0]
+    if any(ctx.on_batch_axis(x, d) for d in _attention_dims(ctx.val(x).dim())):
+        return "triangular mask over a matrix whose rows or columns are the batch"
     return ROWWISE
 
 
@@ -291,9 +332,7 @@ register(aten.cat, aten.concat)(along_dim_rule("dim", default=0))
 
 @register(aten.stack)
 def _stack(ctx: RuleContext) -> Optional[str]:
-    x = ctx.val(ctx.arg("tensors")[0])
-    if ctx.arg("dim") % (x.dim() + 1) == 0:
-        return "stacks along the batch dim"
+    """A new dim never splits the batch: stacking is row-wise at any position."""
     return ROWWISE
 register(aten.flip)(multi_dim_rule("dims"))
 register(aten.roll)(multi_dim_rule("dims"))
@@ -306,10 +345,10 @@ def _values_from_batch_size(ctx: RuleContext) -> Optional[str]:
 
 @register(aten.repeat)
 def _repeat(ctx: RuleContext) -> Optional[str]:
-    x = ctx.val(ctx.node.args[0])
+    x = ctx.node.args[0]
     repeats = ctx.arg("repeats")
-    lead = len(repeats) - x.dim()
-    if lead > 0 or repeats[0] != 1:
+    lead = len(repeats) - ctx.val(x).dim()
+    if ctx.axis(x) is not None and repeats[lead + ctx.axis(x).dim] != 1:
         return "repeats along the batch dim"
     return ROWWISE
 
@@ -317,7 +356,7 @@ def _repeat(ctx: RuleContext) -> Optional[str]:
 @register(aten.repeat_interleave)
 def _repeat_interleave(ctx: RuleContext) -> Optional[str]:
     d = ctx.arg("dim")
-    if d is None or d % ctx.val(ctx.node.args[0]).dim() == 0:
+    if d is None or ctx.on_batch_axis(ctx.node.args[0], d):
         return "repeats along the batch dim"
     if ctx.role(ctx.arg("repeats")) != Role.CONST:
         return "repeat counts are batched"
@@ -326,16 +365,19 @@ def _repeat_interleave(ctx: RuleContext) -> Optional[str]:
 
 @register(aten.constant_pad_nd, aten.pad)
 def _pad(ctx: RuleContext) -> Optional[str]:
-    x = ctx.val(ctx.node.args[0])
+    x = ctx.node.args[0]
     pad = list(ctx.arg("pad"))
-    if len(pad) // 2 >= x.dim() and any(p != 0 for p in pad[2 * (x.dim() - 1):]):
+    if ctx.axis(x) is None or ctx.batch_scalars():
+        return "pads by the batch size"
+    from_last = ctx.val(x).dim() - 1 - ctx.axis(x).dim  # pad pairs start at the last dim
+    if any(p != 0 for p in pad[2 * from_last: 2 * from_last + 2]):
         return "pads the batch dim"
     return ROWWISE
 
 
 @register(aten.gather)
 def _gather(ctx: RuleContext) -> Optional[str]:
-    if ctx.arg("dim") % ctx.val(ctx.arg("self")).dim() == 0:
+    if ctx.on_batch_axis(ctx.batched_dim()[0], ctx.arg("dim")):
         return "gathers along the batch dim"
     if ctx.role(ctx.arg("self")) == Role.CONST or ctx.role(ctx.arg("index")) == Role.CONST:
         return "gather between a batched and an unbatched tensor mixes rows"
@@ -355,25 +397,21 @@ def _embedding_bag(ctx: RuleContext) -> Optional[str]:
         return "the embedding table itself is batched"
     if ctx.val(ctx.arg("indices")).dim() != 2:
         return "1-D indices with offsets pool across the batch"
+    if ctx.axis(ctx.arg("indices")).dim != 0:
+        return "pools along the batch dim"
     return ROWWISE
 
 
 @register(aten.index.Tensor)
 def _index(ctx: RuleContext) -> Optional[str]:
+    """``x[..., i, ...]`` with index tensors. A constant table looked up with batched indices is
+    row-wise along the indices' batch (an embedding written as indexing); a batched tensor
+    indexed with constant indices is row-wise unless an index runs along its batch dim."""
     x_node, indices = ctx.arg("self"), list(ctx.arg("indices"))
     positions = [i for i, ix in enumerate(indices) if ix is not None]
-    if positions != list(range(positions[0], positions[-1] + 1)):
-        return "non-adjacent advanced indices move the indexed dims first"
     if ctx.role(x_node) == Role.CONST:
-        # Looking up a constant table with batched indices (an embedding written as indexing).
-        if positions[0] != 0:
-            return "indices of a constant table do not start at dim 0"
-        ndim = max(ctx.val(indices[i]).dim() for i in positions)
-        for i in positions:
-            if ctx.role(indices[i]) != Role.CONST and ctx.val(indices[i]).dim() != ndim:
-                return "batched index broadcast against a higher-rank index"
         return ROWWISE
-    if positions[0] == 0:
+    if any(ctx.on_batch_axis(x_node, i) for i in positions):
         return "indexes the batch dim"
     if any(ctx.role(indices[i]) != Role.CONST for i in positions):
         return "batched index into a batched tensor"
@@ -384,58 +422,37 @@ def _index(ctx: RuleContext) -> Optional[str]:
 def _linear(ctx: RuleContext) -> Optional[str]:
     if ctx.role(ctx.arg("weight")) != Role.CONST or ctx.role(ctx.arg("bias")) != Role.CONST:
         return "the weight is batched"
-    if ctx.val(ctx.arg("input")).dim() < 2:
-        return "1-D input: the batch dim is the contracted dim"
+    x = ctx.arg("input")
+    if ctx.on_batch_axis(x, -1):
+        return "the batch dim is the contracted dim"
     return ROWWISE
 
 
-@register(aten.addmm)
-def _addmm(ctx: RuleContext) -> Optional[str]:
-    if ctx.role(ctx.arg("mat2")) != Role.CONST:
-        return "the right operand is batched"
-    bias = ctx.val(ctx.arg("self"))
-    if ctx.role(ctx.arg("self")) != Role.CONST and bias.dim() != 2:
-        return "a batched bias is broadcast"
-    return ROWWISE
-
-
-@register(aten.mm)
-def _mm(ctx: RuleContext) -> Optional[str]:
-    if ctx.role(ctx.arg("mat2")) != Role.CONST:
-        return "the right operand is batched: the batch dim is contracted"
-    return ROWWISE
-
-
-register(aten.bmm, aten.baddbmm)(all_batched_aligned_rule)
-
-
-@register(aten.matmul)
-def _matmul(ctx: RuleContext) -> Optional[str]:
-    a, b = ctx.val(ctx.arg("self")), ctx.val(ctx.arg("other"))
-    ra, rb = ctx.role(ctx.arg("self")), ctx.role(ctx.arg("other"))
-    if a.dim() < 2 or b.dim() < 2:
-        return "vector operand"
-    if rb != Role.CONST and b.dim() == 2:
-        return "a 2-D batched right operand contracts the batch dim"
-    if ra != Role.CONST and a.dim() == 2 and rb == Role.CONST:
-        return ROWWISE
-    return all_batched_aligned_rule(ctx)
+register(aten.addmm, aten.mm)(contracting_rule(("mat1", _last), ("mat2", _second_last)))
+register(aten.bmm, aten.baddbmm)(
+    contracting_rule(("self", _last), ("batch1", _last), ("mat2", _second_last),
+                     ("batch2", _second_last))
+)  # fmt: skip
+register(aten.matmul)(contracting_rule(("self", _last), ("other", _second_last)))
 
 
 @register(aten.einsum)
 def _einsum(ctx: RuleContext) -> Optional[str]:
+    """Row-wise when every batched operand carries its batch under one letter, which the output
+    keeps and no constant operand uses."""
     equation = ctx.arg("equation").replace(" ", "")
     if "..." in equation or "->" not in equation:
         return "einsum with ellipsis or implicit output"
     lhs, out_spec = equation.split("->")
     specs = lhs.split(",")
     operands = ctx.arg("tensors")
-    batch_letters = {specs[i][0] for i, x in enumerate(operands) if ctx.role(x) != Role.CONST}
-    if len(batch_letters) != 1:
-        return "batched operands disagree on their leading letter"
-    (letter,) = batch_letters
-    if not out_spec or out_spec[0] != letter:
-        return "the batch letter is not the output's leading dim"
+    batched = [(spec, x) for spec, x in zip(specs, operands) if ctx.role(x) != Role.CONST]
+    letters = {spec[ctx.axis(x).dim] for spec, x in batched}
+    if len(letters) != 1:
+        return "batched operands disagree on the batch letter"
+    (letter,) = letters
+    if letter not in out_spec:
+        return "contracts the batch letter"
     for spec, x in zip(specs, operands):
         if ctx.role(x) == Role.CONST and letter in spec:
             return "a constant operand shares the batch letter"
@@ -444,17 +461,26 @@ def _einsum(ctx: RuleContext) -> Optional[str]:
     return ROWWISE
 
 
+_sdpa_products = contracting_rule(
+    ("query", _attention_dims), ("key", _attention_dims), ("value", _attention_dims),
+    ("attn_mask", _attention_dims),
+)  # fmt: skip
+
+
 @register(aten.scaled_dot_product_attention)
 def _sdpa(ctx: RuleContext) -> Optional[str]:
     if ctx.arg("dropout_p", 0.0):
         return "attention dropout is random"
-    return all_batched_aligned_rule(ctx)
+    return _sdpa_products(ctx)
 
 
 @register(aten.layer_norm, aten.native_layer_norm, aten.rms_norm)
 def _layer_norm(ctx: RuleContext) -> Optional[str]:
-    x = ctx.val(ctx.arg("input"))
-    if len(ctx.arg("normalized_shape")) >= x.dim():
+    x = ctx.arg("input")
+    if ctx.on_batch_axis(x, -1) or (
+        ctx.axis(x) is not None
+        and ctx.axis(x).dim >= ctx.val(x).dim() - len(ctx.arg("normalized_shape"))
+    ):
         return "normalizes over the batch dim"
     for name in ("weight", "bias"):
         if ctx.role(ctx.arg(name)) != Role.CONST:
@@ -464,6 +490,9 @@ def _layer_norm(ctx: RuleContext) -> Optional[str]:
 
 @register(aten.group_norm, aten.native_group_norm)
 def _group_norm(ctx: RuleContext) -> Optional[str]:
+    axis = ctx.axis(ctx.arg("input"))
+    if axis is not None and axis.dim != 0:
+        return "normalizes over the batch dim"
     for name in ("weight", "bias"):
         if ctx.role(ctx.arg(name)) != Role.CONST:
             return f"batched {name}"
@@ -484,6 +513,28 @@ def _batch_norm(ctx: RuleContext) -> Optional[str]:
 def _conv(ctx: RuleContext) -> Optional[str]:
     if ctx.role(ctx.arg("weight")) != Role.CONST or ctx.role(ctx.arg("bias")) != Role.CONST:
         return "the convolution weight is batched"
+    axis = ctx.axis(ctx.arg("input"))
+    if axis is not None and axis.dim != 0:
+        return "convolves over the batch dim"
+    return ROWWISE
+
+
+@register(aten.gru.input, aten.lstm.input, aten.rnn_tanh.input, aten.rnn_relu.input)
+def _recurrent(ctx: RuleContext) -> Optional[str]:
+    """torch's RNN, GRU and LSTM over a padded sequence: each sequence of the batch runs on its
+    own, along dim 0 of ``input`` when ``batch_first`` (else dim 1) and dim 1 of every state."""
+    if ctx.arg("train") and ctx.arg("dropout"):
+        return "recurrent dropout in training mode is random"
+    if ctx.role(ctx.arg("params")) != Role.CONST:
+        return "the recurrent weights are batched"
+    x = ctx.arg("input")
+    sequence_batch = 0 if ctx.arg("batch_first") else 1
+    if ctx.role(x) != Role.CONST and not ctx.on_batch_axis(x, sequence_batch):
+        return "the batch is not the input's batch dim"
+    states = ctx.arg("hx")
+    for state in states if isinstance(states, (list, tuple)) else [states]:
+        if ctx.role(state) != Role.CONST and not ctx.on_batch_axis(state, 1):
+            return "the batch is not the state's batch dim"
     return ROWWISE
 
 

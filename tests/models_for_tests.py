@@ -245,8 +245,9 @@ def _shift_rows(h, item):
     return torch.cat([h[:1], h[:-1]], dim=0) + item
 
 
-def _flatten_all(h, item):
-    return h.reshape(-1).view(h.size(0), D) * 3 + item
+def _flatten_across_rows(h, item):
+    """[B, D] -> [D, B] -> [B, D]: each new row takes one feature of several requests."""
+    return h.t().reshape(-1).view(h.size(0), D) * 3 + item
 
 
 def _cross_row_attention(h, item):
@@ -271,7 +272,7 @@ BATCH_MIXING: dict[str, Callable] = {
     "cat_dim0": _cat_batch,
     "cat_request_candidate_dim0": _cat_request_candidate,
     "shift_rows": _shift_rows,
-    "flatten_batch": _flatten_all,
+    "flatten_across_rows": _flatten_across_rows,
     "sort_dim0": lambda h, item: torch.sort(h, dim=0).values + item,
     "flip_dim0": lambda h, item: h.flip(0) + item,
     "roll_dim0": lambda h, item: torch.roll(h, 1, 0) + item,

@@ -15,7 +15,6 @@ The converse sanity check: some CANDIDATE node does change when the candidates c
 
 from __future__ import annotations
 
-import operator
 
 from typing import Any
 
@@ -39,7 +38,8 @@ from torch.utils import _pytree as pytree
 from models_zoo import ZOO, Batch
 from models_zoo.batch import get_leaf, set_leaf
 from rocs_compiler.analysis import analyze
-from rocs_compiler.graph_meta import ROLE
+from rocs_compiler.batch_axis import BatchAxis, gather_rows
+from rocs_compiler.graph_meta import BATCH_AXIS, ROLE
 from rocs_compiler.options import Options
 from rocs_compiler.pipeline import compile_graph
 from rocs_compiler.roles import Role
@@ -65,14 +65,14 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return [v for v in pytree.tree_leaves(value) if isinstance(v, torch.Tensor)]
 
 
-def _read_tensors(node: fx.Node, value: Any) -> list[torch.Tensor]:
-    """The tensors of ``value`` the graph reads: of a tuple, the items some getitem takes (batch
-    norm also returns empty saved statistics that nothing reads)."""
-    if isinstance(value, (tuple, list)) and node.users:
-        if all(u.target is operator.getitem for u in node.users):
-            taken = {u.args[1] for u in node.users}
-            value = [v for i, v in enumerate(value) if i in taken]
-    return _tensors(value)
+def _read_tensors(node: fx.Node, value: Any) -> list[tuple[torch.Tensor, BatchAxis]]:
+    """The tensors of a REQUEST ``value`` the graph reads, with their batch axes: of a tuple,
+    the items some getitem takes (batch norm also returns empty saved statistics that nothing
+    reads)."""
+    axes = node.meta[BATCH_AXIS]
+    if not isinstance(value, (tuple, list)):
+        return [(value, axes)]
+    return [(v, a) for v, a in zip(value, axes) if a is not None and isinstance(v, torch.Tensor)]
 
 
 def _run(gm: fx.GraphModule, input_of: dict[str, str], kwargs: dict) -> dict[fx.Node, Any]:
@@ -146,8 +146,9 @@ def check_rowwise(captured, graphs, batch: Batch, what: str) -> None:
         for node, value in full.items():
             if node.op == "output" or node.meta[ROLE] != Role.REQUEST or not _tensors(value):
                 continue
-            for a, b in zip(_read_tensors(node, value), _read_tensors(node, part[node])):
-                expected = a.index_select(0, GATHER)
+            read = zip(_read_tensors(node, value), _read_tensors(node, part[node]))
+            for (a, axis), (b, _) in read:
+                expected = gather_rows(a, axis, GATHER)
                 if b.shape != expected.shape:
                     broken.append(f"{node.name} (shape {tuple(b.shape)})")
                 elif b.is_floating_point():
@@ -195,7 +196,7 @@ NONINTERFERENCE_CASES: list[Case] = HAND_CASES + [
         "arange_batch",
         "cat_dim0",
         "shift_rows",
-        "flatten_batch",
+        "flatten_across_rows",
         "cross_row_attention",
         "first_row",
         "squeeze_all",
@@ -240,6 +241,7 @@ def test_oracle_catches_a_wrong_role():
     assert softmax and all(n.meta[ROLE] == Role.CANDIDATE for n in softmax)
     for n in softmax:
         n.meta[ROLE] = Role.REQUEST
+        n.meta[BATCH_AXIS] = BatchAxis(0)
     batch = case.batch(COUNTS, seed=3, shuffle=True)
     with pytest.raises(AssertionError, match="do not commute"):
         check_rowwise(captured, graphs, batch, "forced")

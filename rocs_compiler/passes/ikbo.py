@@ -30,6 +30,7 @@ from torch._guards import detect_fake_mode
 from .. import kernels  # noqa: F401 - registers the rocs:: ops
 from ..kernels import pointwise_program as program_ast
 from .engine import Builder, Rewrite, rewrite_to_fixpoint
+from ..batch_axis import LEADING
 from ..graph_meta import BROADCAST, INDEX_NAME, PLACEMENT
 from ..roles import Role
 
@@ -38,8 +39,9 @@ rocs = torch.ops.rocs
 
 
 def _broadcast_source(node: Any) -> Optional[fx.Node]:
-    """``x`` when ``node`` is ``index_select(x, 0, idx)`` inserted by *share*."""
-    if isinstance(node, fx.Node) and node.meta.get(BROADCAST):
+    """``x`` when ``node`` is ``index_select(x, 0, idx)`` inserted by *share* (a request value
+    whose batch is its leading dim: the fused ops gather rows)."""
+    if isinstance(node, fx.Node) and node.meta.get(BROADCAST) == LEADING:
         return node.args[0]
     return None
 

@@ -1,11 +1,14 @@
 """share: run the request-only region once per request.
 
-Identity: for a row-wise op f, ``f(x[idx]) == f(x)[idx]``. Request inputs arrive with R rows;
-every REQUEST node is computed on them (R rows), and ``index_select(x, 0, idx)`` (a *broadcast*)
-is inserted on every edge from a REQUEST value into a CANDIDATE consumer and on REQUEST graph
-outputs. CANDIDATE nodes compute exactly what the original graph computed, on N rows, so every
-node of the new graph equals the original node gathered by ``idx`` (REQUEST) or equals it
-outright (CANDIDATE, CONST).
+Identity: for a row-wise op f, ``f(gather(x, idx)) == gather(f(x), idx)``, gathering along the
+values' batch axes (``batch_axis.py``). Request inputs arrive with R rows; every REQUEST node is
+computed on them (R rows along its batch axis), and a *broadcast* is inserted on every edge
+from a REQUEST value into a CANDIDATE consumer and on REQUEST graph outputs:
+``index_select(x, axis.dim, idx)``, with a reshape on either side when the axis merges the
+batch with other dims (``[R*H, L, d]`` is split to ``[R, H, L, d]``, gathered, and merged back).
+CANDIDATE nodes compute exactly what the original graph computed, on N rows, so every node of
+the new graph equals the original node gathered by ``idx`` (REQUEST) or equals it outright
+(CANDIDATE, CONST).
 
 Each node of the shared graph records its placement (``graph_meta.PLACEMENT``), a role: CONST
 nodes are computed once, REQUEST nodes at R rows, CANDIDATE nodes (and broadcasts) at N rows.
@@ -16,14 +19,16 @@ expression in R (``size(request_input, 0)``) for REQUEST consumers and in N
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import sympy
 import torch
 from torch import fx
 
+from ..batch_axis import BatchAxis, row_dim, split_shape
 from ..errors import CompileError
-from ..graph_meta import BROADCAST, INDEX_NAME, PLACEMENT, ROLE
+from ..graph_meta import BATCH_AXIS, BROADCAST, INDEX_NAME, PLACEMENT, ROLE
 from ..roles import Role
 from ..symbolic import emit_expr, expr_of
 
@@ -63,13 +68,42 @@ class _Emitter:
         if placement == Role.REQUEST:
             return self.env[Role.REQUEST][node]
         if node not in self.broadcasts:
-            source = self.env[Role.REQUEST][node]
-            out = self.graph.call_function(aten.index_select.default, (source, 0, self.index))
-            out.meta.update({k: v for k, v in source.meta.items() if k in ("val", "nn_module_stack")})
-            out.meta[PLACEMENT] = Role.CANDIDATE
-            out.meta[BROADCAST] = True
-            self.broadcasts[node] = out
+            self.broadcasts[node] = self.broadcast(node)
         return self.broadcasts[node]
+
+    def broadcast(self, node: fx.Node) -> fx.Node:
+        """``node``'s R-row value gathered to N rows along its batch axis."""
+        source = self.env[Role.REQUEST][node]
+        axis: BatchAxis = node.meta[BATCH_AXIS]
+        inherited = {k: v for k, v in source.meta.items() if k in ("val", "nn_module_stack")}
+        shape = list(node.meta["val"].shape)
+        if not axis.plain:
+            rows = split_shape(shape, axis, self.size(Role.REQUEST))
+            source = self.reshape(source, rows, Role.REQUEST, inherited)
+        out = self.graph.call_function(
+            aten.index_select.default, (source, row_dim(axis), self.index)
+        )
+        out.meta.update(inherited)
+        out.meta[PLACEMENT] = Role.CANDIDATE
+        out.meta[BROADCAST] = axis
+        if not axis.plain:
+            merged = shape[: axis.dim] + [self.merged_size(axis)] + shape[axis.dim + 1:]
+            out = self.reshape(out, merged, Role.CANDIDATE, inherited)
+        return out
+
+    def merged_size(self, axis: BatchAxis) -> fx.Node:
+        """``outer * N * inner`` as a graph value."""
+        node = self.graph.call_function(
+            operator.mul, (self.size(Role.CANDIDATE), axis.outer * axis.inner)
+        )
+        node.meta[PLACEMENT] = Role.CANDIDATE
+        return node
+
+    def reshape(self, x: fx.Node, shape: list, placement: Role, meta: dict) -> fx.Node:
+        out = self.graph.call_function(aten.reshape.default, (x, [_size_arg(s) for s in shape]))
+        out.meta.update(meta)
+        out.meta[PLACEMENT] = placement
+        return out
 
     def scalar(self, node: fx.Node, placement: Role) -> Any:
         """A batch-size value at ``placement``: sizes of tensors are re-derived from their sympy
@@ -90,6 +124,12 @@ class _Emitter:
                 value.meta[PLACEMENT] = placement
             self.scalars[key] = value
         return self.scalars[key]
+
+
+def _size_arg(size: Any) -> Any:
+    """A size for a reshape's shape list: graph values stay, concrete sizes become ints (a merged
+    axis's other dims are concrete; ``batch_axis`` refuses the rest)."""
+    return size if isinstance(size, fx.Node) else int(size)
 
 
 def is_scalar_node(node: fx.Node) -> bool:
