@@ -2,12 +2,15 @@
 
 The options are the script's own: ``rocs bench --help`` prints them, ``rocs bench`` checks the
 arguments with the script's parser (an error names the argument) and then runs the script with
-them unchanged, in a fresh process. ``--candidates`` is per request, as everywhere in ``rocs``.
+them unchanged, in a fresh process. A usage error is the parser's one error line and a hint.
+``--candidates`` is per request, as everywhere in ``rocs``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import subprocess
 import sys
 from pathlib import Path
@@ -39,5 +42,14 @@ def run_bench(argv: Sequence[str], script: Optional[Path]) -> int:
             "benchmarks/speed.py was not found (looked in the current directory and next to the "
             "rocs_compiler package); rocs bench runs from a source checkout"
         )
-    _script_module(script).parse_args(list(argv), prog="rocs bench")
+    module = _script_module(script)
+    usage = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(usage):
+            module.parse_args(list(argv), prog="rocs bench")
+    except SystemExit as exit_:
+        if exit_.code:  # a usage error: its last line names the argument; the usage is noise
+            lines = usage.getvalue().strip().splitlines() or ["rocs bench: error"]
+            sys.stderr.write(f"{lines[-1]}\n  (rocs bench --help lists the options)\n")
+        raise
     return subprocess.call([sys.executable, str(script), *argv])

@@ -399,7 +399,9 @@ def test_bench_argument_errors_name_the_argument(monkeypatch, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["bench", "--candidates", "many"])
     assert exit_info.value.code == 2
-    assert "argument --candidates: invalid int value: 'many'" in capsys.readouterr().err
+    error, hint = capsys.readouterr().err.splitlines()
+    assert error == "rocs bench: error: argument --candidates: invalid int value: 'many'"
+    assert "--help" in hint
 
 
 def test_bench_without_the_script_is_a_clear_error(monkeypatch, capsys):
