@@ -554,18 +554,32 @@ def _git_commit() -> str | None:
 # -- main -----------------------------------------------------------------------------------------
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    """The benchmark's options; ``rocs bench`` parses with it too (``prog="rocs bench"``)."""
     parser = argparse.ArgumentParser(
+        prog=prog,
         description="Time eager, Inductor and ROCS (shared and drop-in) on the zoo models.",
     )
     parser.add_argument(
-        "--models", nargs="+", choices=list(ZOO), default=None, help="zoo models (default: all)"
+        "model_names",
+        nargs="*",
+        metavar="MODEL",
+        help="zoo models, the same as --models (default: all)",
+    )
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        choices=list(ZOO),
+        default=None,
+        metavar="MODEL",
+        help=f"zoo models (default: all): {', '.join(ZOO)}",
     )
     parser.add_argument(
         "--candidates",
         nargs="+",
         type=int,
         default=None,
+        metavar="N",
         help="candidates per request (default: 16 128 1024; --quick: 4)",
     )
     parser.add_argument(
@@ -573,6 +587,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         nargs="+",
         type=int,
         default=None,
+        metavar="R",
         help="requests per batch (default: 1 8; --quick: 1 2)",
     )
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -618,9 +633,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="write the tables with the run's metadata as Markdown",
     )
     parser.add_argument("--no-progress", dest="progress", action="store_false")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argparse.Namespace:
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
 
-    args.models = args.models or list(ZOO)
+    unknown = [m for m in args.model_names if m not in ZOO]
+    if unknown:
+        parser.error(
+            f"argument MODEL: invalid choice: {unknown[0]!r} (choose from {', '.join(ZOO)})"
+        )
+    args.models = list(dict.fromkeys([*args.model_names, *(args.models or [])])) or list(ZOO)
     args.candidates = args.candidates or ([4] if args.quick else [16, 128, 1024])
     args.requests = args.requests or ([1, 2] if args.quick else [1, 8])
     if args.min_repeats is None:

@@ -4,6 +4,8 @@
 
     rocs inspect models_zoo:dlrm                          # node table and summary
     rocs inspect models_zoo:din --format html -o din.html # drawing, table, speedup plot
+    rocs inspect my_model.py:Ranker --request user_dense \
+        --input user_dense=float32[64] --input 'item_id=int64[]<5000'
     rocs inspect mypkg.models:make_ranker --request user_ids,history --format json
     rocs inspect ranker.pt2 --candidates 512              # a saved rocs.export program
     rocs export models_zoo:dlrm -o dlrm.pt2
@@ -13,35 +15,49 @@
 TARGET is one of
 
 - ``models_zoo:NAME``: a zoo model (``rocs zoo`` lists them);
-- ``package.module:factory`` or ``path/to/file.py:factory``: a callable taking no arguments that
-  returns either ``(model, example_kwargs, request_inputs)`` (``request_inputs`` may be left out
-  when ``--request`` is given) or a zoo-entry-like object with ``request_inputs``,
-  ``build()`` (the model in eval mode) and ``make_batch(counts)`` (a shared-layout batch with
-  ``.kwargs``, ``.candidate_to_request`` and ``.replicated()``, like ``models_zoo.Batch``);
-  ``example_kwargs`` is one batch of the model's keyword arguments in replicated layout;
+- ``package.module:NAME`` or ``path/to/file.py:NAME`` where NAME is an ``nn.Module`` class
+  (constructed with no arguments), an ``nn.Module`` instance, or a factory function taking no
+  arguments. A factory returns a model, or ``(model, example_kwargs, request_inputs)``
+  (``request_inputs`` may be left out when ``--request`` is given), or a zoo-entry-like object
+  with ``request_inputs``, ``build()`` (the model in eval mode) and ``make_batch(counts)`` (a
+  shared-layout batch with ``.kwargs``, ``.candidate_to_request`` and ``.replicated()``, like
+  ``models_zoo.Batch``); ``example_kwargs`` is one batch of the model's keyword arguments in
+  replicated layout. A model without example inputs takes ``--input`` specs
+  (:mod:`rocs_compiler.input_specs`), one per argument of its forward;
 - a saved export (``*.pt2`` from ``rocs export`` / ``rocs.save``).
 
-Exit codes: 0 success, 1 compile or input error (one line; ``--debug`` shows the traceback),
-2 usage error, 3 a missing external tool (Graphviz ``dot`` for ``--format svg``).
+``--candidates`` is candidates per request in every command (``inspect``, ``bench``); a batch of
+``--requests R`` requests has ``R * candidates`` candidate rows.
+
+Stages that can take seconds print ``[rocs] capture ... 1.2 s`` lines on stderr (``-q``: none).
+Errors are one line, ``rocs: error: ...``, and at most one hint (the source line they point at);
+torch's logs and warnings are silenced unless ``--debug``, which also shows tracebacks.
+
+Exit codes: 0 success, 1 compile or input error, 2 usage error, 3 a missing external tool
+(Graphviz ``dot`` for ``--format svg``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
-import subprocess
+import os
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from . import cli_bench
+from .cli_output import Console, error_lines, third_party_silenced
+from .errors import CompileError, InputError, TargetError
+from .input_specs import NOTATION, parse_spec
 from .options import Options, OptionsError
-from .targets import Target, TargetError, load_target
+from .progress import listening, stage
+from .targets import Target, load_target
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_TOOL = 0, 1, 2, 3
-MEASURE_CANDIDATES = (16, 64, 256, 1024)
 
 
 class MissingTool(RuntimeError):
@@ -58,39 +74,41 @@ class Inspection:
     compiled: Any = None  # CompiledModel when one was built
 
 
-def _ensure_eval(target: Target) -> None:
+def _num_candidates(args) -> int:
+    """N, the candidates of one batch: ``--candidates`` is per request."""
+    return args.candidates * args.requests
+
+
+def _ensure_eval(target: Target, console: Console) -> None:
     if target.model.training:
-        print(
-            f"rocs: {target.label} returned a model in training mode; using eval mode",
-            file=sys.stderr,
-        )
+        console.say(f"rocs: {target.label}: the model is in training mode; using eval mode")
         target.model.eval()
 
 
+def _compile(target: Target, args):
+    import rocs_compiler as rocs
+
+    _ensure_eval(target, args.console)
+    return rocs.compile(
+        target.model, target.request_inputs, example_kwargs=target.example_kwargs,
+        options=args.options,
+    )  # fmt: skip
+
+
 def _inspect_model(target: Target, args) -> Inspection:
-    from .pipeline import compile_graph
     from .render import view_from_exported, view_from_pipeline
     from .report import build_report
 
-    _ensure_eval(target)
-    result = compile_graph(
-        target.model, target.request_inputs, (), target.example_kwargs, args.options
-    )
-    report = build_report(result, args.candidates, args.requests)
-    compiled = None
-    if args.graph == "shared" or args.measure:
-        import rocs_compiler as rocs
-
-        compiled = rocs.compile(
-            target.model,
-            target.request_inputs,
-            example_kwargs=target.example_kwargs,
-            options=args.options,
-        )
+    compiled = _compile(target, args)
+    result = compiled.pipeline_result
+    with stage("costs"):
+        report = build_report(result, _num_candidates(args), args.requests)
     if args.graph == "shared":
         import rocs_compiler as rocs
 
-        view = view_from_exported(rocs.export(compiled), title=f"{target.label} (shared layout)")
+        with stage("export"):
+            program = rocs.export(compiled)
+        view = view_from_exported(program, title=f"{target.label} (shared layout)")
     else:
         view = view_from_pipeline(result, report, title=f"{target.label} (logical graph)")
     return Inspection(report, view, compiled)
@@ -101,7 +119,8 @@ def _inspect_program(target: Target, args) -> Inspection:
     from .report import NodeReport, Report
 
     program = target.program
-    costs = exported_costs(program)
+    with stage("costs"):
+        costs = exported_costs(program)
     view = view_from_exported(program, costs, title=f"{target.label} (saved export)")
     nodes = [
         NodeReport(n.name, n.op, n.module, n.role, n.flops, n.broadcast, n.shape)
@@ -115,7 +134,7 @@ def _inspect_program(target: Target, args) -> Inspection:
         sum(costs.per_request.values()),
         sum(costs.per_candidate.values()),
         sum(costs.fixed.values()),
-        args.candidates,
+        _num_candidates(args),
         args.requests,
         {},
         fused,
@@ -126,91 +145,24 @@ def _inspect_program(target: Target, args) -> Inspection:
     return Inspection(report, view)
 
 
-# -- measuring ------------------------------------------------------------------------------------
-
-
-def _split(total: int, parts: int) -> list[int]:
-    parts = max(1, min(parts, total))
-    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
-
-
-def _tiled_batch(target: Target, counts: Sequence[int]):
-    """A shared-layout batch built from the example rows (for factories without make_batch)."""
-    import torch
-    from torch.utils import _pytree as pytree
-
-    from models_zoo.batch import Batch, request_index
-
-    from .inputs import named_leaves
-
-    example = target.example_kwargs
-    flat, spec = pytree.tree_flatten(example)
-    names = list(named_leaves(example))
-    rows = max(v.shape[0] for v in flat if isinstance(v, torch.Tensor) and v.dim())
-    num_requests, num_candidates = len(counts), sum(counts)
-    requests = [
-        n for n in names if any(n == r or n.startswith(r + ".") for r in target.request_inputs)
-    ]
-    leaves = []
-    for name, value in zip(names, flat):
-        if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == rows:
-            count = num_requests if name in requests else num_candidates
-            value = value.index_select(0, torch.arange(count) % rows)
-        leaves.append(value)
-    kwargs = pytree.tree_unflatten(leaves, spec)
-    return Batch(kwargs, request_index(counts), tuple(requests))
-
-
-def _time_pair(first: Callable[[], Any], second: Callable[[], Any], budget: float = 0.5):
-    """Best times of two calls, run alternately so that load on a shared machine hits both alike.
-
-    The minimum over repeats is the least noisy estimate of a call's own cost.
-    """
-    first(), second()  # warm-up
-    best = [float("inf"), float("inf")]
-    spent, rounds = 0.0, 0
-    while rounds < 5 or (spent < budget and rounds < 200):
-        for i, fn in enumerate((first, second)):
-            start = time.perf_counter()
-            fn()
-            elapsed = time.perf_counter() - start
-            best[i] = min(best[i], elapsed)
-            spent += elapsed
-        rounds += 1
-    return best[0], best[1]
-
-
-def measure(target: Target, compiled, num_requests: int, candidates: Sequence[int]):
-    """Measured speedup of the shared-layout call over the original model, per N."""
-    import torch
-
-    points = []
-    for n in candidates:
-        counts = _split(n, num_requests)
-        batch = target.make_batch(counts) if target.make_batch else _tiled_batch(target, counts)
-        replicated = batch.replicated()
-        shared, index = batch.kwargs, batch.candidate_to_request
-        with torch.no_grad():
-            eager, rocs_time = _time_pair(
-                lambda kw=replicated: target.model(**kw),
-                lambda kw=shared, idx=index: compiled(**kw, candidate_to_request=idx),
-            )
-        points.append((n, eager / rocs_time))
-    return points
-
-
 # -- commands -------------------------------------------------------------------------------------
 
 
-def _write(text: str, output: Optional[str]) -> None:
-    if output:
-        Path(output).write_text(text)
-        print(f"wrote {output}", file=sys.stderr)
+def _write(text: str, args) -> None:
+    if args.output:
+        Path(args.output).write_text(text)
+        args.console.note(f"wrote {args.output}")
     else:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
 
 
-def cmd_inspect(args, extra) -> int:
+def _target(args) -> Target:
+    with stage("load target"):
+        return load_target(args.target, args.request, args.input or ())
+
+
+def cmd_inspect(args) -> int:
+    from .cli_measure import measure, sizes_up_to
     from .render import dot_available
 
     if args.format == "svg" and not dot_available():
@@ -218,7 +170,7 @@ def cmd_inspect(args, extra) -> int:
             "--format svg needs Graphviz 'dot', which is not installed (apt-get install "
             "graphviz, brew install graphviz); --format dot or --format html work without it"
         )
-    target = load_target(args.target, args.request)
+    target = _target(args)
     if target.program is not None:
         if args.measure:
             raise TargetError("--measure needs a model target, not a saved export")
@@ -227,8 +179,7 @@ def cmd_inspect(args, extra) -> int:
         inspection = _inspect_model(target, args)
     measured = []
     if args.measure:
-        sizes = sorted({n for n in MEASURE_CANDIDATES if n <= args.candidates} | {args.candidates})
-        sizes = [n for n in sizes if n >= args.requests]
+        sizes = sizes_up_to(args.candidates)
         measured = measure(target, inspection.compiled, args.requests, sizes)
     formatter = {
         "text": _as_text,
@@ -237,7 +188,10 @@ def cmd_inspect(args, extra) -> int:
         "svg": _as_svg,
         "html": _as_html,
     }[args.format]
-    _write(formatter(target, inspection, measured, args), args.output)
+    drawing = args.format in ("svg", "html")  # Graphviz layout can take seconds
+    with stage(f"render {args.format}") if drawing else contextlib.nullcontext():
+        text = formatter(target, inspection, measured, args)
+    _write(text, args)
     return EXIT_OK
 
 
@@ -247,7 +201,8 @@ def _as_text(target: Target, inspection: Inspection, measured, args) -> str:
         head += f"  (request inputs: {', '.join(target.request_inputs)})"
     text = head + "\n\n" + inspection.report.to_text()
     if measured:
-        text += "\nmeasured speedup   : " + ", ".join(f"{s:.2f}x at N={n}" for n, s in measured)
+        points = ", ".join(f"{m.speedup:.2f}x at {m.per_request}" for m in measured)
+        text += f"\nmeasured speedup   : {points} candidates per request, R={args.requests}"
     return text
 
 
@@ -257,6 +212,7 @@ def _as_json(target: Target, inspection: Inspection, measured, args) -> str:
     data = inspection.report.to_dict()
     data["target"] = target.label
     data["request_inputs"] = target.request_inputs
+    data["candidates_per_request"] = args.candidates
     data["graph"] = {
         "kind": view.kind,
         "edges": [
@@ -264,7 +220,11 @@ def _as_json(target: Target, inspection: Inspection, measured, args) -> str:
         ],
     }
     if measured:
-        data["measured_speedup"] = [{"num_candidates": n, "speedup": s} for n, s in measured]
+        data["measured_speedup"] = [
+            {"candidates_per_request": m.per_request, "num_candidates": m.num_candidates,
+             "speedup": m.speedup}
+            for m in measured
+        ]  # fmt: skip
     return json.dumps(data, indent=2)
 
 
@@ -294,36 +254,35 @@ def _as_html(target: Target, inspection: Inspection, measured, args) -> str:
     else:
         drawing = graph_svg(view)
         note = "Graphviz is not installed, drawn as layers by topological depth"
-    plot = speedup_svg(report.request_flops, report.candidate_flops, args.requests, measured)
+    points = [(m.num_candidates, m.speedup) for m in measured]  # the plot's axis is N
+    plot = speedup_svg(report.request_flops, report.candidate_flops, args.requests, points)
     return html_page(
-        target.label, view, report, drawing, plot, args.candidates, args.requests, measured, note
-    )
+        target.label, view, report, drawing, plot, _num_candidates(args), args.requests, points,
+        note,
+    )  # fmt: skip
 
 
-def cmd_export(args, extra) -> int:
+def cmd_export(args) -> int:
     import rocs_compiler as rocs
 
-    target = load_target(args.target, args.request)
+    target = _target(args)
     if target.program is not None:
         raise TargetError("the target is already a saved export")
-    _ensure_eval(target)
-    compiled = rocs.compile(
-        target.model,
-        target.request_inputs,
-        example_kwargs=target.example_kwargs,
-        options=args.options,
-    )
-    program = rocs.export(compiled)
+    compiled = _compile(target, args)
+    with stage("export"):
+        program = rocs.export(compiled)
     if args.aoti:
-        path = rocs.aoti_package(program, args.output)
-        print(f"wrote AOTInductor package {path}", file=sys.stderr)
+        with stage("AOTInductor"):
+            path = rocs.aoti_package(program, args.output)
+        args.console.note(f"wrote AOTInductor package {path}")
     else:
-        rocs.save(program, args.output)
-        print(f"wrote {args.output}", file=sys.stderr)
+        with stage("save"):
+            rocs.save(program, args.output)
+        args.console.note(f"wrote {args.output}")
     return EXIT_OK
 
 
-def cmd_zoo(args, extra) -> int:
+def cmd_zoo(args) -> int:
     from models_zoo import ZOO
 
     width = max(len(name) for name in ZOO)
@@ -333,28 +292,15 @@ def cmd_zoo(args, extra) -> int:
     return EXIT_OK
 
 
-def _bench_script() -> Optional[Path]:
-    for root in (Path.cwd(), Path(__file__).resolve().parents[1]):
-        script = root / "benchmarks" / "speed.py"
-        if script.is_file():
-            return script
-    return None
-
-
-def cmd_bench(args, extra) -> int:
-    script = _bench_script()
-    if script is None:
-        raise TargetError(
-            "benchmarks/speed.py was not found (looked in the current directory and next to the "
-            "rocs_compiler package); rocs bench runs from a source checkout"
-        )
-    command = [sys.executable, str(script)]
-    if args.models:
-        command += ["--models", *args.models]
-    return subprocess.call(command + list(extra))
-
-
 # -- argument parsing -----------------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``rocs inspect: error: argument --x: ...`` and a hint."""
+
+    def error(self, message: str):
+        first, *rest = message.splitlines()
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {first}\n  ({self.prog} --help shows usage)\n")
 
 
 def _names(text: str) -> list[str]:
@@ -371,6 +317,13 @@ def _positive(text: str) -> int:
     return value
 
 
+def _input_spec(text: str):
+    try:
+        return parse_spec(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def _options_for(command: str) -> Callable[[str], Options]:
     """The ``--options`` parser of ``rocs COMMAND``: a JSON object of pipeline options."""
 
@@ -384,26 +337,34 @@ def _options_for(command: str) -> Callable[[str], Options]:
         try:
             return Options.from_mapping(value, where=f"rocs {command}")
         except OptionsError as err:  # argparse names the command and the argument
-            raise argparse.ArgumentTypeError("; ".join(err.problems) + "\n" + err.valid) from None
+            problems = "; ".join(err.problems)
+            valid = Options.describe(one_line=True)
+            raise argparse.ArgumentTypeError(f"{problems}; {valid}") from None
 
     return parse
 
 
-_TARGET_HELP = """\
+_TARGET_HELP = f"""\
 TARGET:
   models_zoo:NAME              a zoo model (rocs zoo lists them)
-  package.module:factory       a no-argument callable (also path/to/file.py:factory) returning
-                               (model, example_kwargs, request_inputs) -- request_inputs may be
-                               left out when --request is given -- or an object with
-                               request_inputs, build() and make_batch(counts) like a
-                               models_zoo.ZooEntry; example_kwargs is one batch of the model's
-                               keyword arguments in replicated layout
+  path/to/file.py:NAME         NAME in a file (also package.module:NAME): an nn.Module class
+                               (constructed with no arguments), an nn.Module instance, or a
+                               no-argument factory returning a model, (model, example_kwargs[,
+                               request_inputs]), or an object with request_inputs, build() and
+                               make_batch(counts) like a models_zoo.ZooEntry
   FILE.pt2                     a program saved by rocs export / rocs.save
+
+A model without example inputs needs --input {NOTATION}, one per forward argument:
+  --input user_dense=float32[64]     float32 [B, 64]; SHAPE leaves out the batch dim
+  --input 'item_id=int64[]<5000'     int64 [B] in [0, 5000) (quote it: < is a shell redirect)
+  --input features.age=float32[1]    a tensor inside the dict argument 'features'
+DTYPE defaults to float32; <K bounds integer ids (default 2). Example batches are random and
+ragged (requests with 3, 1 and 5 candidates). --input replaces a target's own example inputs.
 """
 
 
 def _target_command(sub, common, func, name: str, help: str, description: str):  # noqa: A002
-    """A subcommand acting on a TARGET: the target, ``--request`` and ``--options``."""
+    """A subcommand acting on a TARGET: the target, ``--request``, ``--input`` and ``--options``."""
     command = sub.add_parser(
         name,
         parents=[common],
@@ -415,13 +376,20 @@ def _target_command(sub, common, func, name: str, help: str, description: str): 
     command.add_argument(
         "target",
         metavar="TARGET",
-        help="models_zoo:NAME, package.module:factory, path/to/file.py:factory, or FILE.pt2",
+        help="models_zoo:NAME, path/to/file.py:NAME, package.module:NAME, or FILE.pt2",
     )
     command.add_argument(
         "--request",
         type=_names,
         metavar="NAMES",
         help="request-side inputs, comma-separated (default: the target's own)",
+    )
+    command.add_argument(
+        "--input",
+        type=_input_spec,
+        action="append",
+        metavar="SPEC",
+        help=f"an example input, {NOTATION} (see below); repeat per input",
     )
     command.add_argument(
         "--options",
@@ -435,10 +403,28 @@ def _target_command(sub, common, func, name: str, help: str, description: str): 
     return command
 
 
+def _common() -> argparse.ArgumentParser:
+    # SUPPRESS: the flag counts wherever it is given (before or after the command).
+    common = _Parser(add_help=False)
+    common.add_argument(
+        "--debug",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="show tracebacks and torch's logs and warnings",
+    )
+    common.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="no progress lines on stderr (errors still show)",
+    )
+    return common
+
+
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-    parser = argparse.ArgumentParser(
+    common = _common()
+    parser = _Parser(
         prog="rocs",
         description="Request-oriented compute sharing: inspect, export and benchmark models.",
         epilog="exit codes: 0 ok, 1 compile/input error, 2 usage error, 3 missing external tool",
@@ -450,20 +436,20 @@ def build_parser() -> argparse.ArgumentParser:
         sub, common, cmd_inspect, "inspect",
         help="roles, FLOPs and a drawing of a compiled model",
         description="Compile TARGET and show what runs per request and per candidate.",
-    )
+    )  # fmt: skip
     inspect.add_argument(
         "--candidates",
         type=_positive,
         default=1024,
         metavar="N",
-        help="candidates per batch for the ideal speedup (default 1024)",
+        help="candidates per request, for the ideal speedup and --measure (default 1024)",
     )
     inspect.add_argument(
         "--requests",
         type=_positive,
         default=1,
         metavar="R",
-        help="requests per batch for the ideal speedup (default 1)",
+        help="requests per batch, each with --candidates candidates (default 1)",
     )
     inspect.add_argument("--format", choices=["text", "json", "dot", "svg", "html"], default="text")
     inspect.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
@@ -477,15 +463,15 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument(
         "--measure",
         action="store_true",
-        help="also time the original model and the shared-layout call "
-        f"(N in {', '.join(map(str, MEASURE_CANDIDATES))} up to --candidates)",
+        help="also time the original model and the shared-layout call at 16, 64, 256 and 1024 "
+        "candidates per request, up to --candidates",
     )
 
     export = _target_command(
         sub, common, cmd_export, "export",
         help="compile TARGET and save a torch.export program",
         description="Compile TARGET and save its shared-layout program (load with rocs.load).",
-    )
+    )  # fmt: skip
     export.add_argument("-o", "--output", required=True, metavar="FILE", help="output .pt2 file")
     export.add_argument(
         "--aoti",
@@ -501,48 +487,59 @@ def build_parser() -> argparse.ArgumentParser:
     )
     zoo.set_defaults(func=cmd_zoo)
 
-    bench = sub.add_parser(
+    # Listed here for `rocs --help`; `rocs bench ...` is parsed by the benchmark's own parser
+    # (see main), so that `rocs bench --help` shows the benchmark's options.
+    sub.add_parser(
         "bench",
-        parents=[common],
-        help="run benchmarks/speed.py",
-        description="Run the speed benchmark (benchmarks/speed.py); options after the model "
-        "names go to the script, e.g. rocs bench dlrm --quick --no-inductor.",
+        help="run the speed benchmark (benchmarks/speed.py; rocs bench --help lists its options)",
+        add_help=False,
     )
-    bench.add_argument("models", nargs="*", metavar="MODEL", help="zoo models (default: all)")
-    bench.set_defaults(func=cmd_bench)
     return parser
 
 
+def _split_command(argv: list[str]) -> tuple[list[str], Optional[str], list[str]]:
+    """Global flags before the command, the command, and what follows it."""
+    for i, arg in enumerate(argv):
+        if not arg.startswith("-"):
+            return argv[:i], arg, argv[i + 1 :]
+    return argv, None, []
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    console = Console(sys.stderr)
+    flags, command, rest = _split_command(argv)
+    if command == "bench" and not {"-h", "--help"} & set(flags):
+        try:
+            return cli_bench.run_bench(rest, cli_bench.bench_script())
+        except TargetError as err:
+            console.say(f"rocs: error: {err}")
+            return EXIT_ERROR
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
+    args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    if extra and args.command != "bench":
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    debug, quiet = getattr(args, "debug", False), getattr(args, "quiet", False)
     output = getattr(args, "output", None)
     if output and not Path(output).resolve().parent.is_dir():
         # Checked before any compile work, which can take seconds.
         parser.error(f"argument -o/--output: directory {Path(output).parent} does not exist")
-    from .errors import CompileError, InputError
-
+    args.console = console = Console(sys.stderr, progress=not quiet)
+    # ROCS_PRINT_GRAPHS prints graphs on stderr: asking for them keeps stderr open.
+    silenced = not debug and not os.environ.get("ROCS_PRINT_GRAPHS")
     try:
-        return args.func(args, extra)
+        with third_party_silenced() if silenced else contextlib.nullcontext(), listening(console):
+            return args.func(args)
     except MissingTool as err:
-        print(f"rocs: {err}", file=sys.stderr)
+        console.say(f"rocs: {err}")
         return EXIT_TOOL
-    except (CompileError, InputError, TargetError) as err:
-        if args.debug:
-            raise
-        print(f"rocs: error: {err}", file=sys.stderr)
-        return EXIT_ERROR
     except Exception as err:
-        if args.debug:
+        if debug:
             raise
-        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        print(f"rocs: error ({type(err).__name__}): {first}", file=sys.stderr)
-        print("  (run with --debug for the traceback)", file=sys.stderr)
+        known = isinstance(err, (CompileError, InputError, TargetError, OptionsError))
+        for line in error_lines(err, known):
+            console.say(line)
         return EXIT_ERROR
 
 

@@ -22,3 +22,7 @@ class OptionsError(ValueError):
 
     def __str__(self) -> str:
         return f"{self.where}: {'; '.join(self.problems)}\n{self.valid}"
+
+
+class TargetError(ValueError):
+    """A ``rocs`` command's TARGET or input specs could not be resolved into a model to compile."""

@@ -57,13 +57,18 @@ class Options:
         return cls(**options)
 
     @classmethod
-    def describe(cls) -> str:
-        """The valid options, one per line: name, type, default and what it does."""
+    def describe(cls, one_line: bool = False) -> str:
+        """The valid options, one per line: name, type, default and what it does.
+
+        ``one_line``: names, types and defaults on one line (for the CLI's one-line errors).
+        """
         hints = typing.get_type_hints(cls)
         rows = [
             (f"{f.name}: {_type_name(hints[f.name])} = {f.default!r}", f.metadata["doc"])
             for f in dataclasses.fields(cls)
         ]
+        if one_line:
+            return "valid options: " + ", ".join(head for head, _ in rows)
         width = max(len(head) for head, _ in rows)
         return "valid options:\n" + "\n".join(f"  {head:<{width}}  {doc}" for head, doc in rows)
 

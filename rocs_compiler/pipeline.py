@@ -16,6 +16,7 @@ from .analysis import Analysis, analyze
 from .capture import CapturedGraph, capture
 from .options import Options
 from .passes.share import share
+from .progress import stage
 
 
 @dataclass
@@ -54,30 +55,38 @@ def compile_graph(
     options: Options = Options(),
     unbatched_inputs: Sequence[str] = (),
 ) -> PipelineResult:
-    """Run the pipeline; entry points validate ``options`` (:meth:`Options.from_mapping`) first."""
-    captured = capture(
-        model, example_args, example_kwargs, request_inputs,
-        strict_fallback=options.capture_strict, unbatched_inputs=unbatched_inputs,
-    )  # fmt: skip
+    """Run the pipeline; entry points validate ``options`` (:meth:`Options.from_mapping`) first.
+
+    Each stage is reported to the progress listener of :mod:`rocs_compiler.progress` (the CLI
+    installs one; by default there is none and nothing is printed).
+    """
+    with stage("capture"):
+        captured = capture(
+            model, example_args, example_kwargs, request_inputs,
+            strict_fallback=options.capture_strict, unbatched_inputs=unbatched_inputs,
+        )  # fmt: skip
     symbol = captured.batch_symbol
     request_placeholders = {captured.placeholder_of[n] for n in captured.request_inputs}
     gm = captured.graph_module
-    analysis = analyze(gm, request_placeholders, symbol)
+    with stage("analyze"):
+        analysis = analyze(gm, request_placeholders, symbol)
     _debug_print("capture", gm)
     counts: dict[str, int] = {}
 
     if options.defer:
         from .passes.defer import defer
 
-        gm, fired = defer(gm, request_placeholders, symbol)
-        counts.update(fired)
-        analysis = analyze(gm, request_placeholders, symbol)
+        with stage("rewrite (defer)"):
+            gm, fired = defer(gm, request_placeholders, symbol)
+            counts.update(fired)
+            analysis = analyze(gm, request_placeholders, symbol)
         _debug_print("defer", gm)
     from .verify import verify_roles
 
     verify_roles(gm)
 
-    shared = share(gm, symbol)
+    with stage("share"):
+        shared = share(gm, symbol)
     _debug_print("share", shared)
 
     if options.ikbo:
@@ -86,13 +95,15 @@ def compile_graph(
         pointwise = options.ikbo_pointwise
         if pointwise is None:
             pointwise = any(t.is_cuda for t in model.parameters())
-        shared, fired = ikbo(shared, pointwise=pointwise)
+        with stage("fuse (ikbo)"):
+            shared, fired = ikbo(shared, pointwise=pointwise)
         counts.update(fired)
         _debug_print("ikbo", shared)
 
     from .passes.cleanup import cleanup
 
-    shared = cleanup(shared)
+    with stage("cleanup"):
+        shared = cleanup(shared)
     _debug_print("cleanup", shared)
     from .verify import verify_shared
 

@@ -90,11 +90,13 @@ class Report:
 
     def summary(self) -> str:
         n, r = self.num_candidates, self.num_requests
+        per = f" ({n / r:g} per request)" if r > 1 else ""
         lines = [
             f"FLOPs per request  : {_fmt(self.request_flops)}",
             f"FLOPs per candidate: {_fmt(self.candidate_flops)}",
             f"request share      : {self.request_share:.1%}",
-            f"ideal speedup      : {self.ideal_speedup():.2f}x at N={n} candidates, R={r} requests",
+            f"ideal speedup      : {self.ideal_speedup():.2f}x at N={n} candidates{per}, "
+            f"R={r} requests",
         ]
         if self.pass_counts:
             fired = ", ".join(f"{k}={v}" for k, v in sorted(self.pass_counts.items()) if v)

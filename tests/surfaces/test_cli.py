@@ -15,7 +15,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from rocs_compiler import cli
+from rocs_compiler import cli, cli_bench
 from rocs_compiler.render import dot as dot_module
 
 HAS_DOT = shutil.which("dot") is not None
@@ -155,7 +155,8 @@ def test_inspect_text_has_roles_and_summary(capsys):
         "fused ops",
     ):
         assert line in out
-    assert "at N=64 candidates, R=2 requests" in out
+    # --candidates is per request: 2 requests of 64 candidates are N = 128.
+    assert "at N=128 candidates (64 per request), R=2 requests" in out
 
 
 def test_inspect_json_parses_and_has_nodes(tmp_path, capsys):
@@ -363,18 +364,48 @@ def test_zoo_lists_the_models(capsys):
     assert "request:" in out
 
 
-def test_bench_runs_the_benchmark_script(monkeypatch, capsys):
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["dlrm", "din", "--quick", "--no-inductor"],
+        # options before the models, as in the benchmark's own usage
+        ["--candidates", "1024", "--no-inductor", "--threads", "1", "--max-repeats", "10",
+         "--models", "dlrm"],
+    ],
+)  # fmt: skip
+def test_bench_runs_the_benchmark_script(argv, monkeypatch, capsys):
     calls = []
-    monkeypatch.setattr(cli.subprocess, "call", lambda command: calls.append(command) or 0)
-    code, _, _ = run(capsys, "bench", "dlrm", "din", "--quick", "--no-inductor")
+    monkeypatch.setattr(cli_bench.subprocess, "call", lambda command: calls.append(command) or 0)
+    code, _, _ = run(capsys, "bench", *argv)
     assert code == 0
     (command,) = calls
     assert command[1].endswith("benchmarks/speed.py")
-    assert command[2:] == ["--models", "dlrm", "din", "--quick", "--no-inductor"]
+    assert command[2:] == argv
+
+
+def test_bench_help_lists_the_benchmark_options(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["bench", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: rocs bench")
+    for option in ("--candidates", "--requests", "--no-inductor", "--threads", "--quick"):
+        assert option in out
+    assert "candidates per request" in out
+
+
+def test_bench_argument_errors_name_the_argument(monkeypatch, capsys):
+    monkeypatch.setattr(cli_bench.subprocess, "call", lambda command: pytest.fail("ran"))
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["bench", "--candidates", "many"])
+    assert exit_info.value.code == 2
+    error, hint = capsys.readouterr().err.splitlines()
+    assert error == "rocs bench: error: argument --candidates: invalid int value: 'many'"
+    assert "--help" in hint
 
 
 def test_bench_without_the_script_is_a_clear_error(monkeypatch, capsys):
-    monkeypatch.setattr(cli, "_bench_script", lambda: None)
+    monkeypatch.setattr(cli_bench, "bench_script", lambda: None)
     code, _, err = run(capsys, "bench")
     assert code == 1 and "benchmarks/speed.py" in err
 
