@@ -9,6 +9,7 @@ attention; elementwise work is not counted, as is customary.
 
 from __future__ import annotations
 
+import math
 import operator
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +25,8 @@ _BATCHES = (2, 4)
 
 
 def _register_missing_formulas() -> None:
-    """CPU attention kernels have no formula in PyTorch's counter; use the standard one."""
+    """CPU attention and LSTM kernels have no formula in PyTorch's counter; use the standard
+    ones (an RNN layer: one input and one recurrent matmul per step and row)."""
     aten = torch.ops.aten
     op = aten._scaled_dot_product_flash_attention_for_cpu
     if op in flop_counter.flop_registry or op.default in flop_counter.flop_registry:
@@ -33,6 +35,11 @@ def _register_missing_formulas() -> None:
     @flop_counter.register_flop_formula(op)
     def _sdpa_cpu(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
         return flop_counter.sdpa_flop_count(query_shape, key_shape, value_shape)
+
+    @flop_counter.register_flop_formula(aten.mkldnn_rnn_layer)
+    def _rnn_layer(input_shape, w_ih_shape, w_hh_shape, *args, out_shape=None, **kwargs) -> int:
+        steps_and_rows = math.prod(input_shape[:-1])
+        return 2 * steps_and_rows * (math.prod(w_ih_shape) + math.prod(w_hh_shape))
 
 
 _register_missing_formulas()

@@ -39,12 +39,13 @@ OpOverloadPacket = torch._ops.OpOverloadPacket
 # Elementwise in effect, but without the pointwise tag in ATen. ``dropout`` and its kin are
 # elementwise in eval mode (identity); their randomness is a separate question (see
 # ``RANDOM_ONLY_WHEN_ASKED``). ``_to_copy``/``to``/``alias``/``contiguous`` convert or copy;
-# ``copy(self, src)`` (functionalized ``self.copy_(src)``) is ``src`` broadcast to ``self``.
+# ``copy(self, src)`` (functionalized ``self.copy_(src)``) is ``src`` broadcast to ``self``, and
+# ``fill(self, value)`` (functionalized ``x[:, 0] = False``) is ``value`` broadcast to it.
 ELEMENTWISE_UNTAGGED = frozenset(
     {
         aten.hardswish, aten.log_sigmoid, aten.floor_divide, aten.__and__, aten.__or__,
         aten.__xor__, aten.dropout, aten.feature_dropout, aten.alpha_dropout, aten._to_copy,
-        aten.to, aten.alias, aten.contiguous, aten.clone, aten.type_as, aten.copy,
+        aten.to, aten.alias, aten.contiguous, aten.clone, aten.type_as, aten.copy, aten.fill,
     }
 )
 

@@ -4,7 +4,9 @@ Hypothesis draws a small straight-line program over three inputs, ``u1`` (reques
 [B, D]), ``u2`` (request, int ids [B]) and ``c1`` (candidate, float [B, D]), mixing row-wise ops
 with ops that mix rows of the batch (softmax/mean/cumsum over dim 0, ``x * x.size(0)``) and with the shapes the defer pass rewrites
 (request/candidate concatenations and stacks feeding linear maps, norms, softmaxes, slices,
-reductions, linear compression and bmm). A
+reductions, linear compression and bmm), with ops that move the batch away from dim 0 or merge
+it with other dims (transposes, stacks in front, reshapes through ``[B*D]``, a GRU over a
+two-step sequence in either layout) and with in-place updates through views. A
 module interprets the program; it is compiled with rocs and compared with the eager module on
 ragged batches in both calling conventions. The oracle knows nothing about roles or passes.
 
@@ -67,6 +69,9 @@ OPS = {
     "compress": (2, True, "wide"),
     "sum_dim1": (1, True, "narrow"),
     "matmul_weight": (1, True, "wide"),
+    "move_batch": (1, True, "wide"),
+    "write_through_view": (2, True, "wide"),
+    "gru": (2, True, "wide"),
 }
 ACTIVATIONS = (torch.relu, torch.sigmoid, torch.tanh)
 
@@ -134,6 +139,10 @@ class Program(nn.Module):
                 layer = nn.Linear(3, 2, bias=False)  # weight [2, 3] mixes the stacked features
             elif op.kind == "matmul_weight":
                 layer = nn.Linear(D, D, bias=False)  # its weight is used with torch.matmul
+            elif op.kind == "move_batch":
+                layer = nn.Linear(D, D)
+            elif op.kind == "gru":
+                layer = nn.GRU(D, D, batch_first=bool(op.variant % 2))
             self.layers.append(layer)
             _, _, out = OPS[op.kind]
             widths.append({"wide": WIDE, "narrow": NARROW, "same": wa, "max": max(wa, wb)}[out])
@@ -218,6 +227,31 @@ class Program(nn.Module):
             return a.sum(dim=1, keepdim=True)
         if k == "matmul_weight":
             return torch.matmul(a, layer.weight)
+        if k == "move_batch":
+            if v == 0:
+                return (a.t() * layer.weight[:, :1]).t()  # row-wise along dim 1 of [D, B]
+            if v == 1:
+                return layer(torch.stack([a, a.relu()], 0)).mean(0)  # [2, B, D]
+            if v == 2:
+                return (a.reshape(-1) * 2).reshape(-1, 2).flip(1).reshape(a.size(0), D)
+            return a.t().reshape(-1).view(a.size(0), D)  # mixes rows: [D, B] -> [B, D]
+        if k == "write_through_view":
+            x = a.clone()
+            if v == 0:
+                x[:, 0] = 0.0
+            elif v == 1:
+                x[:, :2].mul_(b[:, :2])
+            elif v == 2:
+                x += b
+                x.masked_fill_(x > 1.0, 0.0)
+            else:
+                x.t()[0].add_(b[:, 0])  # column 0 through a transposed view
+            return x
+        if k == "gru":
+            seq = torch.stack([a, b], 1 if layer.batch_first else 0)
+            out, last = layer(seq)
+            out = out.mean(1 if layer.batch_first else 0)
+            return out + last[-1] if v >= 2 else out
         raise AssertionError(k)
 
 
