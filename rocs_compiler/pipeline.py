@@ -69,7 +69,7 @@ def compile_graph(
     if options.defer:
         from .passes.defer import defer
 
-        gm, fired = defer(gm, request_placeholders, symbol)
+        gm, fired = defer(gm, request_placeholders, symbol, options.float32_partials)
         counts.update(fired)
         analysis = analyze(gm, request_placeholders, symbol)
         _debug_print("defer", gm)
