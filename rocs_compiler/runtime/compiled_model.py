@@ -27,6 +27,7 @@ from ..graph_meta import PLACEMENT
 from ..index_contract import check_candidate_to_request, check_index_range
 from ..roles import Role
 from . import no_backward
+from .input_specs import InputSpecs
 from .request_detection import group_requests, rows_consistent
 from .weights import WeightRefresh
 from ..inputs import GRAPH_OUTPUT, bind_inputs, is_tensor, named_leaves, replace_leaves
@@ -62,6 +63,12 @@ class InputContract:
         tensors = {n for n, v in leaves.items() if is_tensor(v)}
         missing = [n for n in self.input_names if n not in tensors]
         extra = sorted(tensors - set(self.input_names))
+        not_tensors = [n for n in missing if n in leaves and leaves[n] is not None]
+        if not_tensors:
+            name = not_tensors[0]
+            raise InputError(
+                f"input {name!r} must be a torch.Tensor, got {type(leaves[name]).__name__}"
+            )
         if missing:
             raise InputError(f"missing input(s): {', '.join(missing)}")
         if extra:
@@ -127,6 +134,7 @@ class CompiledModel(nn.Module):
         self._warned = False
         self._constant_outputs = _constant_output_positions(graph_module)
         self._weights_read = no_backward.weights_read_by_outputs(graph_module)
+        self._input_specs = InputSpecs.of_graph(graph_module, placeholder_of, contract.batched)
         # Not a submodule either: a view of graph_module's tensors, rebuilt when they move or
         # when a weight refresh replaced one of them (a new ``_weights.epoch``).
         object.__setattr__(self, "_runner", None)
@@ -167,6 +175,8 @@ class CompiledModel(nn.Module):
         return self._run(args, kwargs, leaves, requests, candidates, index)
 
     def _run(self, args, kwargs, leaves, requests, candidates, index):
+        if self._input_specs is not None:
+            self._input_specs.check(leaves)
         grad_mode = torch.is_grad_enabled()
         if grad_mode:
             wants_grad = [n for n, v in leaves.items() if is_tensor(v) and v.requires_grad]
@@ -176,10 +186,11 @@ class CompiledModel(nn.Module):
                     "without autograd (its outputs carry no gradient): call it under "
                     "torch.no_grad() or torch.inference_mode(), and train the original model"
                 )
-        with torch.no_grad():
-            if self.graph_module is None:
+        if self.graph_module is None:
+            with torch.no_grad():
                 result = self._run_eager(args, kwargs, requests, index)
-                return self._refuse_backward_eager(result) if grad_mode else result
+            return self._refuse_backward_eager(result) if grad_mode else result
+        with torch.no_grad():
             inputs = []
             for name in self.contract.input_names:
                 inputs.append(requests[name] if name in requests else candidates.get(name, leaves[name]))
@@ -220,6 +231,7 @@ class CompiledModel(nn.Module):
         )
         object.__setattr__(compiled, "_weights", self._weights)  # the same graph module's weights
         compiled._weights_read = self._weights_read
+        compiled._input_specs = self._input_specs
         return compiled
 
     def refresh_weights(self) -> None:
@@ -255,6 +267,8 @@ class CompiledModel(nn.Module):
         # and find out again which weights still alias the original's.
         object.__setattr__(self, "_runner", None)
         out = super()._apply(fn, recurse)
+        if self._input_specs is not None:
+            self._input_specs = self._input_specs.moved(fn)
         if self._weights is not None:
             self._weights.bind()
         return out
