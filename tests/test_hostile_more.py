@@ -518,6 +518,64 @@ def aliased_and_repeated_outputs():
     return module(forward, a=nn.Linear(D, D)), randn(D), randn(D)
 
 
+@case
+def bincount_and_global_reductions_of_request_values():
+    def forward(s, u, c):
+        return torch.bincount(u[:, 0], minlength=3), c * u.float().sum(), c * u.amax()
+
+    return module(forward), ints(6, 2), randn(D)
+
+
+@case
+def advanced_indexing_of_candidates_by_request_ids():
+    def forward(s, u, c):
+        rows = torch.arange(c.shape[0])
+        return c[rows, u[:, 0]] + torch.einsum("bi,bi->b", s.a(c), c)
+
+    return module(forward, a=nn.Linear(D, D)), ints(D, 2), randn(D)
+
+
+@case
+def bucketize_request_values_with_boundaries():
+    def forward(s, u, c):
+        buckets = torch.bucketize(u, s.bounds)
+        return s.e(buckets).sum(1) * c
+
+    model = module(forward, e=nn.Embedding(4, D))
+    model.register_buffer("bounds", torch.tensor([-0.5, 0.0, 0.5]))
+    return model, randn(3), randn(D)
+
+
+@case
+def scaled_dot_product_attention_over_a_request_history():
+    def forward(s, u, c):
+        history, lengths = u[:, :, :D], u[:, :, D]
+        k = s.k(history).view(-1, 5, 2, 2).transpose(1, 2)  # [B, H, L, d]
+        v = s.v(history).view(-1, 5, 2, 2).transpose(1, 2)
+        q = s.q(c).view(-1, 1, 2, 2).transpose(1, 2)  # [N, H, 1, d]
+        mask = (lengths > 0)[:, None, None, :]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return out.transpose(1, 2).flatten(1)
+
+    def make_u(rows):
+        u = torch.randn(rows, 5, D + 1)
+        u[:, 0, D] = 1.0  # every history has at least one item
+        return u
+
+    children = dict(k=nn.Linear(D, D), v=nn.Linear(D, D), q=nn.Linear(D, D))
+    return module(forward, **children), make_u, randn(D)
+
+
+@case
+def transformer_encoder_over_a_request_sequence():
+    def forward(s, u, c):
+        h = s.enc(u)
+        return (h.mean(1) * s.q(c)).sum(-1)
+
+    layer = nn.TransformerEncoderLayer(D, 2, dim_feedforward=8, dropout=0.0, batch_first=True)
+    return module(forward, enc=layer, q=nn.Linear(D, D)), randn(3, D), randn(D)
+
+
 # -- dtypes and values -----------------------------------------------------------------------
 
 
@@ -831,6 +889,20 @@ def test_control_flow_on_request_values_is_refused_or_runs_eagerly():
         got.sum().backward()
 
 
+def test_an_output_width_read_from_the_batch_is_refused_or_runs_eagerly():
+    """``one_hot`` without ``num_classes`` takes its width from the largest id in the whole
+    batch: no graph holds for every batch. Refused; with the eager fallback, exact in every
+    layout, a request without candidates (whose ids must not widen the output) included."""
+    model = module(lambda s, u, c: (F.one_hot(u[:, 0]).sum(-1), c * 2))
+    u, c = torch.randint(0, 6, (4, 2)), torch.randn(8, D)
+    u[3, 0] = 9  # only the request without candidates has the largest id
+    example = {"u": u[[0, 0, 1]], "c": c[:3]}
+    with pytest.raises(rocs.CompileError, match="one_hot"):
+        rocs.compile(model, ["u"], example_kwargs=example)
+    with pytest.warns(UserWarning):
+        differential(model, lambda rows: u[:rows], lambda rows: c[:rows], fallback="eager")
+
+
 def test_an_op_that_specializes_the_batch_size_is_refused_with_the_guard():
     """cdist picks its algorithm by row count (25): no graph holds for every batch size."""
     model = module(lambda s, u, c: torch.cdist(u, c).sum(-1))
@@ -938,3 +1010,20 @@ def test_a_model_in_training_mode_is_refused():
     u, c = torch.randn(3, D), torch.randn(7, D)
     with pytest.raises(rocs.InputError, match="model.eval"):
         rocs.compile(model, ["u"], example_kwargs={"u": u[[0, 0, 1]], "c": c[:3]})
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="capture.py: torch.export turns an autocast region into a wrap_with_autocast "
+    "higher-order op whose body is a submodule (submod_1); _lift_to_attrs builds the graph "
+    "module without copying it, so compile raises AttributeError: 'Module' object has no "
+    "attribute 'submod_1' instead of compiling or raising a CompileError",
+)
+def test_autocast_region_inside_forward():
+    def forward(s, u, c):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return s.h(torch.cat([s.a(u), c], -1)).float()
+
+    torch.manual_seed(0)
+    model = module(forward, a=nn.Linear(D, D), h=nn.Linear(2 * D, 3))
+    differential(model, randn(D), randn(D))

@@ -75,8 +75,8 @@ class InputSpecs:
                     f"input {name!r} is on {value.device}, but the compiled model is on "
                     f"{spec.device}: move the input, or the compiled model with .to()"
                 )
-            dims = tuple(value.shape[1:]) if spec.batched else tuple(value.shape)
-            if spec.batched and value.dim() == 0 or not _fits(dims, spec.sizes):
+            dims = value.shape[1:] if spec.batched else value.shape
+            if dims != spec.sizes and (spec.batched and value.dim() == 0 or not _fits(dims, spec.sizes)):
                 expected = ", ".join("?" if s is None else str(s) for s in spec.sizes)
                 expected = f"(rows, {expected})" if spec.batched else f"({expected})"
                 raise InputError(
