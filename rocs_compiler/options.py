@@ -28,6 +28,9 @@ class Options:
     """Pipeline options: ``rocs.compile(..., options=rocs.Options(defer=False))`` or a dict."""
 
     defer: bool = _option(True, "split linear maps over request/candidate concatenations")
+    float32_partials: bool = _option(
+        True, "float16/bfloat16 contractions split by defer sum float32 partials, rounded once"
+    )
     ikbo: bool = _option(True, "fuse broadcasts of request rows into IKBO kernels")
     ikbo_pointwise: Optional[bool] = _option(
         None, "fuse elementwise chains into generated kernels; None: on for GPU models"

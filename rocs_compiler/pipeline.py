@@ -77,7 +77,7 @@ def compile_graph(
         from .passes.defer import defer
 
         with stage("rewrite (defer)"):
-            gm, fired = defer(gm, request_placeholders, symbol)
+            gm, fired = defer(gm, request_placeholders, symbol, options.float32_partials)
             counts.update(fired)
             analysis = analyze(gm, request_placeholders, symbol)
         _debug_print("defer", gm)

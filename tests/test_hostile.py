@@ -194,3 +194,33 @@ def test_inputs_that_require_grad_are_refused_at_the_call():
         got = cm(u=u, c=c_grad, candidate_to_request=INDEX)
         torch.testing.assert_close(got, model(u[INDEX], c))
     assert cm(u=u, c=c, candidate_to_request=INDEX).shape == (7,)  # grad mode, no grad inputs
+
+
+def test_weights_that_require_grad_give_outputs_that_refuse_backward():
+    """A model in eval mode whose parameters require grad (the default): the call works in grad
+    mode, under no_grad and under inference_mode, with eager's values. In grad mode an output
+    that eager would attach to a parameter carries a grad_fn whose backward says why there is no
+    gradient, instead of a detached output that fails far from the cause."""
+    torch.manual_seed(0)
+
+    def forward(s, u, c):
+        return {"score": (s.a(u) * c).sum(-1), "raw": (u * c).sum(-1), "ids": c.argmax(-1)}
+
+    model = module(forward, a=nn.Linear(4, 4))
+    u, c = torch.randn(3, 4), torch.randn(7, 4)
+    cm = assert_exact(model, u, c)
+    want = model(u[INDEX], c)
+    got = cm(u=u, c=c, candidate_to_request=INDEX)
+    for key in want:  # gradient-carrying exactly where eager's output is
+        assert got[key].requires_grad == want[key].requires_grad, key
+        torch.testing.assert_close(got[key].detach(), want[key].detach())
+    with pytest.raises(RuntimeError, match="computes without autograd.*original model"):
+        (got["score"] * 2).sum().backward()
+    got["score"].mul_(2)  # in-place use of an output is as fine as in eager
+    for mode in (torch.no_grad, torch.inference_mode):
+        with mode():
+            assert not any(t.requires_grad for t in cm(u=u[INDEX], c=c).values())
+    for p in model.parameters():
+        p.requires_grad_(False)
+    assert not cm(u=u, c=c, candidate_to_request=INDEX)["score"].requires_grad
+    assert not c.requires_grad and cm(u=u, c=c, candidate_to_request=INDEX)["raw"].grad_fn is None

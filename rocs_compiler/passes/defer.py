@@ -18,10 +18,19 @@ move that meeting point later, so that more of the graph stays request-only:
 
 Both rules fire only on *mixed* concatenations (at least one request piece and one that is
 not); the re-association of sums they introduce is the only numerical difference.
+
+Precision of the split sums: eager contracts a float16/bfloat16 tensor with a float32
+accumulator and rounds once; two low-precision partials added in low precision round three
+times (about one ulp of the partials' scale). With ``float32_partials`` (the default) rule 1
+computes a low-precision contraction's partials in float32 and rounds their sum once, which
+matches eager up to float32 re-association (bit for bit in practice). float32 and float64
+contractions split in their own dtype: the partials' re-association is the bound (a few ulps
+of ``sum |terms|``).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional
 
@@ -53,6 +62,33 @@ def _join(b: Builder, pieces: list[fx.Node], dim: int) -> fx.Node:
     return pieces[0] if len(pieces) == 1 else b.call(aten.cat.default, pieces, dim)
 
 
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+class _Partials:
+    """How the partial contractions of one split are computed and summed.
+
+    ``wide`` is set for a low-precision result when float32 partials are asked for: every
+    operand of a partial is cast to float32 (weights fold to float32 copies at compile time)
+    and the sum of the partials is rounded once to the original dtype.
+    """
+
+    def __init__(self, b: Builder, node: fx.Node, float32_partials: bool):
+        val = node.meta.get("val")
+        dtype = val.dtype if isinstance(val, torch.Tensor) else None
+        self.b, self.dtype = b, dtype
+        self.wide = float32_partials and dtype in LOW_PRECISION
+
+    def operand(self, x: Optional[fx.Node]) -> Optional[fx.Node]:
+        if not self.wide or x is None or val_of(x).dtype not in LOW_PRECISION:
+            return x
+        return self.b.call(aten._to_copy.default, x, dtype=torch.float32)
+
+    def total(self, rest: fx.Node, req: fx.Node) -> fx.Node:
+        out = self.b.call(aten.add.Tensor, rest, req)
+        return self.b.call(aten._to_copy.default, out, dtype=self.dtype) if self.wide else out
+
+
 def _split_by_role(info: Concat) -> list[tuple[list[fx.Node], list[tuple[int, int]]]]:
     """Pieces and their ranges, request pieces first, then the rest."""
     groups: dict[bool, tuple[list, list]] = {True: ([], []), False: ([], [])}
@@ -63,21 +99,29 @@ def _split_by_role(info: Concat) -> list[tuple[list[fx.Node], list[tuple[int, in
     return [groups[True], groups[False]]
 
 
-def _split_linear(b: Builder, node: fx.Node) -> Optional[fx.Node]:
+def _split_linear(b: Builder, node: fx.Node, float32_partials: bool) -> Optional[fx.Node]:
     x, weight = node.args[0], node.args[1]
     bias = node.args[2] if len(node.args) > 2 else None
     info = mixed_concat(x)
     if info is None or info.dim != info.ndim - 1 or role_of(weight) != Role.CONST:
         return None
     (req, req_spans), (rest, rest_spans) = _split_by_role(info)
-    y_req = b.call(aten.linear.default, _join(b, req, info.dim), _select_columns(b, weight, 1, req_spans))
-    y_rest = b.call(
-        aten.linear.default, _join(b, rest, info.dim), _select_columns(b, weight, 1, rest_spans), bias
+    p = _Partials(b, node, float32_partials)
+    y_req = b.call(
+        aten.linear.default,
+        p.operand(_join(b, req, info.dim)),
+        p.operand(_select_columns(b, weight, 1, req_spans)),
     )
-    return b.call(aten.add.Tensor, y_rest, y_req)
+    y_rest = b.call(
+        aten.linear.default,
+        p.operand(_join(b, rest, info.dim)),
+        p.operand(_select_columns(b, weight, 1, rest_spans)),
+        p.operand(bias),
+    )
+    return p.total(y_rest, y_req)
 
 
-def _split_matmul(b: Builder, node: fx.Node) -> Optional[fx.Node]:
+def _split_matmul(b: Builder, node: fx.Node, float32_partials: bool) -> Optional[fx.Node]:
     """``matmul(W, cat(..., dim=-2))`` with a constant W [M, K]: the linear-compression form."""
     a, x = node.args[0], node.args[1]
     info = mixed_concat(x)
@@ -86,12 +130,21 @@ def _split_matmul(b: Builder, node: fx.Node) -> Optional[fx.Node]:
     if val_of(a).dim() != 2:
         return None
     (req, req_spans), (rest, rest_spans) = _split_by_role(info)
-    y_req = b.call(aten.matmul.default, _select_columns(b, a, 1, req_spans), _join(b, req, info.dim))
-    y_rest = b.call(aten.matmul.default, _select_columns(b, a, 1, rest_spans), _join(b, rest, info.dim))
-    return b.call(aten.add.Tensor, y_rest, y_req)
+    p = _Partials(b, node, float32_partials)
+    y_req = b.call(
+        aten.matmul.default,
+        p.operand(_select_columns(b, a, 1, req_spans)),
+        p.operand(_join(b, req, info.dim)),
+    )
+    y_rest = b.call(
+        aten.matmul.default,
+        p.operand(_select_columns(b, a, 1, rest_spans)),
+        p.operand(_join(b, rest, info.dim)),
+    )
+    return p.total(y_rest, y_req)
 
 
-def _split_einsum(b: Builder, node: fx.Node) -> Optional[fx.Node]:
+def _split_einsum(b: Builder, node: fx.Node, float32_partials: bool) -> Optional[fx.Node]:
     equation, operands = node.args[0], list(node.args[1])
     equation = equation.replace(" ", "")
     if "..." in equation or "->" not in equation or len(operands) != 2:
@@ -108,17 +161,18 @@ def _split_einsum(b: Builder, node: fx.Node) -> Optional[fx.Node]:
             continue
         other_dim = specs[1 - pos].index(letter)
         broadcasts = val_of(other).shape[other_dim] == 1  # einsum broadcasts a size-1 dim
+        p = _Partials(b, node, float32_partials)
         terms = []
         for pieces, spans in _split_by_role(info):
             new_ops = [None, None]
             new_ops[pos] = _join(b, pieces, info.dim)
             new_ops[1 - pos] = other if broadcasts else _select_columns(b, other, other_dim, spans)
-            terms.append(b.call(aten.einsum.default, equation, new_ops))
-        return b.call(aten.add.Tensor, terms[1], terms[0])
+            terms.append(b.call(aten.einsum.default, equation, [p.operand(o) for o in new_ops]))
+        return p.total(terms[1], terms[0])
     return None
 
 
-def _split_sum(b: Builder, node: fx.Node) -> Optional[fx.Node]:
+def _split_sum(b: Builder, node: fx.Node, float32_partials: bool) -> Optional[fx.Node]:
     x, dims = node.args[0], node.args[1] if len(node.args) > 1 else None
     keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
     info = mixed_concat(x)
@@ -126,11 +180,12 @@ def _split_sum(b: Builder, node: fx.Node) -> Optional[fx.Node]:
         return None
     if node.kwargs.get("dtype") is not None:
         return None
+    p = _Partials(b, node, float32_partials)
     terms = [
-        b.call(aten.sum.dim_IntList, _join(b, pieces, info.dim), [info.dim], keepdim)
+        b.call(aten.sum.dim_IntList, p.operand(_join(b, pieces, info.dim)), [info.dim], keepdim)
         for pieces, _ in _split_by_role(info)
     ]
-    return b.call(aten.add.Tensor, terms[1], terms[0])
+    return p.total(terms[1], terms[0])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -350,7 +405,8 @@ def _distribute_matmul(b: Builder, node: fx.Node) -> Optional[fx.Node]:
     return None
 
 
-def defer_rewrites() -> list[Rewrite]:
+def defer_rewrites(float32_partials: bool = True) -> list[Rewrite]:
+    """The defer rewrites; ``float32_partials``: see the module docstring (precision)."""
     distribute = [
         ("distribute_pointwise", op_groups.is_elementwise, _distribute_pointwise),
         ("distribute_prelu", {aten.prelu}, _distribute_prelu),
@@ -371,23 +427,32 @@ def defer_rewrites() -> list[Rewrite]:
         ("distribute_matmul", {aten.matmul, aten.bmm}, _distribute_matmul),
         ("distribute_embedding", {aten.embedding}, _distribute_embedding),
     ]
+    splits = [
+        ("split_linear", {aten.linear}, _split_linear),
+        ("split_matmul", {aten.matmul}, _split_matmul),
+        ("split_einsum", {aten.einsum}, _split_einsum),
+        ("split_sum", {aten.sum}, _split_sum),
+    ]
     contract = [
-        Rewrite("split_linear", frozenset({aten.linear}), _split_linear),
-        Rewrite("split_matmul", frozenset({aten.matmul}), _split_matmul),
-        Rewrite("split_einsum", frozenset({aten.einsum}), _split_einsum),
-        Rewrite("split_sum", frozenset({aten.sum}), _split_sum),
+        Rewrite(name, frozenset(ops), functools.partial(fn, float32_partials=float32_partials))
+        for name, ops, fn in splits
     ]
     return contract + [
         Rewrite(name, ops if callable(ops) else frozenset(ops), fn) for name, ops, fn in distribute
     ]
 
 
-def defer(gm: fx.GraphModule, request_placeholders: set[str], symbol: sympy.Symbol):
+def defer(
+    gm: fx.GraphModule,
+    request_placeholders: set[str],
+    symbol: sympy.Symbol,
+    float32_partials: bool = True,
+):
     """Normalize, then apply the defer identities to a fixpoint. Returns (graph, counts)."""
 
     def infer(node: fx.Node) -> None:
         infer_node(node, request_placeholders, symbol)
 
-    rewrites = normalize_rewrites() + defer_rewrites()
+    rewrites = normalize_rewrites() + defer_rewrites(float32_partials)
     counts = rewrite_to_fixpoint(gm, rewrites, infer)
     return gm, counts

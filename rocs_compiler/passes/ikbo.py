@@ -78,6 +78,8 @@ def _split_add(node: fx.Node):
         source = _broadcast_source(bcast)
         if source is not None and isinstance(other, fx.Node) and _single_user(other):
             vals = (_val(other), _val(node), _val(bcast))
+            if not all(isinstance(v, torch.Tensor) for v in vals):
+                continue  # a batch size (SymInt) or a number added to a broadcast
             # Same shape and dtype: no broadcasting and no type promotion inside the fused add.
             same_shape = tuple(vals[0].shape) == tuple(vals[1].shape) == tuple(vals[2].shape)
             if same_shape and vals[0].dtype == vals[1].dtype == vals[2].dtype:

@@ -26,6 +26,8 @@ from ..errors import InputError
 from ..graph_meta import PLACEMENT
 from ..index_contract import check_candidate_to_request, check_index_range
 from ..roles import Role
+from . import no_backward
+from .input_specs import InputSpecs
 from .request_detection import group_requests, rows_consistent
 from .weights import WeightRefresh
 from ..inputs import GRAPH_OUTPUT, bind_inputs, is_tensor, named_leaves, replace_leaves
@@ -61,6 +63,12 @@ class InputContract:
         tensors = {n for n, v in leaves.items() if is_tensor(v)}
         missing = [n for n in self.input_names if n not in tensors]
         extra = sorted(tensors - set(self.input_names))
+        not_tensors = [n for n in missing if n in leaves and leaves[n] is not None]
+        if not_tensors:
+            name = not_tensors[0]
+            raise InputError(
+                f"input {name!r} must be a torch.Tensor, got {type(leaves[name]).__name__}"
+            )
         if missing:
             raise InputError(f"missing input(s): {', '.join(missing)}")
         if extra:
@@ -125,6 +133,8 @@ class CompiledModel(nn.Module):
         self._fallback_reason = fallback_reason
         self._warned = False
         self._constant_outputs = _constant_output_positions(graph_module)
+        self._weights_read = no_backward.weights_read_by_outputs(graph_module)
+        self._input_specs = InputSpecs.of_graph(graph_module, placeholder_of, contract.batched)
         # Not a submodule either: a view of graph_module's tensors, rebuilt when they move or
         # when a weight refresh replaced one of them (a new ``_weights.epoch``).
         object.__setattr__(self, "_runner", None)
@@ -165,7 +175,10 @@ class CompiledModel(nn.Module):
         return self._run(args, kwargs, leaves, requests, candidates, index)
 
     def _run(self, args, kwargs, leaves, requests, candidates, index):
-        if torch.is_grad_enabled():
+        if self._input_specs is not None:
+            self._input_specs.check(leaves)
+        grad_mode = torch.is_grad_enabled()
+        if grad_mode:
             wants_grad = [n for n, v in leaves.items() if is_tensor(v) and v.requires_grad]
             if wants_grad:
                 raise InputError(
@@ -173,16 +186,41 @@ class CompiledModel(nn.Module):
                     "without autograd (its outputs carry no gradient): call it under "
                     "torch.no_grad() or torch.inference_mode(), and train the original model"
                 )
+        if self.graph_module is None:
+            with torch.no_grad():
+                result = self._run_eager(args, kwargs, requests, index)
+            return self._refuse_backward_eager(result) if grad_mode else result
         with torch.no_grad():
-            if self.graph_module is None:
-                return self._run_eager(args, kwargs, requests, index)
             inputs = []
             for name in self.contract.input_names:
                 inputs.append(requests[name] if name in requests else candidates.get(name, leaves[name]))
             outputs = list(self._graph_runner()(*inputs, index))
         for i in self._constant_outputs:  # never hand out the compiled model's own buffers
             outputs[i] = outputs[i].clone()
+        if grad_mode and self._weights is not None:
+            outputs = self._refuse_backward(outputs)
         return self.contract.outputs(outputs)
+
+    def _refuse_backward(self, outputs: list) -> list:
+        """In grad mode, outputs eager would attach to a weight requiring grad get a ``grad_fn``
+        that raises on backward (``runtime/no_backward.py``)."""
+        weights, reads = self._weights, self._weights_read
+        anchor = weights.requiring_grad()
+        if anchor is None:
+            return outputs
+        if reads is None or len(reads) != len(outputs):
+            wants = [True] * len(outputs)
+        else:
+            wants = [weights.requiring_grad(r) is not None for r in reads]
+        return no_backward.attach(outputs, wants, anchor)
+
+    def _refuse_backward_eager(self, result):
+        anchor = no_backward.first_requiring_grad(self._original.parameters())
+        if anchor is None:
+            return result
+        leaves, spec = pytree.tree_flatten(result)
+        leaves = no_backward.attach(leaves, [True] * len(leaves), anchor)
+        return pytree.tree_unflatten(leaves, spec)
 
     def with_graph(self, graph: nn.Module) -> "CompiledModel":
         """A compiled model with this one's contract and report that runs ``graph`` instead
@@ -192,6 +230,8 @@ class CompiledModel(nn.Module):
             graph, self.contract, self._placeholder_of, self._report_builder, self._original
         )
         object.__setattr__(compiled, "_weights", self._weights)  # the same graph module's weights
+        compiled._weights_read = self._weights_read
+        compiled._input_specs = self._input_specs
         return compiled
 
     def refresh_weights(self) -> None:
@@ -227,6 +267,8 @@ class CompiledModel(nn.Module):
         # and find out again which weights still alias the original's.
         object.__setattr__(self, "_runner", None)
         out = super()._apply(fn, recurse)
+        if self._input_specs is not None:
+            self._input_specs = self._input_specs.moved(fn)
         if self._weights is not None:
             self._weights.bind()
         return out

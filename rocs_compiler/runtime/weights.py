@@ -184,6 +184,13 @@ class WeightRefresh:
             self._versions = [w.version for w in self._weights]
             self._registrations = count
 
+    def requiring_grad(self, attrs: Optional[frozenset[str]] = None) -> Optional[torch.Tensor]:
+        """The first of the model's weights behind ``attrs`` (all when None) that requires grad."""
+        for w in self._weights:
+            if w.source.requires_grad and (attrs is None or w.attr in attrs):
+                return w.source
+        return None
+
     def _require(self, w: _Weight) -> torch.Tensor:
         source = _lookup(self._model, w.name)
         if source is None:
