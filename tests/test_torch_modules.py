@@ -16,158 +16,42 @@ import torch
 from torch import nn
 
 import rocs_compiler as rocs
+from models_zoo.history_encoders import (
+    Decoder,
+    Encoder,
+    InPlaceHistory,
+    MergedHeads,
+    Recurrent,
+    SelfAndTargetAttention,
+)
 
-D, L, HEADS = 16, 5, 4
+D, L = 16, 5
 INDEX = torch.tensor([0, 0, 1, 2, 2, 2, 1])  # 3 requests with 2, 2 and 3 candidates, shuffled
-
-
-class HistoryModel(nn.Module):
-    """``score(history encoder(hist), item)``; ``sequence_first`` feeds the encoder [L, B, D]."""
-
-    def __init__(self, sequence_first: bool = False):
-        super().__init__()
-        self.sequence_first = sequence_first
-        self.item = nn.Linear(8, D)
-
-    def to_layout(self, x: torch.Tensor) -> torch.Tensor:
-        return x.transpose(0, 1) if self.sequence_first else x
-
-    def forward(self, hist, c):
-        user = self.encode(hist)
-        return (user * self.item(c)).sum(-1)
-
-
-class SelfAndTargetAttention(HistoryModel):
-    """MHA self-attention over the history, then MHA target attention from the candidate."""
-
-    def __init__(self, sequence_first=False, need_weights=True, padding=False, causal=False):
-        super().__init__(sequence_first)
-        kw = dict(batch_first=not sequence_first)
-        self.self_attn = nn.MultiheadAttention(D, HEADS, **kw)
-        self.target = nn.MultiheadAttention(D, HEADS, **kw)
-        self.need_weights, self.padding, self.causal = need_weights, padding, causal
-
-    def forward(self, hist, c):
-        mask = (hist[..., 0] > 1.0) if self.padding else None  # request-side key padding
-        if mask is not None:
-            mask[:, 0] = False  # every history keeps one key
-        causal = torch.triu(torch.ones(L, L, dtype=torch.bool), 1) if self.causal else None
-        x = self.to_layout(hist)
-        h, _ = self.self_attn(
-            x, x, x, key_padding_mask=mask, attn_mask=causal, need_weights=self.need_weights
-        )
-        q = self.to_layout(self.item(c).unsqueeze(1))
-        out, _ = self.target(q, h, h, key_padding_mask=mask, need_weights=self.need_weights)
-        return self.to_layout(out).squeeze(1).sum(-1)
-
-
-class Encoder(HistoryModel):
-    def __init__(self, sequence_first=False, norm_first=False, layers=2):
-        super().__init__(sequence_first)
-        layer = nn.TransformerEncoderLayer(
-            D, HEADS, 32, dropout=0.0, batch_first=not sequence_first, norm_first=norm_first
-        )
-        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
-
-    def encode(self, hist):
-        h = self.encoder(self.to_layout(hist))
-        return h.mean(0 if self.sequence_first else 1)
-
-
-class Decoder(HistoryModel):
-    """A decoder layer whose target is the request's last item and whose memory is its history."""
-
-    def __init__(self, sequence_first=False, norm_first=False):
-        super().__init__(sequence_first)
-        self.decoder = nn.TransformerDecoderLayer(
-            D, HEADS, 32, dropout=0.0, batch_first=not sequence_first, norm_first=norm_first
-        )
-
-    def encode(self, hist):
-        memory = self.to_layout(hist)
-        target = self.to_layout(hist[:, -1:])
-        out = self.decoder(target, memory)
-        return self.to_layout(out).squeeze(1)
-
-
-class Recurrent(HistoryModel):
-    """An RNN/GRU/LSTM over the history; the user is its last state plus its mean output."""
-
-    def __init__(self, kind, sequence_first=False, layers=1, bidirectional=False, h0=False):
-        super().__init__(sequence_first)
-        directions = 2 if bidirectional else 1
-        self.rnn = kind(
-            D, D // directions, num_layers=layers, batch_first=not sequence_first,
-            bidirectional=bidirectional,
-        )  # fmt: skip
-        self.lstm = kind is nn.LSTM
-        self.state_shape = (layers * directions, D // directions)
-        self.h0 = nn.Linear(D, layers * directions * (D // directions)) if h0 else None
-
-    def encode(self, hist):
-        x = self.to_layout(hist)
-        state = None
-        if self.h0 is not None:
-            h = self.h0(hist[:, 0]).view(hist.shape[0], *self.state_shape).transpose(0, 1)
-            state = (h.contiguous(), torch.zeros_like(h)) if self.lstm else h.contiguous()
-        out, last = self.rnn(x, state)
-        last = last[0] if self.lstm else last
-        mean = out.mean(0 if self.sequence_first else 1)
-        return mean + last[-1].repeat(1, mean.shape[-1] // last.shape[-1])
-
-
-class MergedHeads(HistoryModel):
-    """Hand-written multi-head self-attention with the heads merged into the batch."""
-
-    def __init__(self):
-        super().__init__()
-        self.qkv = nn.Linear(D, 3 * D)
-
-    def encode(self, hist):
-        b = hist.shape[0]
-        q, k, v = self.qkv(hist).chunk(3, -1)
-        q, k, v = (t.reshape(b, L, HEADS, D // HEADS).transpose(1, 2).reshape(b * HEADS, L, -1)
-                   for t in (q, k, v))  # fmt: skip
-        att = torch.softmax(torch.bmm(q, k.transpose(1, 2)) / (D // HEADS) ** 0.5, -1)
-        out = torch.bmm(att, v).reshape(b, HEADS, L, -1).transpose(1, 2).reshape(b, L, D)
-        return out.mean(1)
-
-
-class InPlaceHistory(HistoryModel):
-    """A history embedding updated in place: ``h += pos``, ``masked_fill_``."""
-
-    def __init__(self):
-        super().__init__()
-        self.pos = nn.Parameter(torch.randn(L, D))
-        self.proj = nn.Linear(D, D)
-
-    def encode(self, hist):
-        h = self.proj(hist)
-        h += self.pos
-        h.masked_fill_(hist < -1.0, 0.0)
-        h[:, 0].mul_(2.0)
-        return h.relu().mean(1)
 
 
 CASES = {
     "mha": lambda: SelfAndTargetAttention(),
     "mha_seq_first": lambda: SelfAndTargetAttention(sequence_first=True),
     "mha_no_weights": lambda: SelfAndTargetAttention(need_weights=False),
-    "mha_seq_first_no_weights": lambda: SelfAndTargetAttention(True, need_weights=False),
+    "mha_seq_first_no_weights": lambda: SelfAndTargetAttention(
+        sequence_first=True, need_weights=False
+    ),
     "mha_key_padding": lambda: SelfAndTargetAttention(padding=True),
     "mha_key_padding_no_weights": lambda: SelfAndTargetAttention(need_weights=False, padding=True),
     "mha_causal_mask": lambda: SelfAndTargetAttention(causal=True),
     "encoder": lambda: Encoder(),
     "encoder_seq_first": lambda: Encoder(sequence_first=True),
     "encoder_norm_first": lambda: Encoder(norm_first=True),
-    "encoder_seq_first_norm_first": lambda: Encoder(True, norm_first=True),
+    "encoder_seq_first_norm_first": lambda: Encoder(sequence_first=True, norm_first=True),
     "decoder": lambda: Decoder(),
-    "decoder_seq_first_norm_first": lambda: Decoder(True, norm_first=True),
+    "decoder_seq_first_norm_first": lambda: Decoder(sequence_first=True, norm_first=True),
     "gru_seq_first": lambda: Recurrent(nn.GRU, sequence_first=True),
     "gru_given_state": lambda: Recurrent(nn.GRU, h0=True),
     "lstm": lambda: Recurrent(nn.LSTM),
     "lstm_two_layers_given_state": lambda: Recurrent(nn.LSTM, layers=2, h0=True),
-    "lstm_bidirectional_seq_first": lambda: Recurrent(nn.LSTM, True, bidirectional=True),
+    "lstm_bidirectional_seq_first": lambda: Recurrent(
+        nn.LSTM, sequence_first=True, bidirectional=True
+    ),
     "rnn_two_layers_bidirectional": lambda: Recurrent(nn.RNN, layers=2, bidirectional=True),
     "gru_bidirectional_given_state": lambda: Recurrent(nn.GRU, bidirectional=True, h0=True),
     "merged_heads": lambda: MergedHeads(),
@@ -196,3 +80,72 @@ def test_history_encoder_runs_once_per_request_and_is_exact(name):
     report = cm.report(num_candidates=64, num_requests=2)
     assert not report.fallbacks, [(f.op, f.reason, f.module) for f in report.fallbacks]
     assert report.request_flops > report.candidate_flops, "the encoder should be request-side"
+    if name.startswith("mha") and "key_padding" not in name:
+        assert "rocs.broadcast_attention.default" in report.fused_ops, report.fused_ops
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_hand_written_rewrite_matches_the_model(name):
+    """The baseline of ``benchmarks/lineage.py`` computes what the model computes."""
+    torch.manual_seed(0)
+    model = CASES[name]().eval()
+    hist, c = torch.randn(3, L, D), torch.randn(7, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(model.shared_forward(hist, c, INDEX), model(hist[INDEX], c))
+
+
+class BagOfHistory(nn.Module):
+    """``nn.EmbeddingBag`` over the flattened history ids with one offset per row."""
+
+    def __init__(self, mode: str):
+        super().__init__()
+        self.bag = nn.EmbeddingBag(50, D, mode=mode)
+        self.item = nn.Linear(8, D)
+
+    def forward(self, ids, c):
+        rows, length = ids.shape
+        offsets = torch.arange(0, rows * length, length)
+        return (self.bag(ids.reshape(-1), offsets) * self.item(c)).sum(-1)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_embedding_bag_with_offsets_pools_once_per_request(mode):
+    torch.manual_seed(0)
+    model = BagOfHistory(mode).eval()
+    ids, c = torch.randint(0, 50, (3, L)), torch.randn(7, 8)
+    cm = rocs.compile(model, ["ids"], example_kwargs={"ids": ids[[0, 0, 1]], "c": c[:3]})
+    with torch.no_grad():
+        want = model(ids[INDEX], c)
+        torch.testing.assert_close(cm(ids=ids, c=c, candidate_to_request=INDEX), want)
+        torch.testing.assert_close(cm(ids=ids[INDEX], c=c), want)
+    report = cm.report(num_candidates=64, num_requests=2)
+    assert not report.fallbacks
+    assert report.pass_counts["embedding_bag_rows"] == 1
+
+
+def test_packed_sequences_are_refused_with_the_reason_or_run_eagerly():
+    """``pack_padded_sequence`` cannot be captured by torch.export (its sizes are data); the
+    compile error says so, and ``fallback="eager"`` runs the model as it is."""
+
+    class Packed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = nn.GRU(D, D, batch_first=True)
+
+        def forward(self, hist, lengths, c):
+            packed = nn.utils.rnn.pack_padded_sequence(
+                hist, lengths, batch_first=True, enforce_sorted=False
+            )
+            _, last = self.rnn(packed)
+            return (last[-1] * c).sum(-1)
+
+    model = Packed().eval()
+    hist, lengths, c = torch.randn(3, L, D), torch.tensor([5, 3, 2]), torch.randn(7, D)
+    example = {"hist": hist[[0, 0, 1]], "lengths": lengths[[0, 0, 1]], "c": c[:3]}
+    with pytest.raises(rocs.CompileError, match="pack_padded_sequence"):
+        rocs.compile(model, ["hist", "lengths"], example_kwargs=example)
+    cm = rocs.compile(model, ["hist", "lengths"], example_kwargs=example, fallback="eager")
+    with torch.no_grad():
+        torch.testing.assert_close(
+            cm(hist=hist[INDEX], lengths=lengths[INDEX], c=c), model(hist[INDEX], lengths[INDEX], c)
+        )

@@ -9,6 +9,9 @@ the identity each rule relies on is the definition of its op:
 - ``linear(c, W, b) + x[idx]`` -> ``broadcast_linear(c, W, b, x, idx)``;
 - ``W @ E + x[idx]`` (matmul or the equivalent einsum) -> ``broadcast_linear_compression``;
 - ``sdpa(q, k[idx], v[idx], mask[idx])`` with a key-padding mask -> ``broadcast_attention``;
+- ``bmm(softmax(bmm(q, kT[idx])), v[idx])`` over heads merged into the batch (``[N*H, L, d]``,
+  whose broadcasts gather along the outer factor of dim 0) -> ``broadcast_attention`` on the
+  ``[N, H, L, d]`` views, scale 1;
 - ``bmm(C, X[idx])`` / ``bmm(X[idx], C)`` -> ``broadcast_interaction`` (transposed as needed);
 - ``matmul(x [N, *B, m, k], W [*B, k, n])`` with a constant ``W`` broadcast over candidates
   (which ``matmul`` copies once per candidate) -> one GEMM per ``B`` index over the candidates
@@ -44,6 +47,19 @@ def _broadcast_source(node: Any) -> Optional[fx.Node]:
     if isinstance(node, fx.Node) and node.meta.get(BROADCAST) == LEADING:
         return node.args[0]
     return None
+
+
+def _merged_broadcast_source(node: Any) -> Optional[tuple[fx.Node, int]]:
+    """``(x, H)`` when ``node`` is a broadcast of the request value ``x`` whose batch is the
+    outer factor of dim 0 (``[R*H, ...]`` gathered to ``[N*H, ...]``: split, gathered, merged)."""
+    if not (isinstance(node, fx.Node) and node.target == aten.reshape.default):
+        return None
+    gathered = node.args[0]
+    axis = gathered.meta.get(BROADCAST) if isinstance(gathered, fx.Node) else None
+    if axis is None or axis.dim != 0 or axis.outer != 1 or axis.inner == 1:
+        return None
+    split = gathered.args[0]
+    return split.args[0], axis.inner
 
 
 def _single_user(node: Any) -> bool:
@@ -164,6 +180,50 @@ def _fuse_attention(ctx: _Context):
             key_mask = b.call(aten.view.default, m_r, [-1, shape[3]])
         scale = node.kwargs.get("scale")
         return b.call(rocs.broadcast_attention.default, q, k_r, v_r, ctx.index, key_mask, scale)
+
+    return apply
+
+
+def _softmax_input(node: Any) -> Optional[fx.Node]:
+    """``x`` for ``softmax(x, -1)`` (either spelling) without a dtype change."""
+    if not isinstance(node, fx.Node) or len(node.args) < 2 or node.args[1] not in (-1, 2):
+        return None
+    if node.target == aten._softmax.default and not node.args[2]:
+        return node.args[0]
+    if node.target == aten.softmax.int and node.kwargs.get("dtype") is None and len(node.args) == 2:
+        return node.args[0]
+    return None
+
+
+def _fuse_merged_head_attention(ctx: _Context):
+    """``bmm(softmax(bmm(q, kT[idx]), -1), v[idx])`` over heads merged into the batch
+    (``[N*H, Lq, d]``, what ``nn.MultiheadAttention`` computes when it returns weights) is
+    ``broadcast_attention`` on the ``[N, H, Lq, d]`` view with scale 1 (``q`` is already
+    scaled): the same products and softmax, without gathering K/V per candidate."""
+
+    def apply(b: Builder, node: fx.Node) -> Optional[fx.Node]:
+        weights, v = node.args[:2]
+        scores = _softmax_input(weights)
+        if scores is None or not _single_user(weights) or not _single_user(scores):
+            return None
+        if scores.target != aten.bmm.default:
+            return None
+        q, k_t = scores.args[:2]
+        k_source, v_source = _merged_broadcast_source(k_t), _merged_broadcast_source(v)
+        if k_source is None or v_source is None or k_source[1] != v_source[1]:
+            return None
+        heads = k_source[1]
+        _, lq, d = _val(q).shape
+        key_len = _val(k_t).shape[2]
+        dtypes = {_val(x).dtype for x in (q, k_t, v)}
+        if len(dtypes) != 1 or not isinstance(lq, int) or not isinstance(key_len, int):
+            return None
+        k = b.call(aten.transpose.int, k_source[0], 1, 2)
+        k = b.call(aten.reshape.default, k, [-1, heads, key_len, d])
+        v4 = b.call(aten.reshape.default, v_source[0], [-1, heads, key_len, d])
+        q4 = b.call(aten.reshape.default, q, [-1, heads, lq, d])
+        out = b.call(rocs.broadcast_attention.default, q4, k, v4, ctx.index, None, 1.0)
+        return b.call(aten.reshape.default, out, [-1, lq, d])
 
     return apply
 
@@ -320,6 +380,8 @@ def ikbo(gm: fx.GraphModule, pointwise: bool = False) -> tuple[fx.GraphModule, d
         Rewrite("ikbo_linear", frozenset({aten.add}), _fuse_linear(ctx)),
         Rewrite("ikbo_linear_compression", frozenset({aten.add}), _fuse_linear_compression(ctx)),
         Rewrite("ikbo_attention", frozenset({aten.scaled_dot_product_attention}), _fuse_attention(ctx)),
+        Rewrite("ikbo_merged_head_attention", frozenset({aten.bmm}),
+                _fuse_merged_head_attention(ctx)),
         Rewrite("ikbo_interaction", frozenset({aten.bmm}), _fuse_interaction(ctx)),
         Rewrite("ikbo_weight_matmul", frozenset({aten.matmul}), _fuse_weight_matmul),
     ]
