@@ -102,13 +102,13 @@ class Encoder(HistoryModel):
     """``nn.TransformerEncoder`` over the history, mean-pooled."""
 
     def __init__(self, dim=16, length=5, heads=4, sequence_first=False, norm_first=False,
-                 layers=2):  # fmt: skip
+                 layers=2, nested=False):  # fmt: skip
         super().__init__(dim, length, heads, sequence_first)
         layer = nn.TransformerEncoderLayer(
             dim, heads, 2 * dim, dropout=0.0, batch_first=not sequence_first,
             norm_first=norm_first,
         )  # fmt: skip
-        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=nested)
 
     def encode(self, hist):
         h = self.encoder(self.to_layout(hist))

@@ -43,6 +43,11 @@ CASES = {
     "encoder_seq_first": lambda: Encoder(sequence_first=True),
     "encoder_norm_first": lambda: Encoder(norm_first=True),
     "encoder_seq_first_norm_first": lambda: Encoder(sequence_first=True, norm_first=True),
+    # torch's inference fast path (frozen weights, nested tensors) is what eager runs here.
+    "encoder_fast_path_settings": lambda: Encoder(nested=True).requires_grad_(False),
+    "mha_fast_path_settings": lambda: SelfAndTargetAttention(need_weights=False).requires_grad_(
+        False
+    ),
     "decoder": lambda: Decoder(),
     "decoder_seq_first_norm_first": lambda: Decoder(sequence_first=True, norm_first=True),
     "gru_seq_first": lambda: Recurrent(nn.GRU, sequence_first=True),
