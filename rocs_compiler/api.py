@@ -61,7 +61,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     def report_builder(num_candidates: int, num_requests: int):
         from .report import build_report
 
-        return build_report(result, num_candidates, num_requests)
+        return build_report(result, num_candidates, num_requests, model)
 
     compiled = CompiledModel(
         result.shared_graph, contract, captured.placeholder_of, report_builder, model,

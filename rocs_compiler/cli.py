@@ -45,6 +45,7 @@ import dataclasses
 import json
 import os
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -102,7 +103,7 @@ def _inspect_model(target: Target, args) -> Inspection:
     compiled = _compile(target, args)
     result = compiled.pipeline_result
     with stage("costs"):
-        report = build_report(result, _num_candidates(args), args.requests)
+        report = build_report(result, _num_candidates(args), args.requests, target.model)
     if args.graph == "shared":
         import rocs_compiler as rocs
 
@@ -110,7 +111,7 @@ def _inspect_model(target: Target, args) -> Inspection:
             program = rocs.export(compiled)
         view = view_from_exported(program, title=f"{target.label} (shared layout)")
     else:
-        view = view_from_pipeline(result, report, title=f"{target.label} (logical graph)")
+        view = view_from_pipeline(result, graph=args.graph)
     return Inspection(report, view, compiled)
 
 
@@ -203,6 +204,12 @@ def _as_text(target: Target, inspection: Inspection, measured, args) -> str:
     if measured:
         points = ", ".join(f"{m.speedup:.2f}x at {m.per_request}" for m in measured)
         text += f"\nmeasured speedup   : {points} candidates per request, R={args.requests}"
+        from .render.html import measured_note
+
+        pairs = [(m.num_candidates, m.speedup) for m in measured]
+        text += "\n" + textwrap.fill(
+            measured_note(inspection.report, pairs, args.requests), 100
+        )
     return text
 
 
@@ -216,7 +223,9 @@ def _as_json(target: Target, inspection: Inspection, measured, args) -> str:
     data["graph"] = {
         "kind": view.kind,
         "edges": [
-            {"src": names[e.src], "dst": names[e.dst], "broadcast": e.broadcast} for e in view.edges
+            {"src": names[e.src], "dst": names[e.dst], "broadcast": e.broadcast}
+            for e in view.edges
+            if not e.shape_only
         ],
     }
     if measured:
@@ -244,21 +253,17 @@ def _as_svg(target: Target, inspection: Inspection, measured, args) -> str:
 
 
 def _as_html(target: Target, inspection: Inspection, measured, args) -> str:
-    from .render import dot_available, graph_svg, html_page, run_dot, speedup_svg, to_dot
-
-    report, view = inspection.report, inspection.view
-    if dot_available():
-        drawing = run_dot(to_dot(view))
-        drawing = drawing[drawing.index("<svg") :]  # drop the XML prolog and doctype
-        note = "drawn by Graphviz"
-    else:
-        drawing = graph_svg(view)
-        note = "Graphviz is not installed, drawn as layers by topological depth"
+    report = inspection.report
+    views = report.views()  # as written and after rewrites (none for a saved export)
+    if inspection.view.kind == "shared":
+        views.append(inspection.view)
     points = [(m.num_candidates, m.speedup) for m in measured]  # the plot's axis is N
+    from .render import html_page, speedup_svg
+
     plot = speedup_svg(report.request_flops, report.candidate_flops, args.requests, points)
     return html_page(
-        target.label, view, report, drawing, plot, _num_candidates(args), args.requests, points,
-        note,
+        target.label, views or [inspection.view], report, plot, _num_candidates(args),
+        args.requests, points, default_view=inspection.view.kind,
     )  # fmt: skip
 
 
@@ -455,10 +460,10 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
     inspect.add_argument(
         "--graph",
-        choices=["logical", "shared"],
+        choices=["captured", "logical", "shared"],
         default="logical",
-        help="draw the logical graph (roles, default) or the rewritten "
-        "shared-layout graph (broadcasts and fused ops)",
+        help="draw the graph as captured (the model as written), the logical graph (after "
+        "rewrites; the default) or the shared-layout graph (broadcasts and fused ops)",
     )
     inspect.add_argument(
         "--measure",

@@ -68,6 +68,12 @@ def main(argv=None) -> int:
             f"{name:<10} {eager_ms:9.2f} {shared_ms:9.2f} {dropin_ms:10.2f} "
             f"{eager_ms / shared_ms:7.2f}x {ideal:5.2f}x {exact}"
         )
+    print(
+        "ideal = FLOPs only (matmuls, attention): a measured speedup above it comes from work the\n"
+        "ideal does not count (embedding lookups, element-wise ops and memory traffic on request\n"
+        "features, repeated per candidate by the original model); below it, from per-call costs\n"
+        "(framework overhead, kernel launches) and gathers that sharing does not remove."
+    )
     return 0
 
 

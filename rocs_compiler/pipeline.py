@@ -26,7 +26,11 @@ class PipelineResult:
     logical_graph: fx.GraphModule  # after defer: every node at batch size (the cost model's view)
     shared_graph: fx.GraphModule  # what the runtime executes
     pass_counts: dict[str, int] = field(default_factory=dict)
+    # The graph as captured, with the roles of the first analysis: the model as the user wrote
+    # it, before any rewrite (for reports; it shares the logical graph's weights).
+    captured_graph: fx.GraphModule | None = None
     _costs: dict | None = None
+    _captured_costs: dict | None = None
 
     @property
     def costs(self) -> dict:
@@ -36,6 +40,27 @@ class PipelineResult:
 
             self._costs = node_costs(self.logical_graph, self.captured.batch_symbol)
         return self._costs
+
+    @property
+    def captured_costs(self) -> dict:
+        """FLOPs per node of :attr:`captured_graph` (computed on first use)."""
+        if self._captured_costs is None:
+            from .flops import node_costs
+
+            graph = self.captured_graph
+            self._captured_costs = (
+                {} if graph is None else node_costs(graph, self.captured.batch_symbol)
+            )
+        return self._captured_costs
+
+
+def _snapshot(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of ``gm``'s graph (node metadata copied, weights shared), which rewrites of ``gm``
+    leave as it is."""
+    graph = fx.Graph()
+    output = graph.graph_copy(gm.graph, {})
+    graph.output(output)
+    return fx.GraphModule(gm, graph)
 
 
 def _debug_print(stage: str, gm: fx.GraphModule) -> None:
@@ -71,6 +96,7 @@ def compile_graph(
     with stage("analyze"):
         analysis = analyze(gm, request_placeholders, symbol)
     _debug_print("capture", gm)
+    as_written = _snapshot(gm)
     counts: dict[str, int] = {}
 
     if options.defer:
@@ -108,4 +134,4 @@ def compile_graph(
     from .verify import verify_shared
 
     verify_shared(shared)
-    return PipelineResult(captured, analysis, gm, shared, counts)
+    return PipelineResult(captured, analysis, gm, shared, counts, as_written)

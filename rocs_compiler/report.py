@@ -4,16 +4,23 @@ The cost model counts FLOPs on the logical graph (after *defer*, before *share*)
 node still has the batch size: ``F_req`` is the per-row cost of REQUEST nodes and ``F_cand`` of
 CANDIDATE nodes. The original model costs ``(F_req + F_cand) * N``; the compiled one
 ``F_req * R + F_cand * N``; their ratio is the ideal speedup.
+
+A report of a compiled model also draws itself: :meth:`Report.to_html` writes one
+self-contained page (the graph as written and after rewrites, switchable, with zoom, search,
+module grouping and a detail panel per node), and notebooks show that page
+(:meth:`Report._repr_html_`).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Optional, Sequence
 
 from .analysis import Fallback, op_name, source_module
 from .graph_meta import ROLE
+from .report_modules import ModuleRow, module_rows, parameter_counts
 from .roles import Role
 
 
@@ -25,7 +32,7 @@ class NodeReport:
     role: str
     flops: float  # per request (REQUEST), per candidate (CANDIDATE), once (CONST)
     broadcast: bool  # a REQUEST value that candidate computation reads
-    shape: str
+    shape: str  # with the batch symbol named: "[B, 13]"
 
 
 @dataclass
@@ -41,6 +48,9 @@ class Report:
     fused_ops: list[str] = field(default_factory=list)
     route: str = ""
     note: str = ""
+    modules: list[ModuleRow] = field(default_factory=list)
+    # The pipeline result the report describes, for drawings (not part of the data).
+    _pipeline: Any = field(default=None, repr=False, compare=False)
 
     @classmethod
     def for_fallback(cls, reason: str) -> "Report":
@@ -83,6 +93,7 @@ class Report:
             "fused_ops": list(self.fused_ops),
             "route": self.route,
             "note": self.note,
+            "modules": [asdict(m) for m in self.modules],
         }
 
     def to_json(self, **kwargs) -> str:
@@ -132,6 +143,50 @@ class Report:
     def __str__(self) -> str:
         return self.to_text()
 
+    def views(self) -> list:
+        """Drawings of the graph: as written (captured) and after rewrites; none without a
+        compiled model behind the report."""
+        if self._pipeline is None:
+            return []
+        from .render.view import view_from_pipeline
+
+        return [
+            view_from_pipeline(self._pipeline, graph="captured"),
+            view_from_pipeline(self._pipeline, graph="logical"),
+        ]
+
+    def to_html(
+        self,
+        path: Optional[str | Path] = None,
+        title: str = "compiled model",
+        measured: Sequence[tuple[int, float]] = (),
+        views: Optional[list] = None,
+    ) -> str:
+        """The report as one self-contained HTML page; written to ``path`` when given.
+
+        ``measured`` adds measured speedups ``(N, speedup)`` next to the ideal ones.
+        """
+        from .render import html_page, speedup_svg
+
+        views = self.views() if views is None else views
+        plot = speedup_svg(self.request_flops, self.candidate_flops, self.num_requests, measured)
+        page = html_page(
+            title, views, self, plot, self.num_candidates, self.num_requests, measured
+        )
+        if path is not None:
+            Path(path).write_text(page)
+        return page
+
+    def _repr_html_(self) -> str:
+        """Notebooks: the page in an isolated frame (its script and styles stay inside)."""
+        import html
+
+        page = self.to_html()
+        return (
+            f'<iframe srcdoc="{html.escape(page, quote=True)}" '
+            'style="width: 100%; height: 820px; border: 1px solid #ddd"></iframe>'
+        )
+
 
 def _fmt(flops: float) -> str:
     for unit, scale in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
@@ -140,10 +195,16 @@ def _fmt(flops: float) -> str:
     return f"{flops:.0f}"
 
 
-def build_report(result, num_candidates: int = 1024, num_requests: int = 1) -> Report:
-    """Report for a :class:`~rocs_compiler.pipeline.PipelineResult`."""
+def build_report(
+    result, num_candidates: int = 1024, num_requests: int = 1, model: Any = None
+) -> Report:
+    """Report for a :class:`~rocs_compiler.pipeline.PipelineResult`; ``model`` (the original
+    ``nn.Module``) gives the parameter counts of the per-module table."""
+    from .render.view import shape_text
+
     gm = result.logical_graph
     costs = result.costs
+    names = {result.captured.batch_symbol: "B"}
     nodes, per_role = [], {Role.CONST: 0.0, Role.REQUEST: 0.0, Role.CANDIDATE: 0.0}
     for node in gm.graph.nodes:
         if node.op not in ("call_function", "placeholder"):
@@ -162,7 +223,6 @@ def build_report(result, num_candidates: int = 1024, num_requests: int = 1) -> R
         broadcast = role == Role.REQUEST and any(
             u.op == "output" or u.meta.get(ROLE) == Role.CANDIDATE for u in node.users
         )
-        shape = getattr(node.meta.get("val"), "shape", None)
         nodes.append(
             NodeReport(
                 node.name,
@@ -171,7 +231,7 @@ def build_report(result, num_candidates: int = 1024, num_requests: int = 1) -> R
                 role.name,
                 flops,
                 broadcast,
-                "" if shape is None else "[" + ", ".join(str(s) for s in shape) + "]",
+                shape_text(node.meta.get("val"), names),
             )
         )
     fused = sorted(
@@ -188,4 +248,6 @@ def build_report(result, num_candidates: int = 1024, num_requests: int = 1) -> R
         dict(result.pass_counts),
         fused,
         result.captured.route,
+        modules=module_rows(nodes, parameter_counts(model) if model is not None else {}),
+        _pipeline=result,
     )

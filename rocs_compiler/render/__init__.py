@@ -1,15 +1,16 @@
-"""Drawing compiled graphs: DOT/SVG through Graphviz, or SVG and HTML drawn here.
+"""Drawing compiled graphs: DOT/SVG through Graphviz, and a self-contained HTML report.
 
-- :mod:`.view`: the drawing model (role-coloured nodes, broadcast edges) from a pipeline result
-  or an exported program;
+- :mod:`.view`: the drawing model (role-coloured nodes, broadcast and shape-only edges) from a
+  pipeline result or an exported program;
 - :mod:`.dot`: DOT text and the ``dot`` program;
-- :mod:`.svg`: a layered layout drawn without Graphviz, and the speedup plot;
-- :mod:`.html`: one self-contained HTML page.
+- :mod:`.svg`: the speedup plot;
+- :mod:`.html` and ``viewer.js``: one HTML page whose inline script lays out and draws the
+  graphs (zoom, pan, search, module groups, node details).
 """
 
 from .dot import DotNotFound, dot_available, run_dot, to_dot
 from .html import html_page
-from .svg import graph_svg, speedup_svg
+from .svg import speedup_svg
 from .view import GraphView, exported_costs, view_from_exported, view_from_pipeline
 
 __all__ = [
@@ -17,7 +18,6 @@ __all__ = [
     "GraphView",
     "dot_available",
     "exported_costs",
-    "graph_svg",
     "html_page",
     "run_dot",
     "speedup_svg",

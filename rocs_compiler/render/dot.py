@@ -2,8 +2,8 @@
 
 REQUEST, CANDIDATE and CONST nodes sit in three clusters with distinct colours; broadcast edges
 (a request value read by candidate computation) are red and dashed; fused rocs:: ops get a
-double border. Every SVG node group carries the class ``role-<ROLE>`` (Graphviz copies the
-``class`` attribute into its SVG output).
+double border; shape-only edges are left out. Every SVG node group carries the class
+``role-<ROLE>`` (Graphviz copies the ``class`` attribute into its SVG output).
 """
 
 from __future__ import annotations
@@ -85,6 +85,8 @@ def to_dot(view: GraphView) -> str:
             out.append(f"    {node.id} [{text}];")
         out.append("  }")
     for edge in view.edges:
+        if edge.shape_only:
+            continue  # the consumer reads only a size: no data flows (see view.py)
         if edge.broadcast:
             style = f' [color="{BROADCAST_COLOR}", style=dashed, penwidth=1.6, class="broadcast"]'
         else:

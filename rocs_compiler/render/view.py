@@ -2,13 +2,20 @@
 
 Two sources:
 
-- :func:`view_from_pipeline`: the *logical* graph (after defer, before share) with the roles of
-  the analysis and the FLOPs of the report. Broadcast edges are the edges from a REQUEST node into
-  a CANDIDATE node (or the output): where the shared graph gathers request rows.
+- :func:`view_from_pipeline`: the graph as captured (``graph="captured"``: the model as written,
+  roles of the first analysis) or the *logical* graph (after defer, before share) with the roles
+  of the analysis and the FLOPs of the cost model. Broadcast edges are the data edges from a
+  REQUEST node into a CANDIDATE node (or the output): where the shared graph gathers request rows.
 - :func:`view_from_exported`: an exported shared-layout program (``rocs.export`` or a saved
   ``.pt2``). Roles follow from the row count of each value: R rows is REQUEST, N rows is
   CANDIDATE, neither is CONST; FLOPs come from running every node on fake tensors at three
   (R, N) sizes, since each node's cost is affine in R and N.
+
+Sizes (``x.size(0)``) are not drawn as nodes; an edge that reaches a node only through sizes is
+*shape-only* (``ViewEdge.shape_only``): the consumer reads the producer's shape, not its values,
+so a request-side ``view`` sized from a candidate input does not depend on the candidate. Shape
+edges are never broadcasts. Shapes name the batch symbol: ``[B, 13]`` (``[R, 13]`` and
+``[N, 13]`` in a shared-layout program).
 """
 
 from __future__ import annotations
@@ -22,7 +29,8 @@ from torch import fx
 
 from ..analysis import op_name, source_module
 from ..flops import flops_at
-from ..graph_meta import INDEX_NAME, ROLE
+from ..graph_meta import BATCH_AXIS, INDEX_NAME, REASON, ROLE
+from ..roles import Role
 
 ROLES = ("REQUEST", "CANDIDATE", "CONST")
 UNIT = {"REQUEST": "/req", "CANDIDATE": "/cand", "CONST": ""}
@@ -39,6 +47,8 @@ class ViewNode:
     shape: str = ""
     broadcast: bool = False  # its value is read by candidate computation (gathered by request)
     fused: bool = False  # a rocs:: fused op
+    axis: str = ""  # where a request value holds its requests, e.g. "requests along dim 1"
+    reason: str = ""  # why a node that saw only request inputs runs per candidate
 
     @property
     def short_op(self) -> str:
@@ -56,6 +66,7 @@ class ViewEdge:
     src: str
     dst: str
     broadcast: bool = False
+    shape_only: bool = False  # the consumer reads only sizes of the producer
 
 
 @dataclass
@@ -63,7 +74,7 @@ class GraphView:
     title: str
     nodes: list[ViewNode] = field(default_factory=list)
     edges: list[ViewEdge] = field(default_factory=list)
-    kind: str = "logical"  # "logical" | "shared"
+    kind: str = "logical"  # "captured" | "logical" | "shared"
 
     def node(self, node_id: str) -> ViewNode:
         return self._by_id()[node_id]
@@ -79,9 +90,30 @@ def _ident(name: str) -> str:
     return "n_" + "".join(c if c.isalnum() or c == "_" else "_" for c in name)
 
 
-def _shape_text(val: Any) -> str:
+def shape_text(val: Any, names: Optional[dict] = None) -> str:
+    """``[B, 13]``: the shape of ``val`` with the symbols in ``names`` renamed (symbol -> name)."""
     shape = getattr(val, "shape", None)
-    return "" if shape is None else "[" + ", ".join(str(s) for s in shape) + "]"
+    if shape is None:
+        return ""
+    rename = {k: sympy.Symbol(v) for k, v in (names or {}).items() if k is not None}
+
+    def size(s: Any) -> str:
+        if isinstance(s, torch.SymInt) and rename:
+            return str(s.node.expr.xreplace(rename))
+        return str(s)
+
+    return "[" + ", ".join(size(s) for s in shape) + "]"
+
+
+def axis_text(axis: Any) -> str:
+    """``requests along dim 1`` for a :class:`~rocs_compiler.batch_axis.BatchAxis`."""
+    if axis is None:
+        return ""
+    if isinstance(axis, tuple):
+        parts = [axis_text(a) for a in axis]
+        return "; ".join(f"item {i}: {p}" for i, p in enumerate(parts) if p)
+    text = str(axis)  # "dim 1" or "dim 0 (4*B)"
+    return f"requests along {text}"
 
 
 def _has_tensor(val: Any) -> bool:
@@ -91,55 +123,78 @@ def _has_tensor(val: Any) -> bool:
 
 
 def _connect(view: GraphView, graph: fx.Graph, keep: dict[fx.Node, ViewNode]) -> None:
-    """Edges between kept nodes; a dropped node (a size, a weight) is looked through."""
+    """Edges between kept nodes. A dropped node (a size, a weight) is looked through; what is
+    reached only through a dropped computation (a size) is a shape-only edge."""
     for node in graph.nodes:
         if node not in keep:
             continue
-        sources: list[fx.Node] = []
-        stack, seen = list(node.all_input_nodes), set()
+        data: dict[fx.Node, None] = {}
+        sizes: dict[fx.Node, None] = {}
+        stack = [(arg, False) for arg in node.all_input_nodes]
+        seen: set = set()
         while stack:
-            arg = stack.pop()
-            if arg in seen:
+            arg, through_size = stack.pop()
+            if (arg, through_size) in seen:
                 continue
-            seen.add(arg)
+            seen.add((arg, through_size))
             if arg in keep:
-                sources.append(arg)
+                (sizes if through_size else data)[arg] = None
             elif arg.op == "call_function":
-                stack.extend(arg.all_input_nodes)
+                stack.extend((a, True) for a in arg.all_input_nodes)
         dst = keep[node]
-        for arg in dict.fromkeys(sources):
+        for arg in data:
             src = keep[arg]
             crosses = src.role == "REQUEST" and dst.role == "CANDIDATE"
             view.edges.append(ViewEdge(src.id, dst.id, crosses))
             if crosses:
                 src.broadcast = True
+        for arg in sizes:
+            if arg not in data:
+                view.edges.append(ViewEdge(keep[arg].id, dst.id, shape_only=True))
 
 
-def view_from_pipeline(result, report, title: str = "") -> GraphView:
-    """The logical graph of a :class:`~rocs_compiler.pipeline.PipelineResult` with report costs."""
-    costs = {n.name: n.flops for n in report.nodes}
-    view = GraphView(title or "logical graph", kind="logical")
+def node_flops(role: Role, cost: Any) -> float:
+    """A node's FLOPs as reported: per row (request or candidate), or once for CONST."""
+    if cost is None:
+        return 0.0
+    return cost.fixed if role == Role.CONST else cost.per_row
+
+
+def view_from_pipeline(result, report=None, title: str = "", graph: str = "logical") -> GraphView:
+    """The logical graph (``graph="logical"``) or the graph as captured (``"captured"``) of a
+    :class:`~rocs_compiler.pipeline.PipelineResult`, with FLOPs from the cost model."""
+    if graph == "captured":
+        gm, costs = result.captured_graph, result.captured_costs
+        default_title = "as written (captured, before rewrites)"
+    else:
+        gm, costs = result.logical_graph, result.costs
+        default_title = "after rewrites (logical graph)"
+    names = {result.captured.batch_symbol: "B"}
+    view = GraphView(title or default_title, kind=graph)
     keep: dict[fx.Node, ViewNode] = {}
-    for node in result.logical_graph.graph.nodes:
+    for node in gm.graph.nodes:
         if node.op == "output":
             item = ViewNode(_ident(node.name), "output", "output", "CANDIDATE")
         elif node.op in ("placeholder", "call_function") and _has_tensor(node.meta.get("val")):
-            role = node.meta[ROLE].name
+            role = node.meta[ROLE]
             op = "input" if node.op == "placeholder" else op_name(node.target)
             item = ViewNode(
                 _ident(node.name),
                 node.name,
                 op,
-                role,
+                role.name,
                 source_module(node),
-                costs.get(node.name, 0.0),
-                _shape_text(node.meta.get("val")),
+                node_flops(role, costs.get(node.name)),
+                shape_text(node.meta.get("val"), names),
+                fused=getattr(node.target, "namespace", "") == "rocs",
+                axis=axis_text(node.meta.get(BATCH_AXIS)) if role == Role.REQUEST else "",
+                reason=node.meta.get(REASON) or "",
             )
         else:
             continue
         keep[node] = item
         view.nodes.append(item)
-    _connect(view, result.logical_graph.graph, keep)
+    _connect(view, gm.graph, keep)
     return view
 
 
@@ -231,6 +286,8 @@ def view_from_exported(
 ) -> GraphView:
     """The shared-layout graph of an exported program (weights and sizes left out)."""
     costs = costs or exported_costs(program)
+    num_requests, num_candidates = _size_symbols(program)
+    names = {num_requests: "R", num_candidates: "N"}
     users = set(program.graph_signature.user_inputs)
     view = GraphView(title or "shared-layout graph", kind="shared")
     keep: dict[fx.Node, ViewNode] = {}
@@ -245,7 +302,7 @@ def view_from_exported(
                 costs.roles[node.name],
                 "",
                 0.0,
-                _shape_text(node.meta.get("val")),
+                shape_text(node.meta.get("val"), names),
             )
         elif node.op == "call_function" and _has_tensor(node.meta.get("val")):
             role = costs.roles[node.name]
@@ -259,7 +316,7 @@ def view_from_exported(
                 role,
                 costs.modules.get(node.name, ""),
                 flops,
-                _shape_text(node.meta.get("val")),
+                shape_text(node.meta.get("val"), names),
                 fused=getattr(node.target, "namespace", "") == "rocs",
             )
         else:

@@ -15,6 +15,15 @@ through ``torch.ops.aten.<op>.<overload>`` and every weight through ``Module.__g
 The program binds each op's C++ callable and each weight once, as globals of its code, and
 runs an elementwise op in place when its operand is a dying temporary (``codegen/inplace.py``).
 
+Profiler labels: the program is generated twice from one body. The plain function runs when no
+profiler is active; when one is, the call takes the *profiled* function, which wraps the
+request-placed nodes in one ``rocs::request_region`` range, the candidate-placed ones in one
+``rocs::candidate_region`` range and every fused op in ``rocs::<op>`` (its direct call bypasses
+the dispatcher, which would otherwise name it). For one range per region, nodes are scheduled
+request region first: a node never reads a value placed higher than itself (``PLACEMENT``), so
+CONST and REQUEST nodes can all run before the first CANDIDATE node. The only cost without a
+profiler is one check per call.
+
 Identities relied on: ``torch.ops.rocs.X(*args) == ROCS_OPS["X"].run(*args)`` whenever the
 op's checks pass (the op body is ``checks; return run(*args)``), and ``overload(*a) == overload._op(*a)``
 (``OpOverload.__call__`` is exactly that call).
@@ -25,12 +34,14 @@ from __future__ import annotations
 import itertools
 import linecache
 import operator
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 from torch import fx
 
+from rocs_compiler.graph_meta import PLACEMENT
 from rocs_compiler.kernels import ROCS_OPS
+from rocs_compiler.roles import Role
 from rocs_compiler.runtime.inplace import inplace_plan
 
 # rocs:: ops called without their checks, which the runtime has made once for the call.
@@ -58,13 +69,14 @@ class DirectProgram:
         self._globals: dict[str, Any] = {}
         self._ids: dict[int, str] = {}
         self._names: dict[fx.Node, str] = {}  # a node's local variable, or its constant's global
-        nodes = list(gm.graph.nodes)
+        nodes = _request_region_first(list(gm.graph.nodes))
+        regions = _regions(nodes)
         last_use = {}
         for node in nodes:
             for arg in node.all_input_nodes:
                 last_use[arg] = node
         inplace = inplace_plan(nodes, last_use, set(RUNNERS))
-        params, body = [], []
+        params, body = [], []  # body: (region, label of a fused op or None, lines)
         for node in nodes:
             if node.op == "get_attr":
                 self._names[node] = self._bind(operator.attrgetter(node.target)(gm), "w")
@@ -74,27 +86,38 @@ class DirectProgram:
                 params.append(var)
                 continue
             if node.op == "output":
-                body.append(f"return {self._render(node.args[0])}")
+                returned = f"return {self._render(node.args[0])}"
                 continue
             target, node_args = inplace.get(node, (node.target, node.args))
             fn = self._bind(_callable(target), "f")
             args = [self._render(a) for a in node_args]
             args += [f"{k}={self._render(v)}" for k, v in node.kwargs.items()]
-            body.append(f"{var} = {fn}({', '.join(args)})")
+            lines = [f"{var} = {fn}({', '.join(args)})"]
             # Drop values after their last use, as FX's code does, so temporaries free early.
             dead = [
                 self._names[a] for a in node.all_input_nodes if last_use[a] is node and a.op != "get_attr"
             ]
             if dead:
-                body.append(f"del {', '.join(dict.fromkeys(dead))}")
-        self.source = "def program({}):\n    {}\n".format(", ".join(params), "\n    ".join(body))
+                lines.append(f"del {', '.join(dict.fromkeys(dead))}")
+            label = _fused_label(node.target) if node.target in RUNNERS else None
+            body.append((regions.get(node), label, lines))
+        self._globals["_range"] = torch.profiler.record_function
+        plain = [line for _, _, lines in body for line in lines] + [returned]
+        self.source = _function("program", params, plain)
+        self.profiled_source = _function("profiled", params, _profiled_body(body) + [returned])
+        self._fn = self._load(self.source, "program")
+        self._profiled = self._load(self.profiled_source, "profiled")
+
+    def _load(self, source: str, name: str) -> Callable:
         # Registered with linecache so that tracebacks through the program show its lines.
-        filename = f"<rocs direct program {next(_PROGRAM_IDS)}>"
-        linecache.cache[filename] = (len(self.source), None, self.source.splitlines(True), filename)
-        exec(compile(self.source, filename, "exec"), self._globals)
-        self._fn = self._globals["program"]
+        filename = f"<rocs direct {name} {next(_PROGRAM_IDS)}>"
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        exec(compile(source, filename, "exec"), self._globals)
+        return self._globals[name]
 
     def __call__(self, *args: Any) -> Any:
+        if _profiler_enabled():
+            return self._profiled(*args)
         return self._fn(*args)
 
     def constants(self) -> list[Any]:
@@ -120,6 +143,72 @@ class DirectProgram:
         if isinstance(arg, _INLINE_LITERALS):
             return repr(arg)
         return self._bind(arg, "k")
+
+
+_profiler_enabled = torch._C._autograd._profiler_enabled
+_REGION_NAMES = {Role.REQUEST: "rocs::request_region", Role.CANDIDATE: "rocs::candidate_region"}
+
+
+def _region_of(node: fx.Node) -> Optional[Role]:
+    placement = node.meta.get(PLACEMENT)
+    if placement is None:
+        return None
+    return Role.CANDIDATE if placement == Role.CANDIDATE else Role.REQUEST
+
+
+def _request_region_first(nodes: list[fx.Node]) -> list[fx.Node]:
+    """``nodes`` with every CONST and REQUEST node before the CANDIDATE ones, when every
+    computing node has a placement and that order is valid; else ``nodes`` unchanged."""
+    computing = [n for n in nodes if n.op == "call_function"]
+    if not computing or any(_region_of(n) is None for n in computing):
+        return nodes
+    head = [n for n in nodes if n.op in ("placeholder", "get_attr")]
+    order = (
+        head
+        + [n for n in computing if _region_of(n) == Role.REQUEST]
+        + [n for n in computing if _region_of(n) == Role.CANDIDATE]
+        + [n for n in nodes if n.op == "output"]
+    )
+    seen: set[fx.Node] = set()
+    for node in order:
+        if any(a not in seen for a in node.all_input_nodes):
+            return nodes
+        seen.add(node)
+    return order
+
+
+def _regions(nodes: list[fx.Node]) -> dict[fx.Node, Role]:
+    """The region of each computing node, if the nodes run as contiguous regions; else none."""
+    regions = {n: _region_of(n) for n in nodes if n.op == "call_function"}
+    sequence = [r for r in regions.values()]
+    if None in sequence or sequence != sorted(sequence):
+        return {}
+    return regions
+
+
+def _fused_label(target: Any) -> str:
+    return f"rocs::{target._schema.name.split('::')[-1]}"
+
+
+def _function(name: str, params: list[str], lines: list[str]) -> str:
+    return "def {}({}):\n    {}\n".format(name, ", ".join(params), "\n    ".join(lines))
+
+
+def _profiled_body(body: list[tuple[Optional[Role], Optional[str], list[str]]]) -> list[str]:
+    """The lines of ``body`` inside one range per region and one per fused op."""
+    out: list[str] = []
+    for region, group in itertools.groupby(body, key=lambda item: item[0]):
+        indent = ""
+        if region is not None:
+            out.append(f"with _range({_REGION_NAMES[region]!r}):")
+            indent = "    "
+        for _, label, lines in group:
+            if label is None:
+                out.extend(indent + line for line in lines)
+            else:
+                out.append(f"{indent}with _range({label!r}):")
+                out.extend(f"{indent}    {line}" for line in lines)
+    return out
 
 
 def _callable(target: Any) -> Callable:
