@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextvars
 import inspect
+import os
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -209,11 +210,18 @@ class RocsBackend:
         slots = [classify(n) for n in placeholders]
         inputs = [s.name for s in slots if s.kind == "input"]
         present = [r for r in self.request_inputs if any(_covers(r, n) for n in inputs)]
-        _check_request_names(self.request_inputs, present)
+        unknown, nested = _unknown_request_names(self.request_inputs, present)
+        if unknown and not nested:
+            raise InputError(unknown)
         subgraph = _Subgraph(gm, slots, present, self.options)
+        if unknown:
+            warnings.warn(f"rocs: {unknown}; this graph runs without sharing", stacklevel=2)
+            subgraph.fallback_reason = "its request inputs cannot be named here"
         unsupported = [s.name for s in slots if s.kind == "unsupported"]
         rows = _static_rows(placeholders, slots)
-        if unsupported:
+        if subgraph.fallback_reason is not None:
+            pass
+        elif unsupported:
             subgraph.fallback_reason = f"graph inputs rocs cannot name: {', '.join(unsupported)}"
             warnings.warn(
                 f"rocs: {subgraph.fallback_reason}; this graph runs without sharing", stacklevel=2
@@ -250,30 +258,52 @@ def _covers(request: str, leaf: str) -> bool:
     return leaf == request or leaf.startswith(request + ".")
 
 
-def _check_request_names(requested: list[str], present: list[str]) -> None:
-    """Raise for a request name that is not an argument of the frame being compiled.
+def _unknown_request_names(requested: list[str], present: list[str]) -> tuple[Optional[str], bool]:
+    """(what is wrong, whether the frame is nested) when a request name is not an argument of
+    the frame being compiled.
 
     Only the first frame of a function is checked: a frame resumed after a graph break sees only
-    the locals still alive, and an input missing there is not a mistake.
+    the locals still alive, and an input missing there is not a mistake. A *nested* frame is a
+    function that user code called after a graph break (a helper taking the history as ``x``):
+    its arguments carry other names, so the caller runs it unshared; for the frame the user
+    compiled, an unknown name is a misspelling and the caller raises.
     """
     try:
         from torch._dynamo.symbolic_convert import InstructionTranslator
 
         tx = InstructionTranslator.current_tx()
     except Exception:
-        return
+        return None, False
     code = getattr(tx, "f_code", None)
     if code is None or code.co_name.startswith("torch_dynamo_resume_in_"):
-        return
+        return None, False
     count = code.co_argcount + code.co_kwonlyargcount
     count += bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)
     arguments = [a for a in code.co_varnames[:count] if a != "self"]
     unknown = [r for r in requested if r not in present and r.split(".")[0] not in arguments]
-    if unknown:
-        raise InputError(
-            f"unknown request input(s) {', '.join(map(repr, unknown))}; the compiled function "
-            f"{code.co_name}() takes: {', '.join(arguments)}"
-        )
+    if not unknown:
+        return None, False
+    message = (
+        f"unknown request input(s) {', '.join(map(repr, unknown))}; the compiled function "
+        f"{code.co_name}() takes: {', '.join(arguments)}"
+    )
+    return message, _called_by_user_code()
+
+
+def _called_by_user_code() -> bool:
+    """True when the frame dynamo is compiling was called from outside torch: by the user's own
+    function after a graph break, rather than by ``torch.compile``'s wrapper. That caller is the
+    frame below dynamo's frame-conversion callback on the Python stack."""
+    frame, caller = inspect.currentframe(), None
+    while frame is not None:
+        if frame.f_code.co_filename.endswith(_CONVERT_FRAME):
+            caller = frame.f_back
+        frame = frame.f_back
+    return caller is not None and not caller.f_code.co_filename.startswith(_TORCH_DIR)
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_CONVERT_FRAME = os.path.join("_dynamo", "convert_frame.py")
 
 
 _GRAD_WARNED = False

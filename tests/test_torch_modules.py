@@ -154,3 +154,17 @@ def test_packed_sequences_are_refused_with_the_reason_or_run_eagerly():
         torch.testing.assert_close(
             cm(hist=hist[INDEX], lengths=lengths[INDEX], c=c), model(hist[INDEX], lengths[INDEX], c)
         )
+
+
+@pytest.mark.parametrize("name", ["gru_seq_first", "mha", "encoder_seq_first"])
+def test_through_the_torch_compile_backend(name):
+    """The same models through ``torch.compile(backend="rocs")``. Dynamo breaks the graph at an
+    RNN and compiles helpers called after a break as frames of their own, whose arguments carry
+    other names (``to_layout(x)``): those frames run unshared with a warning, never an error."""
+    torch.manual_seed(0)
+    model = CASES[name]().eval()
+    hist, c = torch.randn(3, L, D), torch.randn(7, 8)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="rocs", dynamic=True, options={"request_inputs": ["hist"]})
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(hist[INDEX], c), model(hist[INDEX], c))

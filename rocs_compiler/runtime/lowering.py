@@ -8,7 +8,8 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import fx, nn
 
-from ..graph_meta import PLACEMENT
+from ..batch_axis import LEADING
+from ..graph_meta import BATCH_AXIS, PLACEMENT
 from ..roles import Role
 
 
@@ -18,7 +19,10 @@ class Lowered(nn.Module):
     The graph is compiled lazily at the first call, dynamic in R and N. R and N are first marked
     *unbacked* so that neither dynamo's 0/1 specialization nor Inductor's size guards recompile for
     R = 1 or N = 1 (one request per batch is the common serving case); if Inductor cannot compile
-    with unbacked sizes, the ordinary dynamic-shape compile is tried next.
+    with unbacked sizes, the ordinary dynamic-shape compile is tried next. A graph whose request
+    values hold the batch elsewhere than dim 0 (``[L, R, D]``, heads merged into ``[R*H, L, d]``)
+    is compiled dynamic only: with unbacked sizes Inductor computed wrong values for such graphs
+    (an ``nn.TransformerEncoder`` over ``[L, B, D]``).
     """
 
     def __init__(self, gm: fx.GraphModule, use_inductor: bool):
@@ -28,6 +32,8 @@ class Lowered(nn.Module):
             n.meta.get(PLACEMENT, Role.CONST) != Role.CONST for n in gm.graph.nodes if n.op == "placeholder"
         ]
         self._strategies = ["unbacked", "dynamic"] if use_inductor else []
+        if _batch_moves(gm):
+            self._strategies = self._strategies[1:]
         self._compiled = {
             s: torch.compile(gm, backend="inductor", dynamic=True) for s in self._strategies
         }
@@ -77,6 +83,16 @@ class Lowered(nn.Module):
                 mark_unbacked(value, 0)
             out.append(value)
         return tuple(out)
+
+
+def _batch_moves(gm: fx.GraphModule) -> bool:
+    """True when some request value of ``gm`` holds the batch elsewhere than a plain dim 0."""
+    for node in gm.graph.nodes:
+        axes = node.meta.get(BATCH_AXIS)
+        axes = axes if isinstance(axes, tuple) else (axes,)
+        if any(axis is not None and axis != LEADING for axis in axes):
+            return True
+    return False
 
 
 def _first_line(err: BaseException) -> str:
