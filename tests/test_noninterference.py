@@ -26,16 +26,25 @@ from models_for_tests import (
     OPTIONS,
     ZOO_NAMES,
     Case,
+    Spec,
     copy_structure,
     key,
     mixing_case,
     replace_candidates,
     zoo_pipeline,
 )
-from torch import fx
+from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from models_zoo import ZOO, Batch
+from models_zoo.history_encoders import (
+    Decoder,
+    Encoder,
+    InPlaceHistory,
+    MergedHeads,
+    Recurrent,
+    SelfAndTargetAttention,
+)
 from models_zoo.batch import get_leaf, set_leaf
 from rocs_compiler.analysis import analyze
 from rocs_compiler.batch_axis import BatchAxis, gather_rows
@@ -201,6 +210,22 @@ NONINTERFERENCE_CASES: list[Case] = HAND_CASES + [
         "first_row",
         "squeeze_all",
     )
+] + [
+    # torch's own sequence modules: the batch moves off dim 0 and merges with the heads.
+    Case(name, factory, ("hist",), (("hist", Spec((5, 16))), ("c", Spec((8,)))))
+    for name, factory in {
+        "mha_target_attention": lambda: SelfAndTargetAttention(),
+        "mha_seq_first_key_padding": lambda: SelfAndTargetAttention(
+            sequence_first=True, padding=True
+        ),
+        "transformer_encoder_seq_first": lambda: Encoder(sequence_first=True),
+        "transformer_decoder_norm_first": lambda: Decoder(norm_first=True),
+        "gru_seq_first": lambda: Recurrent(nn.GRU, sequence_first=True),
+        "lstm_two_layers_given_state": lambda: Recurrent(nn.LSTM, layers=2, h0=True),
+        "rnn_bidirectional": lambda: Recurrent(nn.RNN, bidirectional=True),
+        "merged_heads": lambda: MergedHeads(),
+        "in_place_history": lambda: InPlaceHistory(),
+    }.items()
 ]
 
 
