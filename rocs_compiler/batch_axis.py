@@ -85,7 +85,8 @@ def output_axis(
     ``inputs`` are the axes of the op's batched tensor operands; their merge factors carry over
     to the output dim of the same size. ``sized_from_batch``: the op also takes the batch size
     as a number (a factory such as ``zeros(layers, B, H)``), so an output without batched
-    operands still has a batch axis, a plain one.
+    operands still has a batch axis: a plain one, whose rows are all alike (the rules refuse
+    batch sizes anywhere but in sizes); a merged one would have an unknown order.
     """
     inputs = list(inputs)
     if not isinstance(val, torch.Tensor):
@@ -110,9 +111,12 @@ def output_axis(
         return BatchAxis(dim, outer, inner)
     if inputs:
         return "the batch dim changes size"
-    if coefficient != 1 and not sized_from_batch:
+    if not sized_from_batch:
+        return "the batch size appears without a batched operand"
+    if coefficient != 1:
+        # ``const[2, D].repeat(B, 1)`` is [B, 2] merged, ``zeros(2 * B)`` either: unknown order.
         return "the batch is merged with another dim in an unknown order"
-    return BatchAxis(dim, coefficient, 1)
+    return BatchAxis(dim)
 
 
 def reshape_axis(

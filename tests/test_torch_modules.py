@@ -165,6 +165,7 @@ def test_through_the_torch_compile_backend(name):
     model = CASES[name]().eval()
     hist, c = torch.randn(3, L, D), torch.randn(7, 8)
     torch._dynamo.reset()
-    compiled = torch.compile(model, backend="rocs", dynamic=True, options={"request_inputs": ["hist"]})
+    options = {"request_inputs": ["hist"]}
+    compiled = torch.compile(model, backend="rocs", dynamic=True, options=options)
     with torch.no_grad():
         torch.testing.assert_close(compiled(hist[INDEX], c), model(hist[INDEX], c))
