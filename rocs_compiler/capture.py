@@ -199,10 +199,11 @@ def capture(
                 program = torch.export.export(
                     wrapper, (example,), dynamic_shapes=dynamic, strict=strict
                 )
-                if _has_mutation(program.graph_module):
+                if _has_mutation(program.graph_module) or _has_region(program.graph_module):
                     # Functionalize (no decompositions): in-place ops and writes through views
                     # become value ops (``copy_`` into a slice -> ``slice_scatter``), so every
-                    # pass reasons about values only. A pure graph is functional already.
+                    # pass reasons about values only, and regions (an autocast block) become
+                    # the ATen ops they run (explicit casts). A pure flat graph skips this.
                     program = program.run_decompositions({})
             break
         except Exception as err:  # noqa: BLE001 - every failure is reported with its route
@@ -303,6 +304,15 @@ def _views_to_reshapes(gm: fx.GraphModule) -> None:
 def _has_mutation(gm: fx.GraphModule) -> bool:
     return any(
         isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable
+        for n in gm.graph.nodes
+        if n.op == "call_function"
+    )
+
+
+def _has_region(gm: fx.GraphModule) -> bool:
+    """A higher-order op (``wrap_with_autocast``, say) holding a subgraph of its own."""
+    return any(
+        isinstance(n.target, torch._ops.HigherOrderOperator)
         for n in gm.graph.nodes
         if n.op == "call_function"
     )
