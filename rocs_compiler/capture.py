@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import inspect
+import re
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -91,11 +92,22 @@ def _grow_rows(value: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 def _first_error_lines(err: BaseException, limit: int = 12) -> str:
+    """The error's first ``limit`` lines, plus the first line left out that points into the
+    user's own code (``File "model.py", line 16``): where the forward did what capture could
+    not follow."""
     text = f"{type(err).__name__}: {err}".strip().splitlines()
     keep = text[:limit]
     if len(text) > limit:
         keep.append(f"... ({len(text) - limit} more lines)")
+        if not any(_USER_LOCATION.search(line) for line in keep):
+            keep += [line for line in text[limit:] if _USER_LOCATION.search(line)][:1]
     return "\n    ".join(keep)
+
+
+# ``File "<path>", line N`` outside torch and this package: a line of the user's model.
+_USER_LOCATION = re.compile(
+    r'File "(?![^"]*(?:site-packages|dist-packages|/torch/|rocs_compiler))[^"]+", line \d+'
+)
 
 
 @dataclass

@@ -193,6 +193,15 @@ def test_data_dependent_branching_is_one_line_with_the_source_line(model_file, c
     assert all(line.startswith("[rocs] ") for line in _lines(err)[:-2])
 
 
+def test_the_source_line_is_found_with_the_non_strict_route_alone(model_file, capsys):
+    options = ["--options", '{"capture_strict": false}']
+    code, _, err = run(capsys, "inspect", "own_models.py:Branchy", *SPECS, *REQUEST, *options)
+    assert code == 1
+    error, hint = _error_lines(err)
+    assert error.startswith("rocs: error: could not capture")
+    assert re.search(r"own_models\.py:\d+: if u\.sum\(\) > 0:", hint), hint
+
+
 def test_debug_shows_the_traceback_of_a_target_error(model_file):
     with pytest.raises(cli.TargetError, match="no --input for"):
         cli.main(["inspect", "own_models.py:Ranker", *REQUEST, "--debug"])
