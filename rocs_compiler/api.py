@@ -7,6 +7,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from torch import nn
 
+from . import column_lanes
 from .errors import CompileError
 from .options import Options
 from .pipeline import compile_graph
@@ -28,7 +29,8 @@ def compile(  # noqa: A001 - mirrors torch.compile
     Args:
         model: an ``nn.Module`` in eval mode, written for replicated inputs.
         request_inputs: names of the request-side inputs (argument names, or dotted
-            ``"arg.key"`` names for tensors inside dicts or lists).
+            ``"arg.key"`` names for tensors inside dicts or lists), or column ranges of a 2-D
+            argument, ``"X[:, 0:12]"`` (features packed into one tensor, as DeepCTR does).
         example_inputs, example_kwargs: one example batch in replicated layout.
         fallback: ``"error"`` raises :class:`CompileError` when the model cannot be captured;
             ``"eager"`` returns a wrapper that runs the original model and warns once.
@@ -40,6 +42,12 @@ def compile(  # noqa: A001 - mirrors torch.compile
     options = Options.from_mapping(options, where="rocs.compile")
     if isinstance(request_inputs, str):
         request_inputs = [request_inputs]
+    ranges, plain = column_lanes.parse(request_inputs)
+    if ranges:
+        return column_lanes.compile_columns(
+            compile, model, ranges, plain, example_inputs, example_kwargs or {},
+            fallback=fallback, options=options, unbatched_inputs=unbatched_inputs,
+        )  # fmt: skip
     if fallback not in ("error", "eager"):
         raise ValueError(f"fallback must be 'error' or 'eager', got {fallback!r}")
     example_kwargs = dict(example_kwargs or {})

@@ -134,11 +134,16 @@ def export(compiled, example: Optional[Any] = None) -> ExportedProgram:
     """A ``torch.export.ExportedProgram`` of ``compiled``'s rewritten graph in shared layout.
 
     Args:
-        compiled: a :class:`~rocs_compiler.CompiledModel` from ``rocs.compile``.
+        compiled: a :class:`~rocs_compiler.CompiledModel` from ``rocs.compile`` (for request
+            column ranges, the program takes the packed input's column pieces as inputs).
         example: an optional shared-layout batch (dict with ``candidate_to_request`` or a
             ``models_zoo.Batch``); by default zero-valued inputs with R = 2, N = 3 are used,
             which is enough because the graph has no data-dependent control flow.
     """
+    from .column_lanes import ColumnLanes
+
+    if isinstance(compiled, ColumnLanes):
+        compiled = compiled.compiled  # its inputs are the column pieces: X.0:12, X.12:30, ...
     if getattr(compiled, "graph_module", None) is None:
         reason = getattr(compiled, "_fallback_reason", None) or "not a rocs CompiledModel"
         raise CompileError(f"nothing to export: the model runs eagerly ({reason})")

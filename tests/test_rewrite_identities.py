@@ -96,6 +96,8 @@ SAMPLES: dict[str, Sample] = {
     "stack_to_cat": Sample(lambda m, u, c: torch.stack([u, c], 1), ((4,), (4,))),
     "group_role_runs": Sample(lambda m, u, c: torch.cat([u, u * 2, c, c + 1], -1), VEC),
     "slice_of_cat": Sample(on_vec(lambda m, x: x[..., :3] * 2), VEC),
+    "select_of_cat": Sample(on_vec(lambda m, x: x.select(1, 4) * 2), VEC),
+    "flatten_mixed_cat": Sample(lambda m, u, c: torch.cat([torch.cat([u, c], -1), c * 2], -1), VEC),
     "unbind_to_select": Sample(_unbind, ((2, 4), (4,))),
     "select_of_permute": Sample(
         lambda m, u, c: u.permute(0, 2, 1).select(1, 1) + c, ((3, 4), (3,))
@@ -155,7 +157,22 @@ def test_every_rewrite_has_a_sample():
 
 @pytest.mark.parametrize("name", sorted(SAMPLES))
 def test_rewrite_identity(name):
-    sample = SAMPLES[name]
+    check_identity(name, SAMPLES[name])
+
+
+def test_a_reshape_dropping_size_one_dims_before_the_axis_distributes():
+    """``[B, 1, 7] -> [B, 7]`` over a concatenation along the last dim (features pooled to one
+    row each, then flattened)."""
+    sample = Sample(
+        lambda m, u, c: torch.cat([u.unsqueeze(1), c.unsqueeze(1)], -1).reshape(u.shape[0], 7),
+        VEC,
+    )
+    check_identity("distribute_reshape", sample)
+
+
+def check_identity(name: str, sample: Sample) -> None:
+    """The rewrite fires on the sample, keeps roles as a fresh analysis finds them, and
+    computes what the sample computed."""
     (rewrite,) = [rw for rw in all_rewrites() if rw.name == name]
     torch.manual_seed(0)
     model = sample.build().eval()

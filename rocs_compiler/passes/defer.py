@@ -347,29 +347,24 @@ def _distribute_embedding(b: Builder, node: fx.Node) -> Optional[fx.Node]:
 
 
 def _distribute_reshape(b: Builder, node: fx.Node) -> Optional[fx.Node]:
-    """Reshapes that keep every dim before the axis and the axis as the major dim of its group."""
+    """Reshapes that keep every dim before the axis and the axis as the major dim of its group;
+    size-1 dims before the axis may also be dropped (``[B, 1, 32] -> [B, 32]``: the order of the
+    elements does not change)."""
     info = mixed_concat(node.args[0])
     if info is None:
         return None
     in_shape = list(val_of(node.args[0]).shape)
     out_shape = list(node.meta["val"].shape)
     d = info.dim
-    if len(out_shape) <= d or not _same_prefix(in_shape[:d], out_shape[:d]):
+    group = _reshape_group(in_shape, out_shape, d)
+    if group is None:
+        kept = [i for i in range(len(in_shape)) if i >= d or not _is_one(in_shape[i])]
+        d = d - (len(in_shape) - len(kept))
+        group = _reshape_group([in_shape[i] for i in kept], out_shape, d)
+        in_shape = [in_shape[i] for i in kept]
+    if group is None:
         return None
-    inner = in_shape[d + 1:]
-    if not all(isinstance(s, int) for s in inner):
-        return None
-    group_end = None
-    for end in range(d + 1, len(in_shape) + 1):
-        if same_size(math.prod(in_shape[d:end]) if end > d else 1, out_shape[d]):
-            if _same_prefix(in_shape[end:], out_shape[d + 1:]) or end == d + 1:
-                group_end = end
-                break
-    if group_end is None:
-        return None
-    merged = math.prod(in_shape[d + 1:group_end])
-    if group_end == d + 1 and not same_size(in_shape[d], out_shape[d]):
-        return None
+    merged = math.prod(in_shape[d + 1:group])
     outs = []
     for piece, size in zip(info.pieces, info.sizes):
         shape = list(node.args[1]) if node.target != aten.flatten.using_ints else None
@@ -379,6 +374,26 @@ def _distribute_reshape(b: Builder, node: fx.Node) -> Optional[fx.Node]:
         shape[d] = size * merged
         outs.append(b.call(node.target, piece, shape))
     return _cat_pieces(b, outs, d)
+
+
+def _reshape_group(in_shape: list, out_shape: list, d: int) -> Optional[int]:
+    """The end of the input dims ``d:end`` that merge into output dim ``d`` with the dims before
+    ``d`` unchanged, or None."""
+    if len(out_shape) <= d or not _same_prefix(in_shape[:d], out_shape[:d]):
+        return None
+    if not all(isinstance(s, int) for s in in_shape[d + 1:]):
+        return None
+    for end in range(d + 1, len(in_shape) + 1):
+        if same_size(math.prod(in_shape[d:end]) if end > d else 1, out_shape[d]):
+            if _same_prefix(in_shape[end:], out_shape[d + 1:]) or end == d + 1:
+                if end == d + 1 and not same_size(in_shape[d], out_shape[d]):
+                    return None
+                return end
+    return None
+
+
+def _is_one(size) -> bool:
+    return isinstance(size, int) and size == 1
 
 
 def _same_prefix(a: list, b: list) -> bool:

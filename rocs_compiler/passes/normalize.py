@@ -55,6 +55,24 @@ def _group_role_runs(b: Builder, node: fx.Node) -> Optional[fx.Node]:
     return b.call(aten.cat.default, grouped, info.dim)
 
 
+def _flatten_mixed_cat(b: Builder, node: fx.Node) -> Optional[fx.Node]:
+    """``cat([cat([r, c], d), x], d) == cat([r, c, x], d)``: a concatenation nested in another
+    along the same dim, when it mixes roles, is inlined so that its request pieces are visible
+    to the distributions of the outer one (features flattened, then joined with dense ones)."""
+    info = as_concat(node)
+    if info is None:
+        return None
+    pieces, inlined = [], False
+    for piece in info.pieces:
+        inner = as_concat(piece)
+        if inner is not None and inner.mixed and inner.dim == info.dim:
+            pieces.extend(inner.pieces)
+            inlined = True
+        else:
+            pieces.append(piece)
+    return b.call(aten.cat.default, pieces, info.dim) if inlined else None
+
+
 def _slice_of_cat(b: Builder, node: fx.Node) -> Optional[fx.Node]:
     source, dim, start, end = (list(node.args) + [0, None, None])[:4]
     step = node.args[4] if len(node.args) > 4 else 1
@@ -76,6 +94,20 @@ def _slice_of_cat(b: Builder, node: fx.Node) -> Optional[fx.Node]:
     if not parts or (len(parts) == len(info.pieces) and (start, end) == (0, total)):
         return None
     return parts[0] if len(parts) == 1 else b.call(aten.cat.default, parts, dim)
+
+
+def _select_of_cat(b: Builder, node: fx.Node) -> Optional[fx.Node]:
+    """``cat(pieces, d).select(d, i) == pieces[k].select(d, i - offset_k)`` for the piece that
+    holds index ``i`` (one column of a packed input, ``X[:, 0]``)."""
+    source, dim, index = node.args[:3]
+    info = as_concat(source)
+    if info is None or not isinstance(index, int) or dim % info.ndim != info.dim:
+        return None
+    index = index if index >= 0 else index + sum(info.sizes)
+    for piece, (lo, hi) in zip(info.pieces, info.offsets):
+        if lo <= index < hi:
+            return b.call(aten.select.int, piece, info.dim, index - lo)
+    return None
 
 
 def _embedding_bag_rows(b: Builder, node: fx.Node) -> Optional[fx.Node]:
@@ -146,8 +178,12 @@ def _is_regular_offsets(node, rows, width: int) -> bool:
 def normalize_rewrites() -> list[Rewrite]:
     return [
         Rewrite("stack_to_cat", frozenset({aten.stack}), _stack_to_cat, "stack -> cat of unsqueeze"),
+        Rewrite("flatten_mixed_cat", frozenset({aten.cat}), _flatten_mixed_cat,
+                "inline a mixed concatenation nested along the same dim"),
         Rewrite("group_role_runs", frozenset({aten.cat}), _group_role_runs, "group same-role pieces"),
         Rewrite("slice_of_cat", frozenset({aten.slice}), _slice_of_cat, "slice of a cat -> piece"),
+        Rewrite("select_of_cat", frozenset({aten.select}), _select_of_cat,
+                "select of a cat -> select of the piece"),
         Rewrite("unbind_to_select", frozenset({operator.getitem}), _unbind_to_select,
                 "unbind + getitem -> select"),
         Rewrite("select_of_permute", frozenset({aten.select}), _select_of_permute,

@@ -1,0 +1,96 @@
+"""Request features named as column ranges of one packed input, ``"X[:, a:b]"``.
+
+A hand-written model in the style of DeepCTR (every feature a column range of ``X``, sliced in
+``forward``); the request columns' work runs once per request in both call layouts. The
+notation's errors name what is wrong.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import rocs_compiler as rocs
+
+INDEX = torch.tensor([0, 0, 1, 2, 2, 2, 1])
+
+
+class Packed(nn.Module):
+    """X = [user_id | user dense (3) | item_id | item dense (2)]."""
+
+    def __init__(self):
+        super().__init__()
+        self.user = nn.Embedding(20, 4)
+        self.item = nn.Embedding(30, 4)
+        self.mlp = nn.Sequential(nn.Linear(13, 16), nn.ReLU(), nn.Linear(16, 1))
+
+    def forward(self, X):
+        user = torch.cat([self.user(X[:, 0].long()), X[:, 1:4]], -1)
+        item = torch.cat([self.item(X[:, 4].long()), X[:, 5:7]], -1)
+        return self.mlp(torch.cat([user, item], -1)).squeeze(-1)
+
+
+def _rows(requests: int, index: torch.Tensor, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    user = torch.cat([torch.randint(0, 20, (requests, 1), generator=g).float(),
+                      torch.randn(requests, 3, generator=g)], -1)  # fmt: skip
+    n = index.numel()
+    item = torch.cat([torch.randint(0, 30, (n, 1), generator=g).float(),
+                      torch.randn(n, 2, generator=g)], -1)  # fmt: skip
+    return torch.cat([user[index], item], -1)
+
+
+def _compiled(request=("X[:, 0:1]", "X[:, 1:4]")):
+    torch.manual_seed(0)
+    model = Packed().eval()
+    example = _rows(2, torch.tensor([0, 0, 1]), seed=0)
+    return model, rocs.compile(model, list(request), example_kwargs={"X": example})
+
+
+def test_request_columns_run_once_per_request_in_both_layouts():
+    model, compiled = _compiled()
+    x = _rows(3, INDEX, seed=1)
+    with torch.no_grad():
+        want = model(x)
+        torch.testing.assert_close(compiled(X=x), want)
+        torch.testing.assert_close(compiled(x), want)
+        torch.testing.assert_close(compiled(X=x, candidate_to_request=INDEX), want)
+    report = compiled.report(num_candidates=64, num_requests=1)
+    assert not report.fallbacks
+    assert report.request_flops == 2 * (4 + 3) * 16  # the user's 7 columns of the first layer
+    assert "rocs.broadcast_linear.default" in report.fused_ops
+
+
+def test_adjacent_ranges_merge_and_names_are_checked():
+    _, compiled = _compiled(("X[:, 0:1]", "X[:,1:4]"))
+    assert [s.request for s in compiled.splits] == [((0, 4),)]
+    for bad, message in [
+        ("X[0:4]", "column range is written"),
+        ("Y[:, 0:2]", "unknown input name 'Y'"),
+        ("X[:, 3:3]", "empty"),
+        ("X[:, 5:9]", "past its 7 columns"),
+    ]:
+        with pytest.raises(rocs.InputError, match=message):
+            _compiled((bad,))
+    with pytest.raises(rocs.InputError, match="overlap"):
+        _compiled(("X[:, 0:3]", "X[:, 2:4]"))
+
+
+def test_a_call_with_another_width_is_refused():
+    _, compiled = _compiled()
+    with pytest.raises(rocs.InputError, match="7 columns"):
+        compiled(X=torch.zeros(4, 6))
+
+
+def test_export_takes_the_column_pieces():
+    model, compiled = _compiled()
+    program = rocs.export(compiled)
+    names = [spec.arg.name for spec in program.graph_signature.input_specs
+             if spec.kind.name == "USER_INPUT"]  # fmt: skip
+    assert len(names) == 3 and names[-1] == "candidate_to_request", names
+    x = _rows(3, INDEX, seed=1)
+    pieces = {"0:4": x[[0, 2, 3], :4], "4:7": x[:, 4:]}  # rows 0, 2, 3 start requests 0, 1, 2
+    with torch.no_grad():
+        got = program.module()(X=pieces, candidate_to_request=INDEX)
+        torch.testing.assert_close(got, model(x))
