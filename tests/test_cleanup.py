@@ -98,3 +98,28 @@ def test_weight_first_matmuls_with_the_default_passes_are_exact():
         want = model(u[index], c)
         torch.testing.assert_close(cm(u=u, c=c, candidate_to_request=index), want)
         torch.testing.assert_close(cm(u=u[index], c=c), want)
+
+
+class Dropouts(nn.Module):
+    """Dropout in eval mode (a copy after functionalization) inside the graph and at its end."""
+
+    def __init__(self):
+        super().__init__()
+        self.user_lin = nn.Linear(8, 8)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, user, item):
+        hidden = self.drop(torch.relu(self.user_lin(user)) * item)
+        return self.drop(hidden.sum(-1)), self.drop(item)
+
+
+DROPOUTS = Case("dropouts", Dropouts, ("user",), (("user", Spec((8,))), ("item", Spec((8,)))))
+
+
+def test_copies_inside_the_graph_are_dropped():
+    model = DROPOUTS.build()
+    cm = DROPOUTS.compile(model)
+    clones = [n for n in cm.graph_module.graph.nodes if n.target == torch.ops.aten.clone.default]
+    assert all(any(u.op == "output" for u in n.users) for n in clones), clones
+    batch = DROPOUTS.batch([2, 3], seed=1, shuffle=True)
+    check_both_conventions(cm, model, batch, "dropouts")

@@ -6,8 +6,11 @@ as a buffer, and the ``get_attr`` node that reads the buffer keeps the subgraph 
 (``graph_meta.FOLD``, a :class:`~rocs_compiler.folded.Fold`) so that the runtime can evaluate it
 again after a weight refresh; two pure nodes with the same op and the same arguments have the
 same value; ``slice(x, d, 0, end)`` with ``end`` at or past the size of dim ``d`` is ``x``
-(export spells ``x[:]`` over the batch dim this way); a pure node nobody uses can go. No
-decision here depends on a weight's value, only on shapes.
+(export spells ``x[:]`` over the batch dim this way); in a graph with value semantics
+``clone(x)`` is ``x`` (what a dropout in eval mode becomes after functionalization, and eager
+returns its input there without copying), except as a graph output, where the copy keeps the
+output from aliasing an input; a pure node nobody uses can go. No decision here depends on a
+weight's value, only on shapes.
 
 One op form is chosen here too: for a 2-D constant ``W [m, k]`` and a batched ``x [N, ..., k, n]``,
 ``matmul(W, x) == reshape(mm(reshape(x.mT, [-1, k]), W.T), [N, ..., n, m]).mT``. That is how
@@ -40,6 +43,7 @@ def cleanup(gm: fx.GraphModule) -> fx.GraphModule:
     fold_constants(gm)
     weight_first_matmuls_fold(gm)  # after folding: W.mT stays a view, as in the original's mm
     drop_full_slices(gm)
+    drop_clones(gm)
     eliminate_common_subexpressions(gm)
     gm.graph.eliminate_dead_code()
     gm.recompile()
@@ -158,6 +162,23 @@ def drop_full_slices(gm: fx.GraphModule) -> int:
 
 
 _INT64_MAX = 2**63 - 1
+
+
+def drop_clones(gm: fx.GraphModule) -> int:
+    """Replace ``clone(x)`` (layout preserved) by ``x`` where the graph output does not read it."""
+    dropped = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target != torch.ops.aten.clone.default:
+            continue
+        fmt = node.kwargs.get("memory_format", torch.preserve_format)
+        if fmt not in (None, torch.preserve_format) or len(node.args) != 1:
+            continue
+        if any(user.op == "output" for user in node.users):
+            continue
+        node.replace_all_uses_with(node.args[0])
+        gm.graph.erase_node(node)
+        dropped += 1
+    return dropped
 
 
 def _key(value: Any) -> Any:

@@ -1,0 +1,79 @@
+"""Models from other libraries, compiled as users write them: eager vs rocs.
+
+    python benchmarks/ecosystem.py [--requests 4] [--candidates 512] [--repeats 15]
+
+DeepCTR-Torch models (``models_zoo/deepctr_models.py``: DeepFM, WDL, DCN, DIN, MMOE) with the
+user's features named as column ranges of the packed input ``X``, at ``--requests`` requests x
+``--candidates`` candidates each, one torch thread. Eager runs the model on the replicated rows
+(how DeepCTR models are called); rocs runs in the drop-in layout (the same call) and with
+``candidate_to_request`` given. Medians of interleaved repeats, in one process; prints a
+Markdown table and checks that every output matches eager.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import warnings
+
+import torch
+
+import rocs_compiler as rocs
+from models_zoo.deepctr_models import MODELS, build, draw, request_ranges
+from rocs_compiler.timing import median_ms
+
+
+def _close(a, b) -> bool:
+    if isinstance(a, (list, tuple)):
+        return all(_close(x, y) for x, y in zip(a, b))
+    return torch.allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def measure(name: str, requests: int, candidates: int, repeats: int) -> str:
+    model, user, _ = build(name)
+    example, _ = draw(model, user, [2, 1, 3], seed=0)
+    compiled = rocs.compile(model, request_ranges(model, user), example_kwargs={"X": example})
+    x, index = draw(model, user, [candidates] * requests, seed=1)
+    calls = {
+        "eager": lambda: model(x),
+        "drop-in": lambda: compiled(X=x),
+        "indexed": lambda: compiled(X=x, candidate_to_request=index),
+    }
+    with torch.no_grad():
+        results = {k: fn() for k, fn in calls.items()}
+        exact = all(_close(results[k], results["eager"]) for k in ("drop-in", "indexed"))
+        timings: dict[str, list[float]] = {k: [] for k in calls}
+        for _ in range(3):  # interleaved, so that drift hits every caller alike
+            for k, fn in calls.items():
+                timings[k].append(median_ms(fn, max(repeats // 3, 1)))
+    eager, dropin, indexed = (statistics.median(timings[k]) for k in calls)
+    report = compiled.report(num_candidates=candidates * requests, num_requests=requests)
+    return (
+        f"| {name} | {eager:.2f} | {dropin:.2f} | {indexed:.2f} | {eager / dropin:.2f}x | "
+        f"{eager / indexed:.2f}x | {report.ideal_speedup():.2f}x | {exact} |"
+    )
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--requests", type=int, default=4)
+    parser.add_argument("--candidates", type=int, default=512, help="candidates per request")
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--models", nargs="*", default=list(MODELS))
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    print(f"DeepCTR-Torch, {args.requests} requests x {args.candidates} candidates, one thread; "
+          "ms (medians)\n")  # fmt: skip
+    print("| model | eager | rocs drop-in | rocs indexed | drop-in vs eager | indexed vs eager | "
+          "ideal (FLOPs) | exact |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for name in args.models:
+        print(measure(name, args.requests, args.candidates, args.repeats), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,85 @@
+"""DeepCTR-Torch models with user and item features, and packed batches for them.
+
+Needs the ``deepctr-torch`` package (the ``ecosystem`` extra). :func:`build` returns the model
+(eval mode), the names of its request-side features and the request FLOPs per request that the
+architecture implies (the user columns' share of every first layer that reads the input);
+:func:`draw` packs ragged batches the way DeepCTR models take them: one float tensor ``X`` whose
+column ranges are the features (``model.feature_index``), user columns replicated per candidate.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+EMBED = 8
+VOCAB = {"user_id": 50, "gender": 3, "item_id": 60, "cate_id": 10}
+USER = ["user_id", "gender", "age"]
+USER_WIDTH = 2 * EMBED + 1  # two user embeddings and the dense age, as a DNN input sees them
+MODELS = ("deepfm", "wdl", "dcn", "din", "mmoe")
+
+
+def _columns(history: bool = False):
+    from deepctr_torch.inputs import DenseFeat, SparseFeat, VarLenSparseFeat
+
+    user = [SparseFeat("user_id", 50, EMBED), SparseFeat("gender", 3, EMBED), DenseFeat("age", 1)]
+    item = [SparseFeat("item_id", 60, EMBED), SparseFeat("cate_id", 10, EMBED)]
+    if not history:
+        return user + item + [DenseFeat("price", 1)]
+    hist = [
+        VarLenSparseFeat(
+            SparseFeat(f"hist_{name}", VOCAB[name], EMBED, embedding_name=name),
+            maxlen=4, length_name="seq_length",
+        )  # fmt: skip
+        for name in ("item_id", "cate_id")
+    ]
+    return user[:2] + item + hist
+
+
+def build(name: str, seed: int = 0):
+    """(model, request feature names, request FLOPs per request derived by hand)."""
+    from deepctr_torch.models import DCN, DIN, MMOE, WDL, DeepFM
+
+    torch.manual_seed(seed)
+    if name == "din":
+        model = DIN(_columns(history=True), ["item_id", "cate_id"], device="cpu")
+        user = ["user_id", "gender", "hist_item_id", "hist_cate_id", "seq_length"]
+        # The DNN reads [user embeddings, query, pooled history]: the user's 16 columns.
+        return model.eval(), user, 2 * (2 * EMBED) * 256
+    if name == "mmoe":
+        model = MMOE(_columns(), task_types=("binary", "binary"), task_names=("ctr", "cvr"),
+                     device="cpu")  # fmt: skip
+        # 3 experts (256, 128) and 2 gates (64,), each a first layer over the input.
+        return model.eval(), USER, 2 * USER_WIDTH * (3 * 256 + 2 * 64)
+    cls = {"deepfm": DeepFM, "wdl": WDL, "dcn": DCN}[name]
+    columns = _columns()
+    model = cls(columns, columns, device="cpu")
+    # The DNN's first layer: (256, 128) in DeepFM and WDL, (128, 128) in DCN, whose cross
+    # layers (x0 * (x . w)) mix the candidate into every column and share nothing.
+    hidden = 128 if name == "dcn" else 256
+    return model.eval(), USER, 2 * USER_WIDTH * hidden
+
+
+def request_ranges(model, user: Sequence[str]) -> list[str]:
+    """The request features as column ranges of ``X``: ``"X[:, a:b]"``."""
+    return [f"X[:, {a}:{b}]" for n, (a, b) in model.feature_index.items() if n in user]
+
+
+def draw(model, user: Sequence[str], counts: Sequence[int], seed: int):
+    """(X, candidate_to_request) for requests with ``counts`` candidates each."""
+    g = torch.Generator().manual_seed(seed)
+    index = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(list(counts)))
+    width = max(stop for _, stop in model.feature_index.values())
+    x = torch.zeros(index.numel(), width)
+    for name, (start, stop) in model.feature_index.items():
+        rows = len(counts) if name in user else index.numel()
+        if name in ("age", "price"):
+            value = torch.rand(rows, stop - start, generator=g)
+        elif name == "seq_length":
+            value = torch.randint(1, 5, (rows, 1), generator=g).float()
+        else:
+            vocab = VOCAB[name.removeprefix("hist_")]
+            value = torch.randint(1, vocab, (rows, stop - start), generator=g).float()
+        x[:, start:stop] = value[index] if name in user else value
+    return x, index
