@@ -525,3 +525,32 @@ def test_a_uniform_grouping_hint_gives_the_grouping_of_the_values():
     assert hinted.count == computed.count == 4 and hinted.contiguous and computed.contiguous
     assert torch.equal(hinted.candidates, computed.candidates)
     assert torch.equal(hinted.requests, computed.requests)
+
+
+class _NothingPerRequest(nn.Module):
+    """Request features meet candidate features in the first op: no op runs per request."""
+
+    def __init__(self):
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+
+    def forward(self, u, c):
+        return self.mlp(u * c).squeeze(-1)
+
+
+def test_dropin_without_request_work_skips_request_detection(monkeypatch):
+    from rocs_compiler.runtime import compiled_model
+
+    model = _NothingPerRequest().eval()
+    u, c = torch.randn(3, 4), torch.randn(7, 4)
+    index = torch.tensor([0, 0, 1, 1, 1, 2, 2])
+    cm = rocs.compile(model, ["u"], example_kwargs={"u": u[index], "c": c})
+
+    def refuse(*args):
+        raise AssertionError("request detection ran")
+
+    monkeypatch.setattr(compiled_model, "detect_requests", refuse)
+    with torch.no_grad():
+        expected = model(u[index], c)
+        torch.testing.assert_close(cm(u=u[index], c=c), expected, rtol=0, atol=0)
+        torch.testing.assert_close(cm(u=u, c=c, candidate_to_request=index), expected, rtol=0, atol=0)

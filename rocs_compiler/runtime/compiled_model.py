@@ -45,6 +45,13 @@ class InputContract:
         self.constant_inputs: dict[str, Any] = dict(constant_inputs)
         self.out_spec = out_spec
         self.out_constants = list(out_constants)
+        # A forward returning one tensor: no tree to rebuild.
+        self._single_output = (
+            len(self.out_constants) == 1
+            and self.out_constants[0] is GRAPH_OUTPUT
+            and isinstance(out_spec, pytree.TreeSpec)
+            and out_spec.is_leaf()
+        )
         # A forward whose parameters are exactly the tensor inputs can take keyword calls as they
         # are (no binding, no flattening); None when any input is nested or non-tensor.
         params = signature.parameters
@@ -92,6 +99,8 @@ class InputContract:
         return leaves
 
     def outputs(self, tensors: list[torch.Tensor]) -> Any:
+        if self._single_output:
+            return tensors[0]
         it = iter(tensors)
         flat = [next(it) if c is GRAPH_OUTPUT else c for c in self.out_constants]
         return pytree.tree_unflatten(flat, self.out_spec)
@@ -158,6 +167,9 @@ class CompiledModel(nn.Module):
         self._fallback_reason = fallback_reason
         self._warned = False
         self._constant_outputs = _constant_output_positions(graph_module)
+        # A graph that computes nothing per request gains nothing from finding the requests of a
+        # drop-in call: every candidate is taken as its own request (R = N, an identity index).
+        self._request_work = _has_request_work(graph_module)
         self._weights_read = no_backward.weights_read_by_outputs(graph_module)
         self._input_specs = InputSpecs.of_graph(graph_module, placeholder_of, contract.batched)
         # Not a submodule either: a view of graph_module's tensors, rebuilt when they move or
@@ -332,6 +344,11 @@ class CompiledModel(nn.Module):
     def _group(self, leaves: dict):
         contract = self.contract
         rows = self._batch_rows(leaves, contract.batched_inputs)
+        if not self._request_work:
+            device = leaves[contract.batched_inputs[0]].device
+            index = torch.arange(rows, device=device)
+            note_uniform(index, rows)
+            return leaves, index
         found = detect_requests([leaves[n] for n in contract.request_inputs], rows)
         counts = found.counts
         if len(counts) == 1:
@@ -402,6 +419,14 @@ class CompiledModel(nn.Module):
         gathered = {n: requests[n].index_select(0, index) for n in self.contract.request_inputs}
         call_args, call_kwargs = replace_leaves(self.contract.signature, args, kwargs, gathered)
         return self._original(*call_args, **call_kwargs)
+
+
+def _has_request_work(graph_module: Optional[nn.Module]) -> bool:
+    """True unless ``graph_module`` is a graph none of whose ops is placed per request."""
+    graph = getattr(graph_module, "graph", None)
+    if not isinstance(graph, fx.Graph):
+        return True
+    return any(n.op == "call_function" and n.meta.get(PLACEMENT) == Role.REQUEST for n in graph.nodes)
 
 
 def _constant_output_positions(graph_module: Optional[fx.GraphModule]) -> list[int]:
