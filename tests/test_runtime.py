@@ -513,6 +513,9 @@ def test_request_detection_gives_request_sizes():
     assert found.index.tolist() == [0, 0, 1, 1, 2]
     one = detect_requests([users[:2]], 2)
     assert one.counts == [2] and one.starts.tolist() == [0] and one.index.tolist() == [0, 0]
+    equal = detect_requests([users[:4], flags[:4]], 4)  # two requests of two rows
+    assert equal.counts == [2, 2] and equal.starts.tolist() == [0, 2]
+    assert equal.index.tolist() == [0, 0, 1, 1]
 
 
 def test_a_uniform_grouping_hint_gives_the_grouping_of_the_values():

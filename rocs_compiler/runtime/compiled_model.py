@@ -351,13 +351,13 @@ class CompiledModel(nn.Module):
             return leaves, index
         found = detect_requests([leaves[n] for n in contract.request_inputs], rows)
         counts = found.counts
-        if len(counts) == 1:
-            # One request: its first row, as a view (equal to gathering row 0).
-            requests = {n: leaves[n][:1] for n in contract.request_inputs}
+        if counts and counts.count(counts[0]) == len(counts):
+            # Equal-sized requests: the first row of each is every counts[0]-th row, a view
+            # (equal to gathering the starts), and the grouping is known.
+            requests = {n: leaves[n][:: counts[0]] for n in contract.request_inputs}
+            note_uniform(found.index, len(counts))
         else:
             requests = {n: leaves[n].index_select(0, found.starts) for n in contract.request_inputs}
-        if counts and counts.count(counts[0]) == len(counts):
-            note_uniform(found.index, len(counts))
         return requests, found.index
 
     def _check_index(self, leaves: dict, index: Any) -> None:
