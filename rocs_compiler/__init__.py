@@ -9,6 +9,7 @@ from .api import compile
 from .backend import backend, shared_call
 from .export import aoti_package, export, load, save
 from .errors import CompileError, InputError, OptionsError
+from .index_contract import trusted_index
 from .options import Options
 from .roles import Role
 from .runtime import CompiledModel
@@ -19,6 +20,6 @@ __all__ = [
     "compile", "Options", "CompileError", "InputError", "OptionsError", "Role", "CompiledModel",
     "backend", "shared_call", "export", "save", "load", "aoti_package",
     "apply_glm", "apply_dca", "GLMLinear", "GLMLinearCompression", "GroupLayerNorm",
-    "GLMFactorizationMachine", "DCABlock",
+    "GLMFactorizationMachine", "DCABlock", "trusted_index",
 ]
 __version__ = "0.1.0"

@@ -6,16 +6,46 @@ before the compiled graph runs; a ``rocs::`` op called on its own checks it in i
 compiled program's direct op calls and the Triton launchers rely on those checks. Each failure
 has one message and one exception type, which is both an :class:`InputError` and the builtin
 error Python code expects for it (``TypeError`` for the type, ``IndexError`` for the range).
+
+A serving caller that builds the index itself may skip the checks that read its values (the range
+and, for R = N, the permutation check; on CUDA each is a device sync) with
+``with rocs.trusted_index(): ...``; the type, dtype, shape and device checks still run.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import contextlib
+import contextvars
+from typing import Any, Iterator, Optional
 
 import torch
 
 from .errors import InputError
 from .graph_meta import INDEX_NAME
+
+
+_SMALL = 64  # indexes up to this length are range-checked in Python
+_TRUSTED = contextvars.ContextVar("rocs_trusted_index", default=False)
+
+
+@contextlib.contextmanager
+def trusted_index() -> Iterator[None]:
+    """Within this context, compiled models take ``candidate_to_request`` values on trust.
+
+    For serving code that builds the index itself. A value outside ``[0, R)`` is then not
+    reported as :class:`IndexRangeError`: an op may fail on it, compute garbage or, on CUDA,
+    read out of bounds. The setting is per thread (and asyncio task).
+    """
+    token = _TRUSTED.set(True)
+    try:
+        yield
+    finally:
+        _TRUSTED.reset(token)
+
+
+def index_trusted() -> bool:
+    """True inside :func:`trusted_index`."""
+    return _TRUSTED.get()
 
 
 class IndexTypeError(InputError, TypeError):
@@ -63,9 +93,17 @@ def check_candidate_to_request(
 
 def check_index_range(index: torch.Tensor, num_requests: int, *, where: str = "") -> None:
     """Raise unless every value of the int64 ``[N]`` ``index`` lies in ``[0, num_requests)``."""
-    if index.shape[0] == 0:
+    num_candidates = index.shape[0]
+    if num_candidates == 0:
         return
-    low, high = (int(v) for v in torch.aminmax(index))
+    if not index.is_cuda:
+        if num_candidates <= _SMALL:  # reading a few values beats a reduction and two reads
+            values = index.tolist()
+            low, high = min(values), max(values)
+        else:
+            low, high = (v.item() for v in torch.aminmax(index))
+    else:
+        low, high = torch.stack(torch.aminmax(index)).tolist()  # one device sync
     if low < 0 or high >= num_requests:
         prefix = f"{where}: " if where else ""
         raise IndexRangeError(

@@ -58,3 +58,41 @@ def test_a_non_tensor_index_names_its_type():
     cm = rocs.compile(UserItem().eval(), ["u"], example_kwargs={"u": u[[0, 0, 1]], "c": c})
     with pytest.raises(TypeError, match="must be a torch.Tensor.*got list"):
         cm(u=u, c=c, candidate_to_request=[0, 0, 1])
+
+
+def _user_item_call(num_candidates: int):
+    u, c = torch.randn(2, 4), torch.randn(num_candidates, 4)
+    model = UserItem().eval()
+    cm = rocs.compile(model, ["u"], example_kwargs={"u": u[[0, 0, 1]], "c": c[:3]})
+    return model, cm, u, c
+
+
+@pytest.mark.parametrize("num_candidates", [3, 200])  # checked in Python, and by a reduction
+def test_the_range_check_reads_every_value(num_candidates):
+    _, cm, u, c = _user_item_call(num_candidates)
+    for bad in (2, -1):
+        index = torch.zeros(num_candidates, dtype=torch.int64)
+        index[num_candidates // 2] = bad
+        with torch.no_grad(), pytest.raises(IndexRangeError, match=r"values must lie in \[0, 2\)"):
+            cm(u=u, c=c, candidate_to_request=index)
+
+
+def test_a_trusted_index_skips_the_value_checks_only(monkeypatch):
+    model, cm, u, c = _user_item_call(3)
+    index = torch.tensor([0, 1, 1])
+    with torch.no_grad():
+        expected = model(u=u[index], c=c)
+        from rocs_compiler.runtime import compiled_model
+
+        def refuse(*args, **kwargs):
+            raise AssertionError("the range check ran inside trusted_index()")
+
+        monkeypatch.setattr(compiled_model, "check_index_range", refuse)
+        with rocs.trusted_index():
+            torch.testing.assert_close(cm(u=u, c=c, candidate_to_request=index), expected)
+            with pytest.raises(IndexTypeError):  # type, shape and device are still checked
+                cm(u=u, c=c, candidate_to_request=index.int())
+            with pytest.raises(rocs.InputError, match="has 2 entries"):
+                cm(u=u, c=c, candidate_to_request=index[:2])
+        with pytest.raises(AssertionError, match="trusted_index"):  # and only inside it
+            cm(u=u, c=c, candidate_to_request=index)

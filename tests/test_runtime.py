@@ -500,3 +500,60 @@ def test_rows_consistent():
     replicated = shared[index].clone()
     replicated[2, 0] = -0.0
     assert not rows_consistent(replicated, shared, index)
+
+
+def test_request_detection_gives_request_sizes():
+    from rocs_compiler.runtime.request_detection import detect_requests
+
+    users = torch.tensor([[1.0, 2.0], [1.0, 2.0], [3.0, 4.0], [3.0, 4.0], [3.0, 4.0]])
+    flags = torch.tensor([True, True, True, True, False])  # bool and float leaves compared at once
+    found = detect_requests([users, flags], 5)
+    assert found.counts == [2, 2, 1]
+    assert found.starts.tolist() == [0, 2, 4]
+    assert found.index.tolist() == [0, 0, 1, 1, 2]
+    one = detect_requests([users[:2]], 2)
+    assert one.counts == [2] and one.starts.tolist() == [0] and one.index.tolist() == [0, 0]
+    equal = detect_requests([users[:4], flags[:4]], 4)  # two requests of two rows
+    assert equal.counts == [2, 2] and equal.starts.tolist() == [0, 2]
+    assert equal.index.tolist() == [0, 0, 1, 1]
+
+
+def test_a_uniform_grouping_hint_gives_the_grouping_of_the_values():
+    from rocs_compiler.kernels import request_groups
+
+    index = torch.arange(3).repeat_interleave(4)
+    request_groups.note_uniform(index, 3)
+    (hinted,) = request_groups.group_by_request(index, 3)
+    (computed,) = request_groups._group_by_request(index.clone(), 3)
+    assert hinted.count == computed.count == 4 and hinted.contiguous and computed.contiguous
+    assert torch.equal(hinted.candidates, computed.candidates)
+    assert torch.equal(hinted.requests, computed.requests)
+
+
+class _NothingPerRequest(nn.Module):
+    """Request features meet candidate features in the first op: no op runs per request."""
+
+    def __init__(self):
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+
+    def forward(self, u, c):
+        return self.mlp(u * c).squeeze(-1)
+
+
+def test_dropin_without_request_work_skips_request_detection(monkeypatch):
+    from rocs_compiler.runtime import compiled_model
+
+    model = _NothingPerRequest().eval()
+    u, c = torch.randn(3, 4), torch.randn(7, 4)
+    index = torch.tensor([0, 0, 1, 1, 1, 2, 2])
+    cm = rocs.compile(model, ["u"], example_kwargs={"u": u[index], "c": c})
+
+    def refuse(*args):
+        raise AssertionError("request detection ran")
+
+    monkeypatch.setattr(compiled_model, "detect_requests", refuse)
+    with torch.no_grad():
+        expected = model(u[index], c)
+        torch.testing.assert_close(cm(u=u[index], c=c), expected, rtol=0, atol=0)
+        torch.testing.assert_close(cm(u=u, c=c, candidate_to_request=index), expected, rtol=0, atol=0)

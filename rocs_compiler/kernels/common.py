@@ -58,14 +58,17 @@ def _warn_no_triton() -> None:
 def use_triton(*tensors: torch.Tensor) -> bool:
     """Decide, at call time, whether an op runs its Triton launcher or its torch path."""
     first = tensors[0]
-    if any(t.dtype not in TRITON_DTYPES for t in tensors):
-        return False
     if first.is_cuda:
+        if any(t.dtype not in TRITON_DTYPES for t in tensors):
+            return False
         if triton_available():
             return True
         _warn_no_triton()
         return False
+    # On the CPU the (rarely set) flag decides first: one environment read per op call.
     if first.device.type == "cpu" and env_flag("ROCS_TRITON_ON_CPU"):
+        if any(t.dtype not in TRITON_DTYPES for t in tensors):
+            return False
         if not triton_available():
             raise RuntimeError("ROCS_TRITON_ON_CPU=1 but triton is not installed")
         return True

@@ -59,6 +59,16 @@ class RequestGroup:
 # The entry holds the tensor itself, so ``is`` cannot match a new tensor at a recycled address,
 # and its version counter, so an in-place change of the index is noticed.
 _last: Optional[tuple] = None
+# An index its maker knows to be grouped into equal-sized requests (drop-in request detection).
+_uniform: Optional[tuple] = None
+
+
+def note_uniform(idx: torch.Tensor, num_requests: int) -> None:
+    """Record that ``idx`` is ``arange(num_requests)`` with each entry repeated equally often,
+    as its maker knows, so grouping it needs no pass over its values. An inference tensor has
+    no version counter; the hint is still sound for an index its maker holds alone."""
+    global _uniform
+    _uniform = (idx, _version_of(idx), num_requests)
 
 
 def group_by_request(idx: torch.Tensor, num_requests: int) -> list[RequestGroup]:
@@ -69,7 +79,11 @@ def group_by_request(idx: torch.Tensor, num_requests: int) -> list[RequestGroup]
     if cached is not None and version is not None:
         if cached[0] is idx and cached[1] == version and cached[2] == num_requests:
             return cached[3]
-    groups = _group_by_request(idx, num_requests)
+    uniform = _uniform
+    if uniform is not None and uniform[0] is idx and uniform[1] == version and uniform[2] == num_requests:
+        groups = _uniform_groups(idx, num_requests)
+    else:
+        groups = _group_by_request(idx, num_requests)
     if version is not None:
         _last = (idx, version, num_requests, groups)
     return groups
@@ -90,11 +104,7 @@ def _group_by_request(idx: torch.Tensor, num_requests: int) -> list[RequestGroup
     is_sorted = bool((idx[1:] >= idx[:-1]).all()) if num_candidates > 1 else True
 
     if len(distinct) == 1 and distinct[0] * num_requests == num_candidates and is_sorted:
-        # Fast path: every request has the same count and candidates are already grouped.
-        count = distinct[0]
-        arange = torch.arange(num_candidates, device=idx.device)
-        requests = torch.arange(num_requests, device=idx.device)
-        return [RequestGroup(count, requests, arange.view(num_requests, count), True, True)]
+        return _uniform_groups(idx, num_requests)
 
     order = torch.argsort(idx, stable=True)
     starts = torch.cumsum(counts, 0) - counts
@@ -105,3 +115,12 @@ def _group_by_request(idx: torch.Tensor, num_requests: int) -> list[RequestGroup
         all_requests = requests.shape[0] == num_requests
         groups.append(RequestGroup(count, requests, order[positions], all_requests, False))
     return groups
+
+
+def _uniform_groups(idx: torch.Tensor, num_requests: int) -> list[RequestGroup]:
+    """Every request has the same count and candidates are already grouped: one group."""
+    num_candidates = idx.shape[0]
+    count = num_candidates // num_requests
+    arange = torch.arange(num_candidates, device=idx.device)
+    requests = torch.arange(num_requests, device=idx.device)
+    return [RequestGroup(count, requests, arange.view(num_requests, count), True, True)]

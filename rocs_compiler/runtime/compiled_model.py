@@ -24,11 +24,12 @@ from torch.utils import _pytree as pytree
 
 from ..errors import InputError
 from ..graph_meta import PLACEMENT
-from ..index_contract import check_candidate_to_request, check_index_range
+from ..index_contract import check_candidate_to_request, check_index_range, index_trusted
+from ..kernels.request_groups import note_uniform
 from ..roles import Role
 from . import no_backward
 from .input_specs import InputSpecs
-from .request_detection import group_requests, rows_consistent
+from .request_detection import detect_requests, rows_consistent
 from .weights import WeightRefresh
 from ..inputs import GRAPH_OUTPUT, bind_inputs, is_tensor, named_leaves, replace_leaves
 
@@ -44,21 +45,35 @@ class InputContract:
         self.constant_inputs: dict[str, Any] = dict(constant_inputs)
         self.out_spec = out_spec
         self.out_constants = list(out_constants)
+        # A forward returning one tensor: no tree to rebuild.
+        self._single_output = (
+            len(self.out_constants) == 1
+            and self.out_constants[0] is GRAPH_OUTPUT
+            and isinstance(out_spec, pytree.TreeSpec)
+            and out_spec.is_leaf()
+        )
         # A forward whose parameters are exactly the tensor inputs can take keyword calls as they
         # are (no binding, no flattening); None when any input is nested or non-tensor.
         params = signature.parameters
         plain = all(p.kind == p.POSITIONAL_OR_KEYWORD or p.kind == p.KEYWORD_ONLY for p in params.values())
         flat = plain and not self.constant_inputs and set(params) == set(self.input_names)
         self._keyword_names = frozenset(self.input_names) if flat else None
-
-    @property
-    def candidate_inputs(self) -> list[str]:
-        return [n for n in self.input_names if self.batched[n] and n not in self.request_inputs]
+        # Keyword calls whose values are tensors or dicts of tensors (one level) are named
+        # without binding or a tree walk when every parameter is given and none is a constant.
+        nested = plain and not self.constant_inputs
+        self._param_names = frozenset(params) if nested else None
+        self._input_set = frozenset(self.input_names)
+        self.batched_inputs = [n for n in self.input_names if self.batched[n]]
+        self.candidate_inputs = [n for n in self.batched_inputs if n not in self.request_inputs]
 
     def leaves(self, args: tuple, kwargs: dict) -> dict[str, Any]:
         if not args and kwargs.keys() == self._keyword_names:
             if all(isinstance(v, torch.Tensor) for v in kwargs.values()):
                 return kwargs
+        if not args and kwargs.keys() == self._param_names:
+            flat = _nested_leaves(kwargs)
+            if flat is not None and flat.keys() == self._input_set:
+                return flat
         leaves = named_leaves(bind_inputs(self.signature, args, kwargs))
         tensors = {n for n, v in leaves.items() if is_tensor(v)}
         missing = [n for n in self.input_names if n not in tensors]
@@ -84,9 +99,28 @@ class InputContract:
         return leaves
 
     def outputs(self, tensors: list[torch.Tensor]) -> Any:
+        if self._single_output:
+            return tensors[0]
         it = iter(tensors)
         flat = [next(it) if c is GRAPH_OUTPUT else c for c in self.out_constants]
         return pytree.tree_unflatten(flat, self.out_spec)
+
+
+def _nested_leaves(kwargs: dict) -> Optional[dict]:
+    """``named_leaves`` of keyword arguments that are tensors or str-keyed dicts of tensors;
+    None for any other structure (left to the general path)."""
+    flat = {}
+    for name, value in kwargs.items():
+        if isinstance(value, torch.Tensor):
+            flat[name] = value
+        elif type(value) is dict:
+            for key, leaf in value.items():
+                if type(key) is not str or not isinstance(leaf, torch.Tensor):
+                    return None
+                flat[f"{name}.{key}"] = leaf
+        else:
+            return None
+    return flat
 
 
 def _same_constant(a: Any, b: Any) -> bool:
@@ -133,6 +167,9 @@ class CompiledModel(nn.Module):
         self._fallback_reason = fallback_reason
         self._warned = False
         self._constant_outputs = _constant_output_positions(graph_module)
+        # A graph that computes nothing per request gains nothing from finding the requests of a
+        # drop-in call: every candidate is taken as its own request (R = N, an identity index).
+        self._request_work = _has_request_work(graph_module)
         self._weights_read = no_backward.weights_read_by_outputs(graph_module)
         self._input_specs = InputSpecs.of_graph(graph_module, placeholder_of, contract.batched)
         # Not a submodule either: a view of graph_module's tensors, rebuilt when they move or
@@ -161,23 +198,31 @@ class CompiledModel(nn.Module):
     def forward(self, *args, candidate_to_request: Optional[torch.Tensor] = None, **kwargs):
         leaves = self.contract.leaves(args, kwargs)
         if candidate_to_request is None:
-            requests, candidates, index = self._group(leaves)
+            requests, index = self._group(leaves)
         else:
-            requests, candidates, index = self._check_shared(leaves, candidate_to_request)
-        return self._run(args, kwargs, leaves, requests, candidates, index)
+            requests, index = self._check_shared(leaves, candidate_to_request)
+        return self._run(args, kwargs, leaves, requests, index)
 
     def call_replicated(self, *args, candidate_to_request: torch.Tensor, **kwargs):
         """The original call (request inputs replicated, one row per candidate) with the
         grouping given: ``candidate_to_request[n]`` is candidate n's request. Raises
         :class:`InputError` when a request input varies within a request."""
         leaves = self.contract.leaves(args, kwargs)
-        requests, candidates, index = self._check_replicated(leaves, candidate_to_request)
-        return self._run(args, kwargs, leaves, requests, candidates, index)
+        requests, index = self._check_replicated(leaves, candidate_to_request)
+        return self._run(args, kwargs, leaves, requests, index)
 
-    def _run(self, args, kwargs, leaves, requests, candidates, index):
+    def _run(self, args, kwargs, leaves, requests, index):
+        """Run the graph on ``leaves`` with the request inputs replaced by ``requests``
+        (``requests is leaves`` in the shared layout)."""
         if self._input_specs is not None:
             self._input_specs.check(leaves)
         grad_mode = torch.is_grad_enabled()
+        if not grad_mode and self.graph_module is not None:
+            # The common serving call (no_grad or inference mode): no autograd context to enter.
+            outputs = self._graph_runner()(*self._graph_inputs(leaves, requests), index)
+            if self._constant_outputs:
+                outputs = self._clone_constants(outputs)
+            return self.contract.outputs(outputs)
         if grad_mode:
             wants_grad = [n for n, v in leaves.items() if is_tensor(v) and v.requires_grad]
             if wants_grad:
@@ -191,15 +236,24 @@ class CompiledModel(nn.Module):
                 result = self._run_eager(args, kwargs, requests, index)
             return self._refuse_backward_eager(result) if grad_mode else result
         with torch.no_grad():
-            inputs = []
-            for name in self.contract.input_names:
-                inputs.append(requests[name] if name in requests else candidates.get(name, leaves[name]))
-            outputs = list(self._graph_runner()(*inputs, index))
-        for i in self._constant_outputs:  # never hand out the compiled model's own buffers
-            outputs[i] = outputs[i].clone()
-        if grad_mode and self._weights is not None:
+            inputs = self._graph_inputs(leaves, requests)
+            outputs = self._clone_constants(self._graph_runner()(*inputs, index))
+        if self._weights is not None:
             outputs = self._refuse_backward(outputs)
         return self.contract.outputs(outputs)
+
+    def _graph_inputs(self, leaves: dict, requests: dict) -> list:
+        names = self.contract.input_names
+        if requests is leaves:
+            return [leaves[n] for n in names]
+        return [requests[n] if n in requests else leaves[n] for n in names]
+
+    def _clone_constants(self, outputs) -> list:
+        """Never hand out the compiled model's own buffers."""
+        outputs = list(outputs)
+        for i in self._constant_outputs:
+            outputs[i] = outputs[i].clone()
+        return outputs
 
     def _refuse_backward(self, outputs: list) -> list:
         """In grad mode, outputs eager would attach to a weight requiring grad get a ``grad_fn``
@@ -276,45 +330,55 @@ class CompiledModel(nn.Module):
     # -- conventions ---------------------------------------------------------------------------
 
     def _batch_rows(self, leaves: dict, names: list[str]) -> int:
-        rows = {n: leaves[n].shape[0] if leaves[n].dim() else None for n in names}
-        distinct = set(rows.values())
-        if None in distinct or len(distinct) > 1:
-            detail = ", ".join(f"{n}: {r}" for n, r in rows.items())
+        rows = [leaves[n].shape[0] if leaves[n].dim() else None for n in names]
+        first = rows[0]
+        if first is None or rows.count(first) != len(rows):
+            detail = ", ".join(f"{n}: {r}" for n, r in zip(names, rows))
             raise InputError(
                 f"batched inputs disagree on the number of rows ({detail}); an input without a "
                 "batch dim whose rows equalled the example's batch size is taken as batched: "
                 "name it in rocs.compile(..., unbatched_inputs=[...])"
             )
-        return distinct.pop()
+        return first
 
     def _group(self, leaves: dict):
         contract = self.contract
-        batched = [n for n in contract.input_names if contract.batched[n]]
-        rows = self._batch_rows(leaves, batched)
-        request_leaves = [leaves[n] for n in contract.request_inputs]
-        starts, index = group_requests(request_leaves, rows)
-        requests = {n: leaves[n].index_select(0, starts) for n in contract.request_inputs}
-        candidates = {n: leaves[n] for n in contract.candidate_inputs}
-        return requests, candidates, index
+        rows = self._batch_rows(leaves, contract.batched_inputs)
+        if not self._request_work:
+            device = leaves[contract.batched_inputs[0]].device
+            index = torch.arange(rows, device=device)
+            note_uniform(index, rows)
+            return leaves, index
+        found = detect_requests([leaves[n] for n in contract.request_inputs], rows)
+        counts = found.counts
+        if counts and counts.count(counts[0]) == len(counts):
+            # Equal-sized requests: the first row of each is every counts[0]-th row, a view
+            # (equal to gathering the starts), and the grouping is known.
+            requests = {n: leaves[n][:: counts[0]] for n in contract.request_inputs}
+            note_uniform(found.index, len(counts))
+        else:
+            requests = {n: leaves[n].index_select(0, found.starts) for n in contract.request_inputs}
+        return requests, found.index
 
-    def _check_index(self, leaves: dict, index: Any) -> dict:
-        """The candidate inputs, after checking ``index`` against them (type, length, device)."""
+    def _check_index(self, leaves: dict, index: Any) -> None:
+        """Check ``index`` against the candidate inputs (type, length, device)."""
         contract = self.contract
-        candidates = {n: leaves[n] for n in contract.candidate_inputs}
-        rows = self._batch_rows(leaves, list(candidates)) if candidates else None
-        batched = [leaves[n] for n in (*candidates, *contract.request_inputs)]
-        device = batched[0].device if batched else None
+        candidates = contract.candidate_inputs
+        rows = self._batch_rows(leaves, candidates) if candidates else None
+        batched = candidates or contract.request_inputs
+        device = leaves[batched[0]].device if batched else None
         check_candidate_to_request(index, rows, None, device=device)
-        return candidates
 
     def _check_shared(self, leaves: dict, index: Any):
         contract = self.contract
-        candidates = self._check_index(leaves, index)
+        self._check_index(leaves, index)
         num_candidates = index.shape[0]
         if contract.request_inputs:
             num_requests = self._batch_rows(leaves, contract.request_inputs)
         else:
             num_requests = num_candidates
+        if index_trusted():
+            return leaves, index
         check_index_range(index, num_requests)
         if contract.request_inputs and num_requests == num_candidates > 1:
             # One row per candidate is what replicated inputs look like: accept it only when
@@ -326,11 +390,11 @@ class CompiledModel(nn.Module):
                     "layout takes one row per request. For replicated request inputs call the "
                     "model without candidate_to_request, or cm.call_replicated(...)"
                 )
-        return {n: leaves[n] for n in contract.request_inputs}, candidates, index
+        return leaves, index
 
     def _check_replicated(self, leaves: dict, index: Any):
         contract = self.contract
-        candidates = self._check_index(leaves, index)
+        self._check_index(leaves, index)
         num_candidates = index.shape[0]
         check_index_range(index, num_candidates)
         num_requests = int(index.max()) + 1 if num_candidates else 0
@@ -344,7 +408,7 @@ class CompiledModel(nn.Module):
                     f"{name!r} has {rows} rows, candidate_to_request {num_candidates} entries"
                 )
             requests[name] = _reduce_replicated(name, value, index, num_requests)
-        return requests, candidates, index
+        return requests, index
 
     def _run_eager(self, args, kwargs, requests, index):
         if not self._warned:
@@ -352,9 +416,17 @@ class CompiledModel(nn.Module):
                 f"rocs: running the original model eagerly ({self._fallback_reason})", stacklevel=3
             )
             self._warned = True
-        gathered = {name: value.index_select(0, index) for name, value in requests.items()}
+        gathered = {n: requests[n].index_select(0, index) for n in self.contract.request_inputs}
         call_args, call_kwargs = replace_leaves(self.contract.signature, args, kwargs, gathered)
         return self._original(*call_args, **call_kwargs)
+
+
+def _has_request_work(graph_module: Optional[nn.Module]) -> bool:
+    """True unless ``graph_module`` is a graph none of whose ops is placed per request."""
+    graph = getattr(graph_module, "graph", None)
+    if not isinstance(graph, fx.Graph):
+        return True
+    return any(n.op == "call_function" and n.meta.get(PLACEMENT) == Role.REQUEST for n in graph.nodes)
 
 
 def _constant_output_positions(graph_module: Optional[fx.GraphModule]) -> list[int]:

@@ -30,6 +30,8 @@ class _Spec:
 class InputSpecs:
     def __init__(self, specs: Mapping[str, _Spec]):
         self._specs = dict(specs)
+        # What a call that fits exactly compares: (name, dtype, device, sizes, batched).
+        self._exact = [(n, s.dtype, s.device, s.sizes, s.batched) for n, s in self._specs.items()]
 
     @classmethod
     def of_graph(
@@ -61,28 +63,34 @@ class InputSpecs:
 
     def check(self, leaves: Mapping[str, object]) -> None:
         """Raise ``InputError`` for the first tensor input that does not fit its spec."""
-        for name, spec in self._specs.items():
+        for name, dtype, device, sizes, batched in self._exact:
             value = leaves.get(name)
-            if not isinstance(value, torch.Tensor):
-                continue
-            if value.dtype != spec.dtype:
-                raise InputError(
-                    f"input {name!r} has dtype {value.dtype}, but the model was compiled for "
-                    f"{spec.dtype}: convert the input, or compile the model again for {value.dtype}"
-                )
-            if value.device != spec.device:
-                raise InputError(
-                    f"input {name!r} is on {value.device}, but the compiled model is on "
-                    f"{spec.device}: move the input, or the compiled model with .to()"
-                )
-            dims = value.shape[1:] if spec.batched else value.shape
-            if dims != spec.sizes and (spec.batched and value.dim() == 0 or not _fits(dims, spec.sizes)):
-                expected = ", ".join("?" if s is None else str(s) for s in spec.sizes)
-                expected = f"(rows, {expected})" if spec.batched else f"({expected})"
-                raise InputError(
-                    f"input {name!r} has shape {tuple(value.shape)}, but the model was compiled "
-                    f"for {expected}; only the number of rows may change between calls"
-                )
+            if isinstance(value, torch.Tensor) and (
+                value.dtype != dtype
+                or value.device != device
+                or (value.shape[1:] if batched and value.dim() else value.shape) != sizes
+            ):
+                self._check_one(name, self._specs[name], value)  # symbolic sizes, or an error
+
+    def _check_one(self, name: str, spec: _Spec, value: torch.Tensor) -> None:
+        if value.dtype != spec.dtype:
+            raise InputError(
+                f"input {name!r} has dtype {value.dtype}, but the model was compiled for "
+                f"{spec.dtype}: convert the input, or compile the model again for {value.dtype}"
+            )
+        if value.device != spec.device:
+            raise InputError(
+                f"input {name!r} is on {value.device}, but the compiled model is on "
+                f"{spec.device}: move the input, or the compiled model with .to()"
+            )
+        dims = value.shape[1:] if spec.batched else value.shape
+        if dims != spec.sizes and (spec.batched and value.dim() == 0 or not _fits(dims, spec.sizes)):
+            expected = ", ".join("?" if s is None else str(s) for s in spec.sizes)
+            expected = f"(rows, {expected})" if spec.batched else f"({expected})"
+            raise InputError(
+                f"input {name!r} has shape {tuple(value.shape)}, but the model was compiled "
+                f"for {expected}; only the number of rows may change between calls"
+            )
 
 
 def _fits(dims: tuple, sizes: tuple) -> bool:

@@ -1,0 +1,104 @@
+"""Fixed per-call cost of a compiled model: what a call costs on top of its graph's ops.
+
+For each zoo model at one shape (default R = 1 request, N = 16 candidates), times in one process,
+round-robin, with one torch thread and the thread's CPU time as the clock (medians):
+
+- ``eager``: ``model(**batch.replicated())``;
+- ``program``: the compiled graph's straight-line program alone, on prepared inputs;
+- ``shared``: ``cm(**batch.kwargs, candidate_to_request=idx)``;
+- ``drop-in``: ``cm(**batch.replicated())``.
+
+``shared - program`` is the runtime's fixed cost in the shared layout (input and index checks,
+weight version check, output tree); ``drop-in - program`` adds finding the requests.
+``--profile`` also prints a cProfile of 1000 calls of each layout.
+
+Usage::
+
+    python benchmarks/call_overhead.py
+    python benchmarks/call_overhead.py --models dlrm mmoe --profile
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import statistics
+import time
+
+import torch
+
+import rocs_compiler as rocs
+from models_zoo import ZOO
+
+
+def time_round_robin(calls: dict, rounds: int, loops: int) -> dict[str, float]:
+    """Median microseconds per call of each of ``calls``."""
+    samples = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            start = time.thread_time()
+            for _ in range(loops):
+                call()
+            samples[name].append((time.thread_time() - start) / loops * 1e6)
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def profile(call, calls: int = 1000, top: int = 20) -> str:
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        call()
+    prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
+    return out.getvalue()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=list(ZOO))
+    parser.add_argument("--requests", type=int, default=1)
+    parser.add_argument("--candidates", type=int, default=16, help="per request")
+    parser.add_argument("--rounds", type=int, default=21)
+    parser.add_argument("--loops", type=int, default=50)
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    print("| model | eager us | program us | shared us | drop-in us | shared - program | "
+          "drop-in - program | eager / shared | eager / drop-in |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    with torch.no_grad():
+        for name in args.models:
+            entry = ZOO[name]
+            model = entry.build(seed=0)
+            example = entry.make_batch([4, 3]).replicated()
+            cm = rocs.compile(model, list(entry.request_inputs), example_kwargs=example)
+            batch = entry.make_batch([args.candidates] * args.requests)
+            replicated, kwargs, index = batch.replicated(), batch.kwargs, batch.candidate_to_request
+            cm(**kwargs, candidate_to_request=index)
+            leaves = cm.contract.leaves((), kwargs)
+            program = cm._graph_runner()
+            inputs = [leaves[n] for n in cm.contract.input_names]
+            calls = {
+                "eager": lambda: model(**replicated),
+                "program": lambda: program(*inputs, index),
+                "shared": lambda: cm(**kwargs, candidate_to_request=index),
+                "dropin": lambda: cm(**replicated),
+            }
+            t = time_round_robin(calls, args.rounds, args.loops)
+            print(
+                f"| {name} | {t['eager']:.0f} | {t['program']:.0f} | {t['shared']:.0f} | "
+                f"{t['dropin']:.0f} | {t['shared'] - t['program']:.0f} | "
+                f"{t['dropin'] - t['program']:.0f} | {t['eager'] / t['shared']:.2f} | "
+                f"{t['eager'] / t['dropin']:.2f} |",
+                flush=True,
+            )
+            if args.profile:
+                for layout in ("shared", "dropin"):
+                    print(f"\ncProfile, {name}, {layout}:\n{profile(calls[layout])}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,246 @@
+"""No-regression benchmark: a compiled model is never slower than eager.
+
+For every model (the zoo, the GLM and DCA versions of its interaction and sequence models, and
+the models of ``regression_models.py``) and every cell (R requests, N candidates in total,
+N / R per request), the script times
+
+- ``eager``: ``model(**batch.replicated())``;
+- ``shared``: ``cm(**batch.kwargs, candidate_to_request=idx)`` (request inputs with R rows);
+- ``drop-in``: ``cm(**batch.replicated())`` (the original call; includes finding the requests),
+
+where ``cm = rocs.compile(model, request_inputs, example_kwargs=<replicated batch of 2
+requests with 4 and 3 candidates>)``, all under ``torch.no_grad()`` with one torch thread. It
+prints a Markdown table of eager time / compiled time per model and cell, the cells below
+``--threshold``, and a last line with the minimum ratio.
+
+Noise control, for a shared machine: within a cell the three variants run round-robin, each
+round starting from a different variant, so drift hits all of them alike; each sample is a loop
+of calls long enough (``--sample-ms``) for the clock's resolution; the clock is the calling
+thread's CPU time (``time.thread_time``; ``--clock wall`` for ``perf_counter``), which with one
+torch thread counts the whole call and not the time the thread waited for a core; the reported
+value is the median over ``--rounds`` rounds. Outputs are compared with eager once per cell
+(``allclose``, rtol = atol = 1e-4); a mismatch is printed and marks the cell with ``!``.
+
+Usage::
+
+    python benchmarks/regression.py                           # all models, all cells
+    python benchmarks/regression.py --models dlrm crossmix --rounds 21
+    python benchmarks/regression.py --quick --models no_share wide_deep   # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+import rocs_compiler as rocs
+from models_zoo import ZOO
+from models_zoo.batch import Batch, request_index
+from regression_models import MODELS, make_inputs
+
+CELLS = ((1, 16), (1, 128), (1, 1024), (4, 16), (4, 128), (4, 1024))
+QUICK_CELLS = ((1, 8), (2, 8))
+LAYOUTS = ("shared", "dropin")
+RTOL = ATOL = 1e-4
+
+
+@dataclass(frozen=True)
+class Case:
+    """A benchmark model: ``build()`` gives it in eval mode, ``batch(counts)`` a shared-layout
+    batch with ``counts[r]`` candidates for request r."""
+
+    name: str
+    build: Callable[[], nn.Module]
+    request_inputs: tuple[str, ...]
+    batch: Callable[[Sequence[int]], Batch]
+
+
+def _zoo_case(name: str, transform: str = "") -> Case:
+    entry = ZOO[name]
+
+    def build() -> nn.Module:
+        model = entry.build(seed=0)
+        if transform == "glm":
+            model = rocs.apply_glm(model, entry.request_inputs)
+        elif transform == "dca":
+            model = rocs.apply_dca(model, entry.request_inputs)
+        return model.eval()
+
+    label = f"{name}_{transform}" if transform else name
+    return Case(label, build, tuple(entry.request_inputs), lambda counts: entry.make_batch(list(counts)))
+
+
+def _model_case(name: str) -> Case:
+    make, inputs = MODELS[name]
+    requests = tuple(n for n in inputs if n.startswith("u"))
+
+    def build() -> nn.Module:
+        torch.manual_seed(0)
+        return make().eval()
+
+    def batch(counts: Sequence[int]) -> Batch:
+        g = torch.Generator().manual_seed(1)
+        kwargs = make_inputs(inputs, len(counts), sum(counts), g)
+        return Batch(kwargs, request_index(counts), requests)
+
+    return Case(name, build, requests, batch)
+
+
+def all_cases() -> dict[str, Case]:
+    cases = [_zoo_case(name) for name in ZOO]
+    cases += [_zoo_case(name, "glm") for name in ("dcnv2", "finalmlp", "wukong")]
+    cases += [_zoo_case(name, "dca") for name in ("bst", "hstu")]
+    cases += [_model_case(name) for name in MODELS]
+    return {c.name: c for c in cases}
+
+
+# -- timing ---------------------------------------------------------------------------------------
+
+
+def time_interleaved(
+    calls: dict[str, Callable[[], object]], rounds: int, sample_s: float, clock: Callable[[], float]
+) -> dict[str, float]:
+    """Median seconds per call of each of ``calls``, run round-robin (see the module docstring)."""
+    loops = {}
+    for name, call in calls.items():
+        start = clock()
+        call()
+        loops[name] = max(1, math.ceil(sample_s / max(clock() - start, 1e-7)))
+    names = list(calls)
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            call, n = calls[name], loops[name]
+            start = clock()
+            for _ in range(n):
+                call()
+            samples[name].append((clock() - start) / n)
+    return {n: statistics.median(v) for n, v in samples.items()}
+
+
+def _matches(reference, output) -> bool:
+    ref, out = pytree.tree_leaves(reference), pytree.tree_leaves(output)
+    return len(ref) == len(out) and all(
+        torch.allclose(a, b, rtol=RTOL, atol=ATOL, equal_nan=True) for a, b in zip(ref, out)
+    )
+
+
+def measure_case(case: Case, cells, rounds: int, sample_s: float, clock) -> dict:
+    """``{(R, N): {"eager": s, "shared": s, "dropin": s, "mismatch": [layouts]}}`` for ``case``."""
+    model = case.build()
+    example = case.batch([4, 3]).replicated()
+    cm = rocs.compile(model, list(case.request_inputs), example_kwargs=example)
+    results = {}
+    for requests, candidates in cells:
+        batch = case.batch([candidates // requests] * requests)
+        replicated, kwargs, index = batch.replicated(), batch.kwargs, batch.candidate_to_request
+        calls = {
+            "eager": lambda: model(**replicated),
+            "shared": lambda: cm(**kwargs, candidate_to_request=index),
+            "dropin": lambda: cm(**replicated),
+        }
+        reference = calls["eager"]()
+        mismatch = [layout for layout in LAYOUTS if not _matches(reference, calls[layout]())]
+        cell = time_interleaved(calls, rounds, sample_s, clock)
+        cell["mismatch"] = mismatch
+        results[(requests, candidates)] = cell
+    return results
+
+
+# -- report ---------------------------------------------------------------------------------------
+
+
+def ratios(results: dict) -> list[tuple[str, int, int, str, float]]:
+    """(model, R, N, layout, eager time / compiled time) for every measured cell."""
+    rows = []
+    for model, cells in results.items():
+        for (requests, candidates), t in cells.items():
+            for layout in LAYOUTS:
+                rows.append((model, requests, candidates, layout, t["eager"] / t[layout]))
+    return rows
+
+
+def markdown_table(results: dict, cells) -> str:
+    head = ["model"] + [f"R={r} N={n} {'shared' if l == 'shared' else 'drop-in'}" for r, n in cells for l in LAYOUTS]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for model, measured in results.items():
+        row = [model]
+        for cell in cells:
+            t = measured[cell]
+            for layout in LAYOUTS:
+                mark = "!" if layout in t["mismatch"] else ""
+                row.append(f"{t['eager'] / t[layout]:.2f}{mark}")
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def summary(results: dict, threshold: float) -> list[str]:
+    rows = ratios(results)
+    lines = []
+    below = sorted((r for r in rows if r[4] < threshold), key=lambda r: r[4])
+    for model, requests, candidates, layout, ratio in below:
+        lines.append(f"below {threshold}: {model} R={requests} N={candidates} {layout} {ratio:.2f}")
+    for model, cells in results.items():
+        for (requests, candidates), t in cells.items():
+            for layout in t["mismatch"]:
+                lines.append(f"MISMATCH: {model} R={requests} N={candidates} {layout} differs from eager")
+    model, requests, candidates, layout, ratio = min(rows, key=lambda r: r[4])
+    lines.append(f"minimum ratio: {ratio:.2f} ({model}, R={requests}, N={candidates}, {layout})")
+    return lines
+
+
+# -- command line ---------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", help="model names (default: all)")
+    parser.add_argument("--quick", action="store_true", help="tiny cells, 2 rounds (smoke run)")
+    parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds per cell")
+    parser.add_argument("--sample-ms", type=float, default=5.0, help="minimum time per sample")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu", help="thread CPU or wall time")
+    parser.add_argument("--threshold", type=float, default=0.97, help="list cells below this ratio")
+    parser.add_argument("--markdown", help="also write the table and summary to this file")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.rounds, args.sample_ms = 2, 0.0
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    cases = all_cases()
+    names = args.models or list(cases)
+    unknown = [n for n in names if n not in cases]
+    if unknown:
+        print(f"unknown model(s) {unknown}; known: {', '.join(cases)}", file=sys.stderr)
+        return 2
+    cells = QUICK_CELLS if args.quick else CELLS
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
+    results = {}
+    with torch.no_grad():
+        for name in names:
+            started = time.perf_counter()
+            results[name] = measure_case(cases[name], cells, args.rounds, args.sample_ms / 1e3, clock)
+            print(f"[regression] {name}: {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+    text = "\n".join([markdown_table(results, cells), "", *summary(results, args.threshold)])
+    print(text)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
