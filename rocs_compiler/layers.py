@@ -103,25 +103,101 @@ def _init_rows(weight: torch.Tensor, bias: torch.Tensor | None, fans: Sequence[t
             start += rows
 
 
+Ranges = tuple[tuple[int, int], ...]
+
+
+def _ranges(ranges: Sequence[tuple[int, int]] | None, prefix: int) -> Ranges:
+    return ((0, prefix),) if ranges is None else tuple((int(a), int(b)) for a, b in ranges)
+
+
+def _complement(ranges: Ranges, width: int) -> Ranges:
+    out, start = [], 0
+    for a, b in ranges:
+        if a > start:
+            out.append((start, a))
+        start = b
+    return tuple(out + ([(start, width)] if start < width else []))
+
+
+def _take(t: torch.Tensor | None, ranges: Ranges, dim: int = -1) -> torch.Tensor | None:
+    """The ``ranges`` of ``t`` along ``dim``, concatenated (one range: a slice)."""
+    if t is None:
+        return None
+    pieces = [t.narrow(dim, a, b - a) for a, b in ranges]
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim)
+
+
+def _lanes_mask(out: int, inp: int, request_out: Ranges, request_in: Ranges) -> torch.Tensor:
+    """The GLM mask [out, in]: zero where a request output row meets a candidate input column."""
+    rows = torch.zeros(out, dtype=torch.bool)
+    cols = torch.zeros(inp, dtype=torch.bool)
+    for a, b in request_out:
+        rows[a:b] = True
+    for a, b in request_in:
+        cols[a:b] = True
+    return (~(rows[:, None] & ~cols[None, :])).float()
+
+
 class _BlockLowerTriangular(nn.Module):
     """A module whose ``weight`` [out, in] keeps the GLM mask: request rows read request inputs only.
 
-    Subclasses set ``self.weight`` and then call ``_mask_weight()``.
+    ``request_in`` / ``request_out`` are the (start, stop) ranges of the request columns of the
+    input and of the request rows of the output (default: the first ``in_request`` /
+    ``out_request``). Subclasses set ``self.weight`` and then call ``_mask_weight()``. A state
+    dict of the unmasked layer (a plain ``weight``) loads with the masked entries zeroed.
     """
 
-    def __init__(self, layer: str, in_request: int, in_candidate: int, out_request: int, out_candidate: int):
+    def __init__(
+        self,
+        layer: str,
+        in_request: int,
+        in_candidate: int,
+        out_request: int,
+        out_candidate: int,
+        request_in: Sequence[tuple[int, int]] | None = None,
+        request_out: Sequence[tuple[int, int]] | None = None,
+    ):
         super().__init__()
         _check_groups(layer, in_request, in_candidate, out_request, out_candidate)
         self.in_request, self.in_candidate = in_request, in_candidate
         self.out_request, self.out_candidate = out_request, out_candidate
+        self.request_in = _ranges(request_in, in_request)
+        self.request_out = _ranges(request_out, out_request)
+        width_in, width_out = in_request + in_candidate, out_request + out_candidate
+        if sum(b - a for a, b in self.request_in) != in_request or any(
+            b > width_in for _, b in self.request_in
+        ) or sum(b - a for a, b in self.request_out) != out_request or any(
+            b > width_out for _, b in self.request_out
+        ):
+            raise ValueError(
+                f"{layer}: lane ranges {self.request_in} -> {self.request_out} do not hold "
+                f"{in_request} -> {out_request} request lanes"
+            )
+        self.prefix = self.request_in == ((0, in_request),) and self.request_out == (
+            (0, out_request),
+        )
 
     def _mask_weight(self) -> None:
-        mask = glm_mask(self.in_request, self.in_candidate, self.out_request, self.out_candidate)
+        mask = _lanes_mask(
+            self.out_request + self.out_candidate,
+            self.in_request + self.in_candidate,
+            self.request_out,
+            self.request_in,
+        )
         parametrize.register_parametrization(self, "weight", BlockMask(mask))
+        self.register_load_state_dict_pre_hook(_load_plain_weight)
 
     @property
     def mask(self) -> torch.Tensor:
         return self.parametrizations.weight[0].mask
+
+
+def _load_plain_weight(module, state_dict, prefix, *_) -> None:
+    """Read a plain layer's ``weight`` as the raw weight with the masked block zeroed."""
+    plain, raw = prefix + "weight", prefix + "parametrizations.weight.original"
+    if plain in state_dict and raw not in state_dict:
+        state_dict[raw] = state_dict.pop(plain) * module.mask
+        state_dict.setdefault(prefix + "parametrizations.weight.0.mask", module.mask)
 
 
 class GLMLinear(_BlockLowerTriangular):
@@ -135,6 +211,11 @@ class GLMLinear(_BlockLowerTriangular):
     and the first ``out_request`` outputs are a request lane. The forward computes the right side,
     so the zero block ``W_RC`` is never read (an inf in a candidate input stays out of the
     request outputs, in eager as in the compiled model).
+
+    With ``request_in`` / ``request_out`` ranges the request lanes sit anywhere: ``x_r`` is the
+    concatenation of the request column ranges of ``x``, the two products are computed as above
+    from the matching rows and columns of ``W``, and the output puts each row back at its place,
+    so ``W`` keeps the row and column order of the plain layer it replaces.
     """
 
     def __init__(
@@ -144,8 +225,14 @@ class GLMLinear(_BlockLowerTriangular):
         out_request: int,
         out_candidate: int,
         bias: bool = True,
+        *,
+        request_in: Sequence[tuple[int, int]] | None = None,
+        request_out: Sequence[tuple[int, int]] | None = None,
     ):
-        super().__init__("GLMLinear", in_request, in_candidate, out_request, out_candidate)
+        super().__init__(
+            "GLMLinear", in_request, in_candidate, out_request, out_candidate,
+            request_in, request_out,
+        )
         self.in_features = in_request + in_candidate
         self.out_features = out_request + out_candidate
         self.weight = nn.Parameter(torch.empty(self.out_features, self.in_features))
@@ -159,18 +246,48 @@ class GLMLinear(_BlockLowerTriangular):
         weight, bias, fr, mr = self.weight, self.bias, self.in_request, self.out_request
         if mr == 0:
             return F.linear(x, weight, bias)
+        if not self.prefix:
+            return self._forward_ranges(x, weight, bias)
         request = F.linear(x[..., :fr], weight[:mr, :fr], None if bias is None else bias[:mr])
         if self.out_candidate == 0:
             return request
         candidate = F.linear(x, weight[mr:], None if bias is None else bias[mr:])
         return torch.cat([request, candidate], dim=-1)
 
+    def _forward_ranges(self, x, weight, bias) -> torch.Tensor:
+        rows, cols = self.request_out, self.request_in
+        w_rr = _take(_take(weight, rows, 0), cols, 1)
+        request = F.linear(_take(x, cols), w_rr, _take(bias, rows, 0))
+        if self.out_candidate == 0:
+            return request
+        other = _complement(rows, self.out_features)
+        candidate = F.linear(x, _take(weight, other, 0), _take(bias, other, 0))
+        return torch.cat(_interleave(request, candidate, rows, self.out_features), dim=-1)
+
     def extra_repr(self) -> str:
+        lanes = (
+            "" if self.prefix else f", request_in={self.request_in}, request_out={self.request_out}"
+        )
         return (
             f"in=({self.in_request} request, {self.in_candidate} candidate), "
             f"out=({self.out_request} request, {self.out_candidate} candidate), "
-            f"bias={self.bias is not None}"
+            f"bias={self.bias is not None}{lanes}"
         )
+
+
+def _interleave(
+    request: torch.Tensor, candidate: torch.Tensor, rows: Ranges, width: int
+) -> list[torch.Tensor]:
+    """Slices of ``request`` and ``candidate`` (their columns in output order) put back in the
+    order of the output's ``width`` columns, request columns at ``rows``."""
+    pieces, taken = [], {"r": 0, "c": 0}
+    other = _complement(rows, width)
+    segments = sorted([(a, b, "r") for a, b in rows] + [(a, b, "c") for a, b in other])
+    for a, b, group in segments:
+        source = request if group == "r" else candidate
+        pieces.append(source[..., taken[group] : taken[group] + b - a])
+        taken[group] += b - a
+    return pieces
 
 
 class GroupLayerNorm(nn.Module):
@@ -178,6 +295,8 @@ class GroupLayerNorm(nn.Module):
     ``cat([ln_r(x[..., :dr]), ln_c(x[..., dr:])], -1)``.
 
     A plain LayerNorm over the full width would mix candidate statistics into request lanes.
+    With ``request_lanes`` ranges the request group is those columns (the two groups are
+    normalized apart and put back at their columns).
     """
 
     def __init__(
@@ -186,6 +305,8 @@ class GroupLayerNorm(nn.Module):
         candidate_dim: int,
         eps: float = 1e-5,
         elementwise_affine: bool = True,
+        *,
+        request_lanes: Sequence[tuple[int, int]] | None = None,
     ):
         super().__init__()
         if request_dim <= 0 or candidate_dim <= 0:
@@ -193,12 +314,33 @@ class GroupLayerNorm(nn.Module):
                 f"GroupLayerNorm: both groups must be non-empty: {request_dim}, {candidate_dim}"
             )
         self.request_dim, self.candidate_dim = request_dim, candidate_dim
+        self.request_lanes = _ranges(request_lanes, request_dim)
+        if sum(b - a for a, b in self.request_lanes) != request_dim:
+            raise ValueError(
+                f"GroupLayerNorm: {self.request_lanes} do not hold {request_dim} lanes"
+            )
         self.request = nn.LayerNorm(request_dim, eps=eps, elementwise_affine=elementwise_affine)
         self.candidate = nn.LayerNorm(candidate_dim, eps=eps, elementwise_affine=elementwise_affine)
+        self.register_load_state_dict_pre_hook(_load_plain_norm)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        d = self.request_dim
-        return torch.cat([self.request(x[..., :d]), self.candidate(x[..., d:])], dim=-1)
+        d, lanes = self.request_dim, self.request_lanes
+        if lanes == ((0, d),):
+            return torch.cat([self.request(x[..., :d]), self.candidate(x[..., d:])], dim=-1)
+        other = _complement(lanes, d + self.candidate_dim)
+        request, candidate = self.request(_take(x, lanes)), self.candidate(_take(x, other))
+        return torch.cat(_interleave(request, candidate, lanes, d + self.candidate_dim), dim=-1)
+
+
+def _load_plain_norm(module, state_dict, prefix, *_) -> None:
+    """Read a plain LayerNorm's ``weight`` / ``bias`` as the two groups' parameters."""
+    lanes = module.request_lanes
+    other = _complement(lanes, module.request_dim + module.candidate_dim)
+    for name in ("weight", "bias"):
+        plain = state_dict.pop(prefix + name, None)
+        if plain is not None:
+            state_dict.setdefault(f"{prefix}request.{name}", _take(plain, lanes))
+            state_dict.setdefault(f"{prefix}candidate.{name}", _take(plain, other))
 
 
 class GLMLinearCompression(_BlockLowerTriangular):

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -88,20 +89,31 @@ def apply_glm(
     request_inputs: Sequence[str] | str,
     request_fraction: float = 0.5,
     request_scale: float = 1.0,
+    *,
+    example_inputs: tuple = (),
+    example_kwargs: Mapping[str, Any] | None = None,
 ) -> nn.Module:
     """A GLM copy of ``model``: every hidden layer holds a request-only lane group.
 
     Args:
-        model: a model of a registered family (:func:`register_glm_family`; the zoo registers
-            ``DCNv2``, ``FinalMLP``, ``Wukong`` and the ``DCNv2Net``, ``FinalMLPNet``,
-            ``WukongNet`` backbones of ``models_zoo.backbones``).
-        request_inputs: the model's request-side inputs; must be those the family's layout puts
-            first in the interaction input.
+        model: any model. A model of a registered family (:func:`register_glm_family`; the zoo
+            registers ``DCNv2``, ``FinalMLP``, ``Wukong`` and the ``DCNv2Net``,
+            ``FinalMLPNet``, ``WukongNet`` backbones of ``models_zoo.backbones``) converts by its
+            family's rule; any other model is captured and every ``nn.Linear`` /
+            ``nn.LayerNorm`` whose input mixes request and candidate lanes is masked
+            (:mod:`.glm_generic`).
+        request_inputs: the model's request-side inputs (argument names, or ``"arg.key"``).
         request_fraction: share of each hidden layer's width given to request lanes (base variant).
         request_scale: widening factor of the request lanes (scaled variant; 1.0 = base).
+        example_inputs, example_kwargs: one replicated example batch, for the capture of a model
+            without a family. Without them, the inputs are inferred from the layers that read
+            them first (an ``nn.Linear`` or an embedding), else ``ValueError`` asks for them.
 
     Returns a new module (the original is not modified) in the original's train/eval mode; its
-    GLM weights are parametrized so the masked blocks stay exactly zero during training.
+    GLM weights are parametrized so the masked blocks stay exactly zero during training. A model
+    converted by the generic path carries a :class:`~.glm_generic.GLMReport` as
+    ``rocs_glm_report`` (masked, kept and refused layers with reasons); refused layers are also
+    listed in a warning.
     """
     if isinstance(request_inputs, str):
         request_inputs = [request_inputs]
@@ -109,14 +121,21 @@ def apply_glm(
         raise ValueError(f"request_fraction must be in (0, 1), got {request_fraction}")
     if not request_scale > 0:
         raise ValueError(f"request_scale must be positive, got {request_scale}")
-    family = GLM_FAMILIES.find(model)
+    lanes = Lanes(request_fraction, request_scale)
+    family = GLM_FAMILIES.get(model)
+    if family is None:
+        from .glm_generic import apply_glm_generic
+
+        return apply_glm_generic(
+            model, list(request_inputs), lanes, example_inputs, example_kwargs
+        )
     if set(request_inputs) != set(family.request_inputs):
         raise ValueError(
             f"apply_glm: {type(model).__name__} puts {sorted(family.request_inputs)} in its request "
             f"group; got request_inputs={sorted(request_inputs)}"
         )
     new = copy.deepcopy(model)
-    family.convert(new, family.groups(new), Lanes(request_fraction, request_scale))
+    family.convert(new, family.groups(new), lanes)
     return new.train(model.training)
 
 

@@ -71,14 +71,21 @@ class _Table(Generic[F]):
             )
         self.families[cls] = family
 
-    def find(self, model: nn.Module) -> F:
-        """The family of the first registered class in ``type(model).__mro__``."""
+    def get(self, model: nn.Module) -> F | None:
+        """The family of the first registered class in ``type(model).__mro__``, or None."""
         for cls in type(model).__mro__:
             if cls not in self.families and "__rocs_families__" in vars(cls):
                 importlib.import_module(vars(cls)["__rocs_families__"])
             family = self.families.get(cls)
             if family is not None:
                 return family
+        return None
+
+    def find(self, model: nn.Module) -> F:
+        """The family of the first registered class in ``type(model).__mro__``."""
+        family = self.get(model)
+        if family is not None:
+            return family
         registered = ", ".join(sorted(cls.__name__ for cls in self.families)) or "none"
         raise ValueError(
             f"apply_{self.transform}: no {self.transform.upper()} rule for model type "
