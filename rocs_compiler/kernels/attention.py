@@ -3,11 +3,14 @@
 Axis letters: R requests, N candidates, H heads, Lq query length, L key length, D feature.
 
 ``broadcast_attention(q [N, H, Lq, D], k [R, H, L, D], v [R, H, L, D], idx [N],
-key_mask [R, L]? (bool, True = attend), scale?) -> [N, H, Lq, D]``
+key_mask [R, L]? (bool, True = attend), scale?, key_bias [R, H, 1, L]? (added to the scores))
+-> [N, H, Lq, D]``
 
 equals ``F.scaled_dot_product_attention(q, k[idx], v[idx],
-attn_mask=key_mask[idx][:, None, None, :], scale=scale)`` without replicating K/V. This
-is the candidate half of Deep Cross Attention: the history K/V stack is request-only.
+attn_mask=key_mask[idx][:, None, None, :], scale=scale)`` (or ``attn_mask=key_bias[idx]``)
+without replicating K/V. This is the candidate half of Deep Cross Attention: the history K/V
+stack is request-only. ``key_bias`` is the float mask ``nn.MultiheadAttention`` builds from a
+key padding mask (0 or -inf per key, the same for every query).
 
 Fully masked rows (a request whose ``key_mask`` row is all False) produce zeros, which is
 what ``F.scaled_dot_product_attention`` returns for such rows (torch >= 2.5); the Triton
@@ -37,7 +40,7 @@ def default_scale(head_dim: int, scale: float | None) -> float:
     return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
 
 
-def _check(q, k, v, candidate_to_request, key_mask=None, scale=None):
+def _check(q, k, v, candidate_to_request, key_mask=None, scale=None, key_bias=None):
     op = "broadcast_attention"
     check_shape(op, "q", q, (None, None, None, None))
     num_candidates, h, _, d = q.shape
@@ -49,10 +52,15 @@ def _check(q, k, v, candidate_to_request, key_mask=None, scale=None):
         check_shape(op, "key_mask", key_mask, (num_requests, key_len))
         if key_mask.dtype != torch.bool:
             raise TypeError(f"rocs::{op}: key_mask must be bool, got {key_mask.dtype}")
+    if key_bias is not None:
+        if key_mask is not None:
+            raise ValueError(f"rocs::{op}: give key_mask or key_bias, not both")
+        check_shape(op, "key_bias", key_bias, (num_requests, h, 1, key_len))
+        check_same_dtype(op, q=q, key_bias=key_bias)
     return num_candidates, num_requests
 
 
-def _cpu(q, k, v, candidate_to_request, key_mask=None, scale=None) -> torch.Tensor:
+def _cpu(q, k, v, candidate_to_request, key_mask=None, scale=None, key_bias=None) -> torch.Tensor:
     num_requests, h, _, d = k.shape
     scale = default_scale(d, scale)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -67,6 +75,8 @@ def _cpu(q, k, v, candidate_to_request, key_mask=None, scale=None) -> torch.Tens
         mask = None
         if key_mask is not None:
             mask = group.gather_requests(key_mask)[:, None, None, :]
+        if key_bias is not None:
+            mask = group.gather_requests(key_bias)  # [G, H, 1, L]: one row for every query
         og = F.scaled_dot_product_attention(
             qg, group.gather_requests(k), group.gather_requests(v), attn_mask=mask, scale=scale
         )
@@ -74,7 +84,7 @@ def _cpu(q, k, v, candidate_to_request, key_mask=None, scale=None) -> torch.Tens
     return out
 
 
-def _fake(q, k, v, candidate_to_request, key_mask=None, scale=None):
+def _fake(q, k, v, candidate_to_request, key_mask=None, scale=None, key_bias=None):
     torch._check(q.dim() == 4 and k.dim() == 4 and v.dim() == 4)
     torch._check(k.shape[1] == q.shape[1] and k.shape[3] == q.shape[3])
     torch._check(v.shape[0] == k.shape[0] and v.shape[2] == k.shape[2])
@@ -90,10 +100,12 @@ def _flops(q_shape, k_shape, v_shape, idx_shape, key_mask_shape=None, scale=None
     return 4 * n * h * lq * key_len * d
 
 
-def _reference(q, k, v, candidate_to_request, key_mask=None, scale=None):
+def _reference(q, k, v, candidate_to_request, key_mask=None, scale=None, key_bias=None):
     mask = None
     if key_mask is not None:
         mask = key_mask.index_select(0, candidate_to_request)[:, None, None, :]
+    if key_bias is not None:
+        mask = key_bias.index_select(0, candidate_to_request)
     return F.scaled_dot_product_attention(
         q,
         k.index_select(0, candidate_to_request),
@@ -107,7 +119,7 @@ BROADCAST_ATTENTION = define(
     RocsOp(
         name="broadcast_attention",
         schema="(Tensor q, Tensor k, Tensor v, Tensor candidate_to_request, Tensor? key_mask=None, "
-        "float? scale=None) -> Tensor",
+        "float? scale=None, Tensor? key_bias=None) -> Tensor",
         check=_check,
         fake=_fake,
         flops=_flops,

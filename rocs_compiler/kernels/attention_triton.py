@@ -72,14 +72,16 @@ def _attention_configs():
 )
 @triton.jit
 def broadcast_attention_kernel(
-    q_ptr, k_ptr, v_ptr, mask_ptr, idx_ptr, order_ptr, out_ptr,
+    q_ptr, k_ptr, v_ptr, mask_ptr, bias_ptr, idx_ptr, order_ptr, out_ptr,
     H, LQ, L, D, qk_scale,
     stride_qn, stride_qh, stride_ql, stride_qd,
     stride_kr, stride_kh, stride_kl, stride_kd,
     stride_vr, stride_vh, stride_vl, stride_vd,
     stride_maskr, stride_maskl,
+    stride_biasr, stride_biash, stride_biasl,
     stride_outn, stride_outh, stride_outl, stride_outd,
     HAS_MASK: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
@@ -106,6 +108,7 @@ def broadcast_attention_kernel(
     k_ptrs = k_base + offs_d[:, None] * stride_kd + offs_l[None, :] * stride_kl
     v_ptrs = v_base + offs_l[:, None] * stride_vl + offs_d[None, :] * stride_vd
     mask_ptrs = mask_ptr + r * stride_maskr + offs_l * stride_maskl
+    bias_ptrs = bias_ptr + r * stride_biasr + h * stride_biash + offs_l * stride_biasl
 
     m_i = tl.full((BLOCK_Q,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_Q,), dtype=tl.float32)
@@ -117,6 +120,9 @@ def broadcast_attention_kernel(
         if HAS_MASK:
             valid &= tl.load(mask_ptrs, mask=valid, other=0) != 0
         qk = tl.dot(q, k_tile, input_precision=INPUT_PRECISION) * qk_scale
+        if HAS_BIAS:
+            bias = tl.load(bias_ptrs, mask=valid, other=0.0).to(tl.float32)
+            qk += bias[None, :] * 1.4426950408889634  # log2(e): the scores are base 2
         qk = tl.where(valid[None, :], qk, float("-inf"))
 
         m_new = tl.maximum(m_i, tl.max(qk, 1))
@@ -133,6 +139,7 @@ def broadcast_attention_kernel(
         k_ptrs += BLOCK_L * stride_kl
         v_ptrs += BLOCK_L * stride_vl
         mask_ptrs += BLOCK_L * stride_maskl
+        bias_ptrs += BLOCK_L * stride_biasl
 
     acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     out_base = out_ptr + n * stride_outn + h * stride_outh
@@ -147,6 +154,7 @@ def broadcast_attention(
     idx: torch.Tensor,
     key_mask: torch.Tensor | None = None,
     scale: float | None = None,
+    key_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     op = "broadcast_attention"
     q, k, v, idx = q.contiguous(), k.contiguous(), v.contiguous(), idx.contiguous()
@@ -154,7 +162,8 @@ def broadcast_attention(
     key_len = k.shape[2]
     # Masks travel as uint8 (same storage as bool), which every Triton backend loads.
     mask = key_mask.contiguous().view(torch.uint8) if key_mask is not None else None
-    check_launch_device(q, k, v, idx, *([mask] if mask is not None else []))
+    extra = [t for t in (mask, key_bias) if t is not None]
+    check_launch_device(q, k, v, idx, *extra)
     check_contiguous(op, q=q, k=k, v=v)
     check_launch_dtypes(op, q=q, k=k, v=v)
     if d > 256:
@@ -171,11 +180,16 @@ def broadcast_attention(
         return (num_candidates * h * triton.cdiv(lq, meta["BLOCK_Q"]),)
 
     stride_mask = mask.stride() if mask is not None else (0, 0)
+    stride_bias = (0, 0, 0)
+    if key_bias is not None:
+        stride_bias = (key_bias.stride(0), key_bias.stride(1), key_bias.stride(3))
     broadcast_attention_kernel[grid](
-        q, k, v, mask if mask is not None else idx, idx, order, out,
+        q, k, v, mask if mask is not None else idx, key_bias if key_bias is not None else q,
+        idx, order, out,
         h, lq, key_len, d, default_scale(d, scale) * math.log2(math.e),
-        *q.stride(), *k.stride(), *v.stride(), *stride_mask, *out.stride(),
+        *q.stride(), *k.stride(), *v.stride(), *stride_mask, *stride_bias, *out.stride(),
         HAS_MASK=mask is not None,
+        HAS_BIAS=key_bias is not None,
         INPUT_PRECISION=input_precision(q.dtype),
         BLOCK_D=block_d,
     )  # fmt: skip

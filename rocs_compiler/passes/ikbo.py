@@ -8,7 +8,9 @@ the identity each rule relies on is the definition of its op:
 
 - ``linear(c, W, b) + x[idx]`` -> ``broadcast_linear(c, W, b, x, idx)``;
 - ``W @ E + x[idx]`` (matmul or the equivalent einsum) -> ``broadcast_linear_compression``;
-- ``sdpa(q, k[idx], v[idx], mask[idx])`` with a key-padding mask -> ``broadcast_attention``;
+- ``sdpa(q, k[idx], v[idx], mask[idx])`` with a key-padding mask (bool ``[N, 1, 1, L]``, or the
+  float mask ``[N, H, 1, L]`` that ``nn.MultiheadAttention`` builds, as ``key_bias``) ->
+  ``broadcast_attention``;
 - ``bmm(softmax(bmm(q, kT[idx])), v[idx])`` over heads merged into the batch (``[N*H, L, d]``,
   whose broadcasts gather along the outer factor of dim 0) -> ``broadcast_attention`` on the
   ``[N, H, L, d]`` views, scale 1;
@@ -169,17 +171,24 @@ def _fuse_attention(ctx: _Context):
         k_r, v_r = _broadcast_source(k), _broadcast_source(v)
         if k_r is None or v_r is None or _val(q).dim() != 4:
             return None
-        key_mask = None
+        key_mask = key_bias = None
         if mask is not None:
             m_r = _broadcast_source(mask)
             shape = _val(mask).shape if m_r is not None else None
-            if m_r is None or _val(mask).dtype != torch.bool or len(shape) != 4:
+            if m_r is None or len(shape) != 4 or shape[2] != 1:
                 return None
-            if shape[1] != 1 or shape[2] != 1:
+            if _val(mask).dtype == torch.bool and shape[1] == 1:
+                key_mask = b.call(aten.view.default, m_r, [-1, shape[3]])
+            elif _val(mask).dtype == _val(q).dtype and shape[1] in (1, _val(q).shape[1]):
+                key_bias = m_r  # a float mask, the same for every query: added to the scores
+                if shape[1] == 1:
+                    key_bias = b.call(aten.expand.default, m_r, [-1, _val(q).shape[1], -1, -1])
+            else:
                 return None
-            key_mask = b.call(aten.view.default, m_r, [-1, shape[3]])
         scale = node.kwargs.get("scale")
-        return b.call(rocs.broadcast_attention.default, q, k_r, v_r, ctx.index, key_mask, scale)
+        return b.call(
+            rocs.broadcast_attention.default, q, k_r, v_r, ctx.index, key_mask, scale, key_bias
+        )
 
     return apply
 
@@ -206,6 +215,8 @@ def _fuse_merged_head_attention(ctx: _Context):
         scores = _softmax_input(weights)
         if scores is None or not _single_user(weights) or not _single_user(scores):
             return None
+        # With a float mask (``baddbmm``) a fully masked row is NaN here (a softmax over -inf),
+        # where the fused op returns zeros as SDPA does: only the unmasked spelling fuses.
         if scores.target != aten.bmm.default:
             return None
         q, k_t = scores.args[:2]

@@ -70,7 +70,7 @@ def test_broadcast_linear_compression(index, kc, m, d, seed):
     lq=st.integers(1, 5),
     key_len=st.integers(1, 13),
     d=st.integers(1, 9),
-    mask_kind=st.sampled_from(["none", "random", "one_request_fully_masked"]),
+    mask_kind=st.sampled_from(["none", "random", "one_request_fully_masked", "bias"]),
     scale=st.sampled_from([None, 0.37]),
     seed=st.integers(0, 2**16),
 )
@@ -82,12 +82,15 @@ def test_broadcast_attention(index, h, lq, key_len, d, mask_kind, scale, seed):
         randn(num_requests, h, key_len, d, seed=seed + 1),
         randn(num_requests, h, key_len, d, seed=seed + 2),
     )
-    mask = None
-    if mask_kind != "none":
+    mask = bias = None
+    if mask_kind == "bias":  # a float mask per request and head: -inf on padded keys, else a bias
+        keep = random_mask(num_requests, key_len, seed)[:, None, None, :]
+        bias = randn(num_requests, h, 1, key_len, seed=seed + 3).masked_fill(~keep, float("-inf"))
+    elif mask_kind != "none":
         fully = 0 if mask_kind == "one_request_fully_masked" else None
         mask = random_mask(num_requests, key_len, seed, fully_masked=fully)
-    out = torch.ops.rocs.broadcast_attention(q, k, v, idx, mask, scale)
-    ref = cg.ROCS_OPS["broadcast_attention"].reference(q, k, v, idx, mask, scale)
+    out = torch.ops.rocs.broadcast_attention(q, k, v, idx, mask, scale, bias)
+    ref = cg.ROCS_OPS["broadcast_attention"].reference(q, k, v, idx, mask, scale, bias)
     torch.testing.assert_close(out, ref, **MATMUL_TOL)
 
 

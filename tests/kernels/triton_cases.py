@@ -144,6 +144,7 @@ ATTENTION_CASES = [
     ([2, 2], None, 1, 20, 100, 16, "random", 0.3, torch.float32),
     ([1, 0, 2], 1, 2, 1, 7, 8, "none", None, torch.float32),
     ([2, 1], 2, 1, 4, 30, 16, "random", None, torch.float16),
+    ([2, 3], 5, 2, 3, 33, 8, "bias", None, torch.float32),
     pytest.param([64] * 32, 3, 2, 64, 1024, 128, "random", None, torch.float16, marks=GPU_ONLY),
     pytest.param(
         [3, 40, 1], 4, 4, 17, 300, 64, "fully_masked", None, torch.bfloat16, marks=GPU_ONLY
@@ -164,12 +165,16 @@ def test_broadcast_attention(
         randn(r, h, key_len, d, seed=1, dtype=dtype),
         randn(r, h, key_len, d, seed=2, dtype=dtype),
     )
-    mask = None
-    if mask_kind != "none":
+    mask = bias = None
+    if mask_kind == "bias":  # a float mask per request and head: -inf on padded keys, else a bias
+        keep = random_mask(r, key_len, seed=3).to(DEVICE)[:, None, None, :]
+        bias = randn(r, h, 1, key_len, seed=4, dtype=dtype).masked_fill(~keep, float("-inf"))
+    elif mask_kind != "none":
         fully = 0 if mask_kind == "fully_masked" else None
         mask = random_mask(r, key_len, seed=3, fully_masked=fully).to(DEVICE)
-    out = torch.ops.rocs.broadcast_attention(q, k, v, idx, mask, scale)
-    ref = ref_in_float32(cg.ROCS_OPS["broadcast_attention"].reference, q, k, v, idx, mask, scale)
+    out = torch.ops.rocs.broadcast_attention(q, k, v, idx, mask, scale, bias)
+    reference = cg.ROCS_OPS["broadcast_attention"].reference
+    ref = ref_in_float32(reference, q, k, v, idx, mask, scale, bias)
     torch.testing.assert_close(out.float(), ref, **tol(dtype))
     if mask_kind == "fully_masked":
         assert torch.equal(out[idx == 0], torch.zeros_like(out[idx == 0]))
