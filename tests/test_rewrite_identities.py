@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils import _pytree as pytree
 
+import rocs_compiler as rocs
 from rocs_compiler.analysis import analyze, infer_node
 from rocs_compiler.capture import capture
 from rocs_compiler.errors import CompileError
@@ -212,3 +213,24 @@ def test_rewrites_that_never_settle_are_an_error():
             lambda n: infer_node(n, request, captured.batch_symbol),
             max_rewrites=50,
         )
+
+
+def test_no_distribution_when_every_piece_would_read_a_candidate_operand():
+    """``cat([u, c]) * s`` with ``s`` per candidate, and ``cat([u, c]) @ w`` with ``w`` per
+    candidate (a cross layer, ``x0 * (x . w)``): every piece would be candidate-side, so the op
+    stays whole (distributing would only add an op per piece and a concatenation)."""
+
+    def body(m, u, c):
+        x0 = torch.cat([u, c], -1).unsqueeze(-1)  # [B, 7, 1]
+        s = (c.sum(-1, keepdim=True) * m.w).unsqueeze(-1)  # [B, 1, 1], per candidate
+        return (torch.matmul(x0, s) + x0 * s).squeeze(-1)
+
+    model = Net(body, w=torch.randn(1))
+    u, c = torch.randn(3, 3), torch.randn(7, 4)
+    index = torch.tensor([0, 0, 1, 2, 2, 2, 1])
+    compiled = rocs.compile(model.eval(), ["u"], example_kwargs={"u": u[[0, 0, 1]], "c": c[:3]})
+    counts = compiled.report().pass_counts
+    assert counts["distribute_pointwise"] == counts["distribute_matmul"] == 0, counts
+    with torch.no_grad():
+        want = model(u[index], c)
+        torch.testing.assert_close(compiled(u=u, c=c, candidate_to_request=index), want)

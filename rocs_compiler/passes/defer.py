@@ -213,6 +213,8 @@ def _distribute_pointwise(b: Builder, node: fx.Node) -> Optional[fx.Node]:
     if primary is None:
         return None
     info = mixed_concat(args[primary])
+    if any(_candidate_operand(arg) for i, arg in enumerate(args) if i != primary):
+        return None
     out_dim = info.dim + out_val.dim() - info.ndim
     per_arg = []
     for i, arg in enumerate(args):
@@ -231,6 +233,15 @@ def _distribute_pointwise(b: Builder, node: fx.Node) -> Optional[fx.Node]:
         for k in range(len(info.pieces))
     ]
     return _cat_pieces(b, outs, out_dim)
+
+
+def _candidate_operand(arg) -> bool:
+    """A candidate tensor operand that is not itself a concatenation: every piece of the
+    distributed op would read it and be candidate-side, so distributing gains nothing (and
+    costs an op per piece and a concatenation)."""
+    if not isinstance(arg, fx.Node) or not isinstance(val_of(arg), torch.Tensor):
+        return False
+    return role_of(arg) == Role.CANDIDATE and mixed_concat(arg) is None
 
 
 def _random_dropout(node: fx.Node) -> bool:
@@ -411,10 +422,14 @@ def _distribute_matmul(b: Builder, node: fx.Node) -> Optional[fx.Node]:
     out_ndim = node.meta["val"].dim()
     info = mixed_concat(left)
     if info is not None and info.ndim >= 2 and info.dim == info.ndim - 2:
+        if _candidate_operand(right):
+            return None
         outs = [b.call(node.target, piece, right) for piece in info.pieces]
         return _cat_pieces(b, outs, out_ndim - (1 if val_of(right).dim() == 1 else 2))
     info = mixed_concat(right)
     if info is not None and info.ndim >= 2 and info.dim == info.ndim - 1:
+        if _candidate_operand(left):
+            return None
         outs = [b.call(node.target, left, piece) for piece in info.pieces]
         return _cat_pieces(b, outs, out_ndim - 1)
     return None
