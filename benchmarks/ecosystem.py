@@ -13,14 +13,13 @@ Markdown table and checks that every output matches eager.
 from __future__ import annotations
 
 import argparse
-import statistics
 import warnings
 
 import torch
 
 import rocs_compiler as rocs
 from models_zoo.deepctr_models import MODELS, build, draw, request_ranges
-from rocs_compiler.timing import median_ms
+from rocs_compiler.timing import interleaved_medians
 
 
 def _close(a, b) -> bool:
@@ -42,11 +41,8 @@ def measure(name: str, requests: int, candidates: int, repeats: int) -> str:
     with torch.no_grad():
         results = {k: fn() for k, fn in calls.items()}
         exact = all(_close(results[k], results["eager"]) for k in ("drop-in", "indexed"))
-        timings: dict[str, list[float]] = {k: [] for k in calls}
-        for _ in range(3):  # interleaved, so that drift hits every caller alike
-            for k, fn in calls.items():
-                timings[k].append(median_ms(fn, max(repeats // 3, 1)))
-    eager, dropin, indexed = (statistics.median(timings[k]) for k in calls)
+        medians = interleaved_medians(calls, repeats)
+    eager, dropin, indexed = (medians[k] for k in calls)
     report = compiled.report(num_candidates=candidates * requests, num_requests=requests)
     return (
         f"| {name} | {eager:.2f} | {dropin:.2f} | {indexed:.2f} | {eager / dropin:.2f}x | "

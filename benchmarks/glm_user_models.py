@@ -22,42 +22,7 @@ import torch
 from torch import nn
 
 import rocs_compiler as rocs
-
-
-class Ranker(nn.Module):
-    """A user tower and an item tower concatenated into an MLP."""
-
-    def __init__(self):
-        super().__init__()
-        self.user = nn.Sequential(nn.Linear(128, 256), nn.ReLU())
-        self.item = nn.Sequential(nn.Linear(32, 64), nn.ReLU())
-        self.mlp = nn.Sequential(
-            nn.Linear(320, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 1)
-        )
-
-    def forward(self, user_feats, item_feats):
-        return self.mlp(torch.cat([self.user(user_feats), self.item(item_feats)], dim=1))
-
-
-class DINLike(nn.Module):
-    """DIN-style: an attention MLP scores each history item against the candidate, the weighted
-    history sum joins the user and candidate embeddings in a top MLP."""
-
-    def __init__(self, users: int = 1000, items: int = 5000, dim: int = 32):
-        super().__init__()
-        self.user_emb = nn.Embedding(users, dim)
-        self.item_emb = nn.Embedding(items, dim)
-        self.att = nn.Sequential(nn.Linear(4 * dim, 64), nn.ReLU(), nn.Linear(64, 1))
-        self.mlp = nn.Sequential(
-            nn.Linear(3 * dim, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 1)
-        )
-
-    def forward(self, user_id, history, item_id):
-        h = self.item_emb(history)  # [B, L, D]
-        c = self.item_emb(item_id)[:, None, :].expand_as(h)
-        w = self.att(torch.cat([h, c, h - c, h * c], dim=-1))  # [B, L, 1]
-        interest = (w * h).sum(1)
-        return self.mlp(torch.cat([self.user_emb(user_id), interest, c[:, 0]], dim=-1))
+from models_zoo.user_models import DINLike, Ranker
 
 
 def ranker_inputs(requests: int, candidates: int) -> tuple[dict, dict]:
@@ -151,7 +116,7 @@ def main(argv=None) -> int:
     parser.add_argument("--models", nargs="*", default=list(MODELS))
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    print(f"| model | N | R | eager ms | rocs ms | speedup | ideal | ragged max abs err |")
+    print("| model | N | R | eager ms | rocs ms | speedup | ideal | ragged max abs err |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name in args.models:
         r = measure(name, args.candidates, args.repeats)

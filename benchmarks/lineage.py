@@ -19,7 +19,6 @@ fraction of the hand rewrite's: above 1 means rocs is faster) and whether all th
 from __future__ import annotations
 
 import argparse
-import statistics
 import warnings
 
 import torch
@@ -35,7 +34,7 @@ from models_zoo.history_encoders import (
     SelfAndTargetAttention,
 )
 from models_zoo import request_index
-from rocs_compiler.timing import median_ms
+from rocs_compiler.timing import interleaved_medians
 
 DIM, LENGTH, HEADS = 64, 32, 4
 SIZES = dict(dim=DIM, length=LENGTH, heads=HEADS)
@@ -77,11 +76,8 @@ def measure(name: str, num_requests: int, candidates: int, repeats: int) -> str:
             torch.allclose(results[k], results["eager"], rtol=1e-4, atol=1e-4)
             for k in ("hand", "rocs")
         )
-        timings: dict[str, list[float]] = {k: [] for k in calls}
-        for _ in range(3):  # interleaved, so that drift hits all three alike
-            for k, fn in calls.items():
-                timings[k].append(median_ms(fn, max(repeats // 3, 1)))
-    eager, hand, ours = (statistics.median(timings[k]) for k in ("eager", "hand", "rocs"))
+        medians = interleaved_medians(calls, repeats)
+    eager, hand, ours = (medians[k] for k in ("eager", "hand", "rocs"))
     fallbacks = len(compiled.report(num_candidates=candidates, num_requests=num_requests).fallbacks)
     return (
         f"| {name} | {eager:.1f} | {hand:.2f} | {ours:.2f} | {eager / hand:.1f}x | "

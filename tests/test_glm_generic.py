@@ -20,21 +20,7 @@ from rocs_compiler.capture import capture
 from rocs_compiler.analysis import analyze
 from rocs_compiler.lanes import lane_ranges, request_columns, run_taints
 from rocs_compiler.layers import GLMLinear, GroupLayerNorm
-
-
-class Ranker(nn.Module):
-    """The ranking model of the GLM issue: user and item towers concatenated into an MLP."""
-
-    def __init__(self):
-        super().__init__()
-        self.user = nn.Sequential(nn.Linear(128, 256), nn.ReLU())
-        self.item = nn.Sequential(nn.Linear(32, 64), nn.ReLU())
-        self.mlp = nn.Sequential(
-            nn.Linear(320, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 1)
-        )
-
-    def forward(self, user_feats, item_feats):
-        return self.mlp(torch.cat([self.user(user_feats), self.item(item_feats)], dim=1))
+from models_zoo.user_models import Ranker
 
 
 def _ragged(request: dict, candidate: dict, index: list[int]):
