@@ -16,7 +16,6 @@ from torch import nn
 import rocs_compiler as rocs
 from rocs_compiler.render.html import measured_note
 from rocs_compiler.render.view import view_from_pipeline
-from rocs_compiler.report_modules import TOP
 
 
 def _edges(view, **flags):
