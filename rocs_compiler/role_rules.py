@@ -397,7 +397,10 @@ def _embedding_bag(ctx: RuleContext) -> Optional[str]:
         return "the embedding table itself is batched"
     if ctx.val(ctx.arg("indices")).dim() != 2:
         return "1-D indices with offsets pool across the batch"
-    if ctx.axis(ctx.arg("indices")).dim != 0:
+    axis = ctx.axis(ctx.arg("indices"))
+    if axis is None:
+        return "per-sample weights are batched, the bags are not"
+    if axis.dim != 0:
         return "pools along the batch dim"
     return ROWWISE
 
