@@ -20,31 +20,45 @@ class Measured(NamedTuple):
     speedup: float  # eager time / shared-layout time
 
 
-def _tiled_batch(target, counts: Sequence[int]):
-    """A shared-layout batch built from the example rows (for factories without make_batch)."""
+class _TiledBatch(NamedTuple):
+    """A batch in both layouts: ``kwargs`` (shared) and ``replicated()`` (the original call)."""
+
+    kwargs: Any
+    candidate_to_request: Any
+    replicated_kwargs: Any
+
+    def replicated(self) -> Any:
+        return self.replicated_kwargs
+
+
+def _tiled_batch(target, counts: Sequence[int]) -> _TiledBatch:
+    """A batch built from the example rows (for factories without make_batch)."""
     import torch
     from torch.utils import _pytree as pytree
 
-    from models_zoo.batch import Batch, request_index
-
+    from .input_specs import request_index
     from .inputs import named_leaves
 
     example = target.example_kwargs
     flat, spec = pytree.tree_flatten(example)
     names = list(named_leaves(example))
     rows = max(v.shape[0] for v in flat if isinstance(v, torch.Tensor) and v.dim())
+    index = request_index(counts)
     num_requests, num_candidates = len(counts), sum(counts)
-    requests = [
-        n for n in names if any(n == r or n.startswith(r + ".") for r in target.request_inputs)
-    ]
-    leaves = []
+    shared, replicated = [], []
     for name, value in zip(names, flat):
         if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == rows:
-            count = num_requests if name in requests else num_candidates
+            request = any(name == r or name.startswith(r + ".") for r in target.request_inputs)
+            count = num_requests if request else num_candidates
             value = value.index_select(0, torch.arange(count) % rows)
-        leaves.append(value)
-    kwargs = pytree.tree_unflatten(leaves, spec)
-    return Batch(kwargs, request_index(counts), tuple(requests))
+            shared.append(value)
+            replicated.append(value.index_select(0, index) if request else value)
+        else:
+            shared.append(value)
+            replicated.append(value)
+    return _TiledBatch(
+        pytree.tree_unflatten(shared, spec), index, pytree.tree_unflatten(replicated, spec)
+    )
 
 
 def _time_pair(first: Callable[[], Any], second: Callable[[], Any], budget: float = 0.5):
