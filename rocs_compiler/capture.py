@@ -32,6 +32,7 @@ from .inputs import (
     match_names,
     named_leaves,
     rebuild_call,
+    register_dataclasses,
 )
 
 _ASSERTION_OPS = {
@@ -144,6 +145,7 @@ def describe_example(
         raise InputError("rocs compiles models for inference: call model.eval() first")
     signature = inspect.signature(model.forward)
     bound = bind_inputs(signature, tuple(example_args), dict(example_kwargs))
+    register_dataclasses(bound.values())
     leaves = named_leaves(bound)
     tensor_names = [n for n, v in leaves.items() if is_tensor(v)]
     if not tensor_names:

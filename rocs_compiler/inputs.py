@@ -26,25 +26,24 @@ def bind_inputs(signature: inspect.Signature, args: tuple, kwargs: Mapping[str, 
     except TypeError as err:
         raise InputError(f"inputs do not match the model's forward{signature}: {err}") from None
     bound.apply_defaults()  # a defaulted argument is compared like a given one
-    arguments = dict(bound.arguments)
-    _register_dataclasses(arguments.values())
-    return arguments
+    return dict(bound.arguments)
 
 
-def _register_dataclasses(values: Iterable[Any]) -> None:
+def register_dataclasses(values: Iterable[Any]) -> None:
     """Make batch objects that are dataclasses pytree nodes, so that their tensor fields are
     leaves named by field (``batch.user_ids``) for capture and the runtime alike. NamedTuples,
-    dicts and lists are nodes already. The registration is global, as ``torch.export`` needs."""
+    dicts and lists are nodes already. The registration is global, as ``torch.export`` needs;
+    it happens once, when the example is described at compile time, so calls only flatten."""
     for value in values:
         cls = type(value)
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             if cls not in pytree.SUPPORTED_NODES:
                 pytree.register_dataclass(cls)
-            _register_dataclasses(getattr(value, f.name) for f in dataclasses.fields(value))
+            register_dataclasses(getattr(value, f.name) for f in dataclasses.fields(value))
         elif isinstance(value, (list, tuple)):
-            _register_dataclasses(value)
+            register_dataclasses(value)
         elif isinstance(value, Mapping):
-            _register_dataclasses(value.values())
+            register_dataclasses(value.values())
 
 
 def _key_name(key: Any) -> str:
