@@ -282,26 +282,25 @@ register(aten.prelu)(elementwise_rule)
 def _slice_scatter(ctx: RuleContext) -> Optional[str]:
     """Functionalized ``x[:, a:b] = y``: row-wise when it writes along another dim than the batch
     dim, or when it writes every row (the result is then ``src`` itself)."""
-    x = ctx.val(ctx.arg("self"))
+    target = ctx.arg("self")
     if ctx.batch_scalars(exclude=frozenset({"start", "end"})):
         return "a scalar operand depends on the batch size"
-    written, _ = ctx.batched_dim()
-    if ctx.on_batch_axis(written, ctx.arg("dim")):
-        whole = ctx.arg("start") in (None, 0) and ctx.arg("step") == 1
-        if not whole or tuple(ctx.val(ctx.arg("src")).shape) != tuple(x.shape):
-            return "writes a range of batch rows"
-    if ctx.role(ctx.arg("self")) == Role.CONST and ctx.val(ctx.arg("self")).dim() > 0:
+    if ctx.role(target) == Role.CONST:
         return "writes batched rows into a constant"
+    if ctx.on_batch_axis(target, ctx.arg("dim")):
+        whole = ctx.arg("start") in (None, 0) and ctx.arg("step") == 1
+        if not whole or tuple(ctx.val(ctx.arg("src")).shape) != tuple(ctx.val(target).shape):
+            return "writes a range of batch rows"
     return ROWWISE
 
 
 @register(aten.select_scatter)
 def _select_scatter(ctx: RuleContext) -> Optional[str]:
     """Functionalized ``x[:, i] = y``."""
-    if ctx.on_batch_axis(ctx.batched_dim()[0], ctx.arg("dim")):
-        return "writes one batch row"
     if ctx.role(ctx.arg("self")) == Role.CONST:
         return "writes batched rows into a constant"
+    if ctx.on_batch_axis(ctx.arg("self"), ctx.arg("dim")):
+        return "writes one batch row"
     if ctx.batch_scalars():
         return "a scalar operand depends on the batch size"
     return ROWWISE
