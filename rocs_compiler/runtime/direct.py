@@ -12,8 +12,9 @@ the graph runs. A :class:`DirectProgram` therefore calls each op's device dispat
 The rest of the graph is small ops on a few rows (the request side runs on R rows), where the
 Python around each call matters as much as the call: FX's generated code reaches every op
 through ``torch.ops.aten.<op>.<overload>`` and every weight through ``Module.__getattr__``.
-The program binds each op's C++ callable and each weight once, as globals of its code, and
-runs an elementwise op in place when its operand is a dying temporary (``codegen/inplace.py``).
+The program binds each op's C++ callable and each weight once, as globals of its code (an
+ATen op through torch's generated Python binding where one is equivalent, ``bindings.py``),
+and runs an elementwise op in place when its operand is a dying temporary (``inplace.py``).
 
 Profiler labels: the program is generated twice from one body. The plain function runs when no
 profiler is active; when one is, the call takes the *profiled* function, which wraps the
@@ -42,6 +43,7 @@ from torch import fx
 from rocs_compiler.graph_meta import PLACEMENT
 from rocs_compiler.kernels import ROCS_OPS
 from rocs_compiler.roles import Role
+from rocs_compiler.runtime.bindings import fast_callable
 from rocs_compiler.runtime.inplace import inplace_plan
 
 # rocs:: ops called without their checks, which the runtime has made once for the call.
@@ -215,7 +217,7 @@ def _callable(target: Any) -> Callable:
     if target in RUNNERS:
         return RUNNERS[target]
     if isinstance(target, torch._ops.OpOverload):
-        return target._op
+        return fast_callable(target) or target._op
     return target
 
 
