@@ -123,3 +123,40 @@ def test_copies_inside_the_graph_are_dropped():
     assert all(any(u.op == "output" for u in n.users) for n in clones), clones
     batch = DROPOUTS.batch([2, 3], seed=1, shuffle=True)
     check_both_conventions(cm, model, batch, "dropouts")
+
+
+class InPlaceColumns(nn.Module):
+    """Writes through views of temporaries: functionalized into ``select_scatter`` inside a
+    ``slice_scatter`` over the whole batch dim (the ``x[:]`` the write went through)."""
+
+    def __init__(self):
+        super().__init__()
+        self.user_lin, self.item_lin = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, user, item):
+        u = self.user_lin(user)
+        u[:, 0].mul_(2.0)
+        i = self.item_lin(item)
+        i[:, 1:3] += u[:, 3:5]
+        return (u.relu() * i).sum(-1), i[:, 2]
+
+
+IN_PLACE = Case("in_place_columns", InPlaceColumns, ("user",), SLICES.specs)
+
+
+def test_full_scatters_are_dropped_and_partial_ones_kept():
+    model = IN_PLACE.build()
+    cm = IN_PLACE.compile(model)
+    scatters = [
+        (n.target, n.args[2:])
+        for n in cm.graph_module.graph.nodes
+        if n.op == "call_function" and "scatter" in str(n.target)
+    ]
+    aten = torch.ops.aten
+    assert sorted(scatters, key=str) == [
+        (aten.select_scatter.default, (1, 0)),
+        (aten.slice_scatter.default, (1, 1, 3)),
+    ]
+    for counts, shuffle in (([2, 3], True), ([1], False), ([4, 1, 2], True)):
+        batch = IN_PLACE.batch(counts, seed=5, shuffle=shuffle)
+        check_both_conventions(cm, model, batch, str(counts))

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from rocs_compiler.runtime.direct import DirectProgram
-from rocs_compiler.runtime.inplace import inplace_plan
+from rocs_compiler.runtime.inplace import inplace_plan, select_scatter_into, slice_scatter_into
 
 aten = torch.ops.aten
 
@@ -81,6 +81,28 @@ class Where(nn.Module):
         return torch.where(y > 0, y, 0.1 * y)  # where has no in-place variant with its args
 
 
+class ScatterIntoDyingTemporary(nn.Module):
+    """``y[:, 0] *= 2`` after functionalization; the view read by ``mul`` runs before the write."""
+
+    def forward(self, x, w):
+        y = x @ w
+        z = torch.select_scatter(y, y[:, 0] * 2, 1, 0)
+        return torch.slice_scatter(z, z[:, 1:3] + 1, 1, 1, 3).relu()
+
+
+class ScatterWithViewReadAfter(nn.Module):
+    def forward(self, x, w):
+        y = x @ w
+        column = y[:, 1]  # read after the write: y must keep its values
+        return torch.select_scatter(y, y[:, 0] * 2, 1, 1), column * 3
+
+
+class ScatterOfOwnView(nn.Module):
+    def forward(self, x, w):
+        y = x @ w
+        return torch.slice_scatter(y, y[:, 0:2], 1, 1, 3)  # overlapping source and target
+
+
 def _export(model, *args):
     ep = torch.export.export(model, args)
     return ep, ep.graph_module
@@ -109,6 +131,17 @@ CASES = [
     (Promoting(), (X, W), {}),
     (SinThenClamp(), (X, W), {aten.sin.default: aten.sin_.default, aten.clamp.default: aten.clamp_.default}),
     (Where(), (X, W), {}),  # y is read again by where; where has no in-place variant
+    (
+        ScatterIntoDyingTemporary(),
+        (X, W),
+        {
+            aten.select_scatter.default: select_scatter_into,
+            aten.slice_scatter.default: slice_scatter_into,
+            aten.relu.default: aten.relu_.default,
+        },
+    ),
+    (ScatterWithViewReadAfter(), (X, W), {}),
+    (ScatterOfOwnView(), (X, W), {}),
 ]
 
 

@@ -6,8 +6,9 @@ as a buffer, and the ``get_attr`` node that reads the buffer keeps the subgraph 
 (``graph_meta.FOLD``, a :class:`~rocs_compiler.folded.Fold`) so that the runtime can evaluate it
 again after a weight refresh; two pure nodes with the same op and the same arguments have the
 same value; ``slice(x, d, 0, end)`` with ``end`` at or past the size of dim ``d`` is ``x``
-(export spells ``x[:]`` over the batch dim this way); in a graph with value semantics
-``clone(x)`` is ``x`` (what a dropout in eval mode becomes after functionalization, and eager
+(export spells ``x[:]`` over the batch dim this way), and the writes functionalization leaves
+that change nothing or everything are their result (``drop_identity_writes``); in a graph
+with value semantics ``clone(x)`` is ``x`` (what a dropout in eval mode becomes after functionalization, and eager
 returns its input there without copying), except as a graph output, where the copy keeps the
 output from aliasing an input; a pure node nobody uses can go. No decision here depends on a
 weight's value, only on shapes.
@@ -45,6 +46,7 @@ def cleanup(gm: fx.GraphModule) -> fx.GraphModule:
     drop_full_slices(gm)
     drop_clones(gm)
     eliminate_common_subexpressions(gm)
+    drop_identity_writes(gm)  # after CSE: a slice read twice is one node
     gm.graph.eliminate_dead_code()
     gm.recompile()
     return gm
@@ -162,6 +164,65 @@ def drop_full_slices(gm: fx.GraphModule) -> int:
 
 
 _INT64_MAX = 2**63 - 1
+
+
+def drop_identity_writes(gm: fx.GraphModule) -> int:
+    """Replace the writes functionalization leaves that change nothing, or everything:
+
+    - ``slice_scatter(x, src, d, 0, end)`` with ``src`` as large as ``x`` by ``src`` (from 0 with
+      step 1, a slice as large as ``x`` is all of it);
+    - ``copy(x, x)`` by ``x``;
+    - ``slice_scatter(x, slice(x, *p), *p)`` and ``select_scatter(x, select(x, *p), *p)`` by
+      ``x`` (a part written back where it was read).
+
+    ``x[:, 0].mul_(2)`` leaves the first (the write goes back through the ``x[:]`` it sliced),
+    ``x[:, 1:3] += y`` the other two (``__setitem__`` stores the updated slice into itself).
+    A node the graph output reads is kept: its copy keeps the output from aliasing.
+    """
+    dropped = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or any(user.op == "output" for user in node.users):
+            continue
+        replacement = _identity_write(node)
+        if replacement is not None:
+            node.replace_all_uses_with(replacement)
+            gm.graph.erase_node(node)
+            dropped += 1
+    return dropped
+
+
+_READ_OF_WRITE = {
+    torch.ops.aten.slice_scatter.default: torch.ops.aten.slice.Tensor,
+    torch.ops.aten.select_scatter.default: torch.ops.aten.select.int,
+}
+
+
+def _identity_write(node: fx.Node) -> Any:
+    aten = torch.ops.aten
+    if node.kwargs or len(node.args) < 2:
+        return None
+    base, src = node.args[0], node.args[1]
+    if not (isinstance(base, fx.Node) and isinstance(src, fx.Node)):
+        return None
+    if node.target == aten.copy.default:
+        return base if src is base and len(node.args) == 2 else None
+    read = _READ_OF_WRITE.get(node.target)
+    if read is None:
+        return None
+    written_back = src.target == read and not src.kwargs and src.args[0] is base
+    if written_back and src.args[1:] == node.args[2:]:
+        return base
+    if node.target != aten.slice_scatter.default:
+        return None
+    bound = {"dim": 0, "start": None, "end": None, "step": 1}
+    bound.update(zip(["dim", "start", "end", "step"], node.args[2:]))
+    have, want = src.meta.get("val"), base.meta.get("val")
+    if bound["step"] != 1 or bound["start"] not in (0, None):
+        return None
+    if not (isinstance(have, torch.Tensor) and isinstance(want, torch.Tensor)):
+        return None
+    same = have.dtype == want.dtype and [str(d) for d in have.shape] == [str(d) for d in want.shape]
+    return src if same else None
 
 
 def drop_clones(gm: fx.GraphModule) -> int:

@@ -15,6 +15,15 @@ Identities: ``f(x, ...) == f_(x, ...)`` for every elementwise op with an in-plac
 - every reader of it is such a non-aliasing op (no view of it outlives this use) and this op
   is its last reader; it is not a graph output;
 - it has the result's shape and dtype (no broadcast into it, no type promotion past it).
+
+A view of the operand read earlier (``x[:, 0]`` read before ``x`` is written) does not outlive
+the use when every reader of the view is such an op and runs before it.
+
+Functionalized writes through views become scatters: ``x[:, 0].mul_(2)`` is
+``select_scatter(x, mul(select(x, 1, 0), 2), 1, 0)``, a copy of all of ``x``. When ``x`` may be
+overwritten under the conditions above, ``select_scatter(x, src, d, i)`` is computed as
+``x.select(d, i).copy_(src)`` into ``x`` itself (and ``slice_scatter`` likewise), which is what
+the original model's in-place update did.
 """
 
 from __future__ import annotations
@@ -32,29 +41,62 @@ def inplace_plan(
 ) -> dict[fx.Node, tuple[Any, tuple]]:
     """``{node: (in-place op, args)}`` for the nodes that may overwrite a dying operand."""
     plan = {}
+    position = {n: i for i, n in enumerate(nodes)}
+    fresh_targets = set(fresh_targets) | set(_SCATTER_INTO)
+
+    def reusable(arg: Any, node: fx.Node) -> bool:
+        return _reusable(arg, node, last_use, fresh_targets, position)
+
     for node in nodes:
         if node.op != "call_function" or node.kwargs or not node.args:
+            continue
+        first = node.args[0]
+        if node.target in _SCATTER_INTO:
+            if reusable(first, node) and node.args.count(first) == 1:
+                plan[node] = (_SCATTER_INTO[node.target], node.args)
             continue
         inplace = op_groups.inplace_variant(node.target)
         if inplace is None:
             continue
-        first = node.args[0]
-        if _reusable(first, node, last_use, fresh_targets) and node.args.count(first) == 1:
+        if reusable(first, node) and node.args.count(first) == 1:
             plan[node] = (inplace, node.args)
         elif node.target in op_groups.COMMUTATIVE and len(node.args) == 2:
             second = node.args[1]
-            if second is not first and _reusable(second, node, last_use, fresh_targets):
+            if second is not first and reusable(second, node):
                 plan[node] = (inplace, (second, first))
     return plan
 
 
-def _reusable(arg: Any, node: fx.Node, last_use: dict, fresh_targets: set) -> bool:
+def select_scatter_into(base: torch.Tensor, src: torch.Tensor, dim: int, index: int):
+    """``select_scatter(base, src, dim, index)``, written into ``base``."""
+    base.select(dim, index).copy_(src)
+    return base
+
+
+def slice_scatter_into(base: torch.Tensor, src: torch.Tensor, dim: int = 0, start=None,
+                       end=None, step: int = 1):  # fmt: skip
+    """``slice_scatter(base, src, dim, start, end, step)``, written into ``base``."""
+    _SLICE(base, dim, start, end, step).copy_(src)
+    return base
+
+
+_SLICE = torch.ops.aten.slice.Tensor._op
+_SCATTER_INTO = {
+    torch.ops.aten.select_scatter.default: select_scatter_into,
+    torch.ops.aten.slice_scatter.default: slice_scatter_into,
+}
+
+
+def _reusable(arg: Any, node: fx.Node, last_use: dict, fresh_targets: set, position: dict) -> bool:
     if not isinstance(arg, fx.Node) or arg.op != "call_function" or last_use.get(arg) is not node:
         return False
     if not _fresh(arg.target, fresh_targets):
         return False
-    if not all(u is node or _fresh(u.target, fresh_targets) for u in arg.users):
-        return False
+    for user in arg.users:
+        if user is node or _fresh(user.target, fresh_targets):
+            continue
+        if not _view_read_before(user, node, fresh_targets, position):
+            return False
     have, want = _val(arg), _val(node)
     return (
         isinstance(have, torch.Tensor)
@@ -67,6 +109,30 @@ def _reusable(arg: Any, node: fx.Node, last_use: dict, fresh_targets: set) -> bo
 def _dims(t: torch.Tensor) -> list[str]:
     # Symbolic sizes compare by their expression: equal text, equal size; no guard is asked for.
     return [str(d) for d in t.shape]
+
+
+def _view_read_before(view: fx.Node, node: fx.Node, fresh_targets: set, position: dict) -> bool:
+    """True if ``view`` is a view op whose readers are all non-aliasing ops that run before
+    ``node``."""
+    if view.op != "call_function" or not _is_view(view.target):
+        return False
+    at = position.get(node)
+    return at is not None and all(
+        u.op == "call_function" and _fresh(u.target, fresh_targets) and position.get(u, at) < at
+        for u in view.users
+    )
+
+
+def _is_view(target: Any) -> bool:
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    schema = target._schema
+    return (
+        len(schema.returns) == 1
+        and schema.returns[0].alias_info is not None
+        and not schema.returns[0].alias_info.is_write
+        and not schema.is_mutable
+    )
 
 
 def _fresh(target: Any, fresh_targets: set) -> bool:
