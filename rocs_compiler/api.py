@@ -71,9 +71,15 @@ def compile(  # noqa: A001 - mirrors torch.compile
 
         return build_report(result, num_candidates, num_requests, model)
 
+    plain = None
+    if options.autotune:
+        from .pipeline import plain_graph
+        from .runtime.plain import PlainProgram
+
+        plain = PlainProgram(plain_graph(result), model, captured.param_names)
     compiled = CompiledModel(
         result.shared_graph, contract, captured.placeholder_of, report_builder, model,
-        weight_names=captured.param_names,
+        weight_names=captured.param_names, plain=plain,
     )
     compiled.pipeline_result = result  # logical and shared graphs, for inspection tools
     return compiled

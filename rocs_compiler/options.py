@@ -36,6 +36,9 @@ class Options:
         None, "fuse elementwise chains into generated kernels; None: on for GPU models"
     )
     capture_strict: bool = _option(True, "if non-strict torch.export fails, try strict export")
+    autotune: bool = _option(
+        True, "time the shared and the plain program per call-size bucket, keep the faster"
+    )
 
     def __post_init__(self):
         _check(type(self), dataclasses.asdict(self), f"{type(self).__name__}(...)")

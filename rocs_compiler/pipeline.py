@@ -63,6 +63,25 @@ def _snapshot(gm: fx.GraphModule) -> fx.GraphModule:
     return fx.GraphModule(gm, graph)
 
 
+def plain_graph(result: PipelineResult) -> fx.GraphModule:
+    """The captured graph, unshared, cleaned up as the shared graph is: every node that reads an
+    input placed per candidate (on replicated inputs each candidate is its own request), every
+    other one constant (``runtime/plain.py`` runs it)."""
+    from .graph_meta import PLACEMENT
+    from .passes.cleanup import cleanup
+    from .roles import Role
+
+    gm = _snapshot(result.captured_graph)
+    reads_input: dict[fx.Node, bool] = {}
+    for node in gm.graph.nodes:
+        reads_input[node] = node.op == "placeholder" or any(
+            reads_input[a] for a in node.all_input_nodes
+        )
+        if node.op != "output":
+            node.meta[PLACEMENT] = Role.CANDIDATE if reads_input[node] else Role.CONST
+    return cleanup(gm)
+
+
 def _debug_print(stage: str, gm: fx.GraphModule) -> None:
     if os.environ.get("ROCS_PRINT_GRAPHS"):
         from .graph_text import graph_table

@@ -29,6 +29,8 @@ from ..kernels.request_groups import note_uniform
 from ..roles import Role
 from . import no_backward
 from .input_specs import InputSpecs
+from .plain import PlainProgram
+from .program_choice import PLAIN, ProgramChoice, bucket, now
 from .request_detection import detect_requests, rows_consistent
 from .weights import WeightRefresh
 from ..inputs import GRAPH_OUTPUT, bind_inputs, is_tensor, named_leaves, replace_leaves
@@ -158,6 +160,7 @@ class CompiledModel(nn.Module):
         original: Optional[nn.Module] = None,
         fallback_reason: Optional[str] = None,
         weight_names: Optional[Mapping[str, str]] = None,
+        plain: Optional[PlainProgram] = None,
     ):
         super().__init__()
         self.graph_module = graph_module
@@ -176,6 +179,13 @@ class CompiledModel(nn.Module):
         # when a weight refresh replaced one of them (a new ``_weights.epoch``).
         object.__setattr__(self, "_runner", None)
         object.__setattr__(self, "_runner_epoch", 0)
+        # The captured graph unshared, and per call shape which of the two programs runs
+        # (``runtime/program_choice.py``); None: always the shared program.
+        if not isinstance(graph_module, fx.GraphModule):
+            plain = None
+        object.__setattr__(self, "_plain", plain)
+        object.__setattr__(self, "_choice", ProgramChoice() if plain is not None else None)
+        self._request_set = frozenset(contract.request_inputs)
         weights = None
         if isinstance(graph_module, fx.GraphModule) and original is not None and weight_names:
             weights = WeightRefresh(graph_module, original, weight_names)
@@ -197,11 +207,59 @@ class CompiledModel(nn.Module):
 
     def forward(self, *args, candidate_to_request: Optional[torch.Tensor] = None, **kwargs):
         leaves = self.contract.leaves(args, kwargs)
+        if self._choice is not None and not torch.is_grad_enabled():
+            if not torch.compiler.is_compiling():
+                return self._forward_choosing(args, kwargs, leaves, candidate_to_request)
         if candidate_to_request is None:
             requests, index = self._group(leaves)
         else:
             requests, index = self._check_shared(leaves, candidate_to_request)
         return self._run(args, kwargs, leaves, requests, index)
+
+    def _forward_choosing(self, args, kwargs, leaves, index):
+        """``forward`` running the shared or the plain program, whichever this call's bucket
+        chose (``runtime/program_choice.py``); every check of the shared layout runs first."""
+        choice, contract = self._choice, self.contract
+        if index is None:
+            requests = None
+            key = bucket("dropin", self._batch_rows(leaves, contract.batched_inputs))
+        else:
+            requests, index = self._check_shared(leaves, index)
+            first = contract.request_inputs[0] if contract.request_inputs else None
+            num_requests = leaves[first].shape[0] if first is not None else index.shape[0]
+            key = bucket("shared", index.shape[0], num_requests)
+        program = choice.decided(key)
+        timed = program is None
+        if timed:
+            program = choice.next_trial(key)
+            start = now()
+        if program == PLAIN:
+            result = self._run_plain(leaves, index)
+        else:
+            if index is None:
+                requests, index = self._group(leaves)
+            result = self._run(args, kwargs, leaves, requests, index)
+        if timed:
+            choice.record(key, program, now() - start)
+        return result
+
+    def _run_plain(self, leaves: dict, index: Optional[torch.Tensor]):
+        """The plain program on replicated inputs (gathered with ``index`` in the shared layout)."""
+        if self._input_specs is not None:
+            self._input_specs.check(leaves)
+        names, request = self.contract.input_names, self._request_set
+        if index is None:
+            inputs = [leaves[n] for n in names]
+        else:
+            inputs = [
+                leaves[n].index_select(0, index) if n in request else leaves[n] for n in names
+            ]
+        return self.contract.outputs(self._plain(inputs))
+
+    def program_choices(self) -> dict[tuple, str]:
+        """Per call bucket ``(layout, rows bits, requests bits)``, the program it runs, ``"shared"``
+        or ``"plain"``, for the buckets decided so far."""
+        return {} if self._choice is None else self._choice.decisions()
 
     def call_replicated(self, *args, candidate_to_request: torch.Tensor, **kwargs):
         """The original call (request inputs replicated, one row per candidate) with the
@@ -321,6 +379,8 @@ class CompiledModel(nn.Module):
         # and find out again which weights still alias the original's.
         object.__setattr__(self, "_runner", None)
         out = super()._apply(fn, recurse)
+        if self._plain is not None:
+            self._plain.moved(fn)
         if self._input_specs is not None:
             self._input_specs = self._input_specs.moved(fn)
         if self._weights is not None:

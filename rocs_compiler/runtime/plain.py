@@ -1,0 +1,79 @@
+"""The captured graph itself, run on replicated inputs: the program for calls where sharing
+does not pay.
+
+A compiled model's shared program saves the request side's repeated work but adds work of its
+own: finding the requests of a drop-in call, gathering request rows to the candidates, the
+joins of request and candidate parts that defer and share introduce. At a few candidates per
+request, or for a model with little request-side work, that can cost more than it saves.
+The plain program runs the model's own ops (the functional ATen graph of its forward, cleaned
+up as the shared graph is) through a direct program: each op called once per candidate, as
+eager calls it, without eager's module and Python overhead.
+
+Identity: the captured graph on replicated inputs computes the original model's forward op
+for op; in the shared layout the replicated inputs are ``request_input[candidate_to_request]``.
+It follows the model's weights as the shared graph does (its own :class:`WeightRefresh`).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping, Optional
+
+import torch
+from torch import fx, nn
+
+from .direct import direct_program
+from .weights import WeightRefresh
+
+
+class PlainProgram:
+    """``gm`` (the cleaned captured graph) as a program over the model's inputs, in order."""
+
+    def __init__(self, gm: fx.GraphModule, original: nn.Module, weight_names: Mapping[str, str]):
+        self.graph_module = gm
+        self._weights = WeightRefresh(gm, original, weight_names) if weight_names else None
+        self._runner: Optional[Callable] = None
+        self._runner_epoch = -1
+        self._constant_outputs = _constant_outputs(gm)
+
+    def __call__(self, inputs: list) -> list:
+        outputs = self._program()(*inputs)
+        if self._constant_outputs:
+            outputs = list(outputs)
+            for i in self._constant_outputs:
+                outputs[i] = outputs[i].clone()  # never hand out the program's own buffers
+        return outputs
+
+    def moved(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """After the compiled model's ``_apply(fn)``: move the graph's tensors the same way."""
+        self.graph_module._apply(fn)
+        self._runner = None
+        if self._weights is not None:
+            self._weights.bind()
+
+    def _program(self) -> Callable:
+        weights, epoch = self._weights, 0
+        if weights is not None:
+            if not weights.current():
+                weights.refresh()
+            epoch = weights.epoch
+        if self._runner is None or self._runner_epoch != epoch:
+            self._runner = direct_program(self.graph_module)
+            self._runner_epoch = epoch
+        return self._runner
+
+
+def _constant_outputs(gm: fx.GraphModule) -> list[int]:
+    """Positions of outputs that read no input (a weight, a folded constant, a constant)."""
+    reaches_input: dict[fx.Node, bool] = {}
+    for node in gm.graph.nodes:
+        reaches_input[node] = node.op == "placeholder" or any(
+            reaches_input[a] for a in node.all_input_nodes
+        )
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    return [
+        i
+        for i, r in enumerate(output.args[0])
+        if isinstance(r, fx.Node)
+        and not reaches_input[r]
+        and isinstance(r.meta.get("val"), torch.Tensor)
+    ]

@@ -1,0 +1,64 @@
+"""Which of two exact programs a call runs: the shared one or the plain one, by measurement.
+
+Both programs return the model's outputs (``runtime/plain.py`` states the plain program's
+identity; the shared program's is the pipeline's), so the choice changes only the time a call
+takes. Which one is faster depends on the batch (few candidates per request favour the plain
+program, many the shared one) and on the machine, so it is measured rather than predicted:
+calls are grouped into buckets by layout and size (the number of rows, and in the shared layout
+the number of requests, rounded to powers of two), the first calls of a bucket alternate between
+the two programs, shared first, and once each has run :data:`TRIALS` times the bucket keeps the
+one with the lower median time. A bucket's decision is never revisited.
+
+Calls in a bucket still being measured run one program each, never both: measuring adds no work.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+
+SHARED, PLAIN = "shared", "plain"
+TRIALS = 6  # timed calls per program; the first of each is discarded (allocation, caches)
+
+
+class ProgramChoice:
+    """Decisions and measurements per bucket (thread safe; decisions are read without a lock)."""
+
+    def __init__(self, trials: int = TRIALS):
+        self._trials = trials
+        self._decided: dict[tuple, str] = {}
+        self._times: dict[tuple, dict[str, list[float]]] = {}
+        self._lock = threading.Lock()
+
+    def decided(self, key: tuple) -> str | None:
+        return self._decided.get(key)
+
+    def next_trial(self, key: tuple) -> str:
+        """The program the next call of an undecided bucket runs."""
+        with self._lock:
+            times = self._times.setdefault(key, {SHARED: [], PLAIN: []})
+            return PLAIN if len(times[PLAIN]) < len(times[SHARED]) else SHARED
+
+    def record(self, key: tuple, program: str, seconds: float) -> None:
+        with self._lock:
+            if key in self._decided:
+                return
+            times = self._times.setdefault(key, {SHARED: [], PLAIN: []})
+            times[program].append(seconds)
+            if min(len(t) for t in times.values()) >= self._trials:
+                medians = {p: statistics.median(t[1:]) for p, t in times.items()}
+                self._decided[key] = PLAIN if medians[PLAIN] < medians[SHARED] else SHARED
+                del self._times[key]
+
+    def decisions(self) -> dict[tuple, str]:
+        """``{bucket: program}`` decided so far (for reports and tests)."""
+        return dict(self._decided)
+
+
+def bucket(layout: str, rows: int, requests: int = 0) -> tuple:
+    """The bucket of a call: its layout and its sizes rounded up to powers of two."""
+    return (layout, rows.bit_length(), requests.bit_length())
+
+
+now = time.perf_counter

@@ -1,0 +1,134 @@
+"""The shared and plain programs: both exact, and each call bucket keeps the faster one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from models_for_tests import USER_ITEM_MLP, check_both_conventions
+from torch import nn
+
+import rocs_compiler as rocs
+from models_zoo.registry import ZOO
+from rocs_compiler.runtime import compiled_model
+from rocs_compiler.runtime.program_choice import PLAIN, SHARED, TRIALS, ProgramChoice, bucket
+
+
+def test_trials_alternate_shared_first_and_the_lower_median_wins():
+    choice = ProgramChoice(trials=3)
+    key = bucket("shared", 16, 1)
+    seen = []
+    for _ in range(6):
+        program = choice.next_trial(key)
+        seen.append(program)
+        assert choice.decided(key) is None
+        choice.record(key, program, {SHARED: 2.0, PLAIN: 1.0}[program])
+    assert seen == [SHARED, PLAIN] * 3
+    assert choice.decided(key) == PLAIN
+    choice.record(key, SHARED, 0.0)  # after the decision, nothing moves it
+    assert choice.decisions() == {key: PLAIN}
+
+
+def test_the_first_trial_of_each_program_is_not_counted():
+    choice = ProgramChoice(trials=2)
+    key = bucket("dropin", 100)
+    for seconds in ({SHARED: 9.0, PLAIN: 1.0}, {SHARED: 1.0, PLAIN: 2.0}):
+        for program in (SHARED, PLAIN):
+            choice.record(key, program, seconds[program])
+    assert choice.decided(key) == SHARED
+
+
+def test_buckets_round_sizes_up_to_powers_of_two():
+    assert bucket("shared", 9, 2) == bucket("shared", 15, 3) != bucket("shared", 16, 3)
+    assert bucket("dropin", 1024) != bucket("shared", 1024, 0)
+
+
+@pytest.mark.parametrize("fast", [SHARED, PLAIN])
+def test_a_bucket_keeps_the_program_its_calls_measured_faster(monkeypatch, fast):
+    model = USER_ITEM_MLP.build()
+    cm = USER_ITEM_MLP.compile(model)
+    batch = USER_ITEM_MLP.batch([3, 1, 2], seed=4, shuffle=True)
+    ran = []
+    real_plain, real_run = cm._run_plain, cm._run
+    clock_value = [0.0]
+
+    def fake_now():
+        return clock_value[0]
+
+    def plain(*args):
+        ran.append(PLAIN)
+        clock_value[0] += 1.0 if fast == PLAIN else 2.0
+        return real_plain(*args)
+
+    def shared(*args):
+        ran.append(SHARED)
+        clock_value[0] += 1.0 if fast == SHARED else 2.0
+        return real_run(*args)
+
+    monkeypatch.setattr(compiled_model, "now", fake_now)
+    monkeypatch.setattr(cm, "_run_plain", plain)
+    monkeypatch.setattr(cm, "_run", shared)
+    with torch.no_grad():
+        want = model(**batch.replicated())
+        for _ in range(2 * TRIALS + 3):
+            got = cm(**batch.kwargs, candidate_to_request=batch.candidate_to_request)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert ran[: 2 * TRIALS] == [SHARED, PLAIN] * TRIALS
+    assert ran[2 * TRIALS :] == [fast] * 3
+    assert cm.program_choices() == {bucket("shared", 6, 3): fast}
+
+
+ZOO_NAMES = ["dlrm", "mmoe", "din", "two_tower"]
+
+
+@pytest.mark.parametrize("name", ZOO_NAMES)
+def test_both_programs_are_exact_on_ragged_batches(name):
+    entry = ZOO[name]
+    model = entry.build()
+    example = entry.make_batch([3, 2]).replicated()
+    cm = rocs.compile(model, list(entry.request_inputs), example_kwargs=example)
+    batch = entry.make_batch([4, 1, 3], seed=2, shuffle=True)
+    with torch.no_grad():
+        for _ in range(2 * TRIALS):  # both programs run in each layout's bucket
+            check_both_conventions(cm, model, batch, name)
+        leaves = cm.contract.leaves((), batch.replicated())
+        plain = cm._run_plain(leaves, None)
+    expected = model(**batch.replicated())
+    torch.testing.assert_close(plain, expected, rtol=0, atol=0)  # the model's own ops
+
+
+class _Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.user, self.item = nn.Linear(4, 4), nn.Linear(4, 4)
+        self.register_buffer("scale", torch.ones(4))
+
+    def forward(self, user, item):
+        return ((self.user(user) * self.scale) * self.item(item)).sum(-1), self.scale
+
+
+def test_the_plain_program_follows_weights_and_moves():
+    model = _Scaled().eval()
+    user, item = torch.randn(5, 4), torch.randn(5, 4)
+    cm = rocs.compile(model, ["user"], example_kwargs={"user": user, "item": item})
+    leaves = {"user": user, "item": item}
+    with torch.no_grad():
+        model.user.weight.mul_(3.0)  # in place
+        model.item.bias = nn.Parameter(torch.randn(4))  # reassigned
+        got, scale = cm._run_plain(dict(leaves), None)
+        want, want_scale = model(user, item)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        assert torch.equal(scale, want_scale) and scale is not model.scale  # a copy, not ours
+        cm.to(torch.float64)
+        model.to(torch.float64)
+        got, _ = cm._run_plain({"user": user.double(), "item": item.double()}, None)
+        torch.testing.assert_close(got, model(user.double(), item.double())[0])
+
+
+def test_autotune_off_keeps_only_the_shared_program():
+    model = USER_ITEM_MLP.build()
+    cm = USER_ITEM_MLP.compile(model, options={"autotune": False})
+    batch = USER_ITEM_MLP.batch([2, 2], seed=1)
+    with torch.no_grad():
+        for _ in range(2 * TRIALS + 1):
+            check_both_conventions(cm, model, batch, "autotune off")
+    assert cm._plain is None and cm.program_choices() == {}
