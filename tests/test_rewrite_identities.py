@@ -99,6 +99,8 @@ SAMPLES: dict[str, Sample] = {
     "slice_of_cat": Sample(on_vec(lambda m, x: x[..., :3] * 2), VEC),
     "select_of_cat": Sample(on_vec(lambda m, x: x.select(1, 4) * 2), VEC),
     "flatten_mixed_cat": Sample(lambda m, u, c: torch.cat([torch.cat([u, c], -1), c * 2], -1), VEC),
+    "split_of_cat": Sample(on_vec(lambda m, x: x.split([2, 5], -1)[1] * 2), VEC),
+    "narrow_of_cat": Sample(on_vec(lambda m, x: x.narrow(1, 3, 4) * 2), VEC),
     "unbind_to_select": Sample(_unbind, ((2, 4), (4,))),
     "select_of_permute": Sample(
         lambda m, u, c: u.permute(0, 2, 1).select(1, 1) + c, ((3, 4), (3,))
@@ -167,6 +169,15 @@ def test_a_reshape_dropping_size_one_dims_before_the_axis_distributes():
     sample = Sample(
         lambda m, u, c: torch.cat([u.unsqueeze(1), c.unsqueeze(1)], -1).reshape(u.shape[0], 7),
         VEC,
+    )
+    check_identity("distribute_reshape", sample)
+
+
+def test_a_reshape_splitting_the_axis_distributes():
+    """``[B, F*D] -> [B, F, D]`` over a concatenation of whole features along the last dim
+    (TorchRec's pooled embeddings, one ``KeyedTensor``, viewed as a feature sequence)."""
+    sample = Sample(
+        lambda m, u, c: torch.cat([u, c], -1).reshape(-1, 3, 2) * 2, ((2,), (4,))
     )
     check_identity("distribute_reshape", sample)
 
