@@ -280,3 +280,16 @@ def test_the_library_imports_and_compiles_without_torchrec():
         "assert torch.allclose(cm(x), m(x))\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_export_takes_the_keys_as_padded_pieces():
+    model, request, _ = zoo.build("dlrm")
+    compiled = _compile(model, request)
+    program = rocs.export(compiled)
+    batch = zoo.draw([3, 1, 2], seed=14, histories=[4, 0, 1])
+    pieces = compiled.splits[0].pieces(batch.shared)
+    with torch.no_grad():
+        got = program.module()(
+            dense_features=batch.dense, sparse_features=pieces, candidate_to_request=batch.index
+        )
+        torch.testing.assert_close(got, model(batch.dense, batch.kjt))
