@@ -11,6 +11,10 @@ Identities:
   for ``x`` a concatenation: a split at the pieces' boundaries gives the pieces back (a TorchRec
   ``KeyedTensor`` read by key), and so is ``narrow(x, d, start, length)`` (``slice`` from
   ``start`` to ``start + length``);
+- ``cat([x], d) == x`` (a concatenation of one piece, as ``torch.concat(kt_values)``);
+- TorchRec's ``fbgemm::permute_pooled_embs(x, offsets, permute, ...)`` (``KeyedTensor.regroup``)
+  is ``cat([x[:, offsets[p]:offsets[p + 1]] for p in permute], 1)``, spelled so for ``x`` a
+  concatenation with constant ``offsets`` and ``permute``;
 - ``unbind(x, d)[i] == select(x, d, i)`` and
   ``select(permute(x, p), d, i) == permute(select(x, p[d], i), p')``: a fused QKV projection
   split by permute + unbind keeps the batch dim where the analysis can see it;
@@ -173,6 +177,46 @@ def _narrow_of_cat(b: Builder, node: fx.Node) -> fx.Node | None:
     return b.call(aten.slice.Tensor, x, info.dim, start, start + length)
 
 
+def _cat_of_one(b: Builder, node: fx.Node) -> fx.Node | None:
+    pieces = node.args[0]
+    if len(pieces) != 1 or not isinstance(pieces[0], fx.Node):
+        return None
+    if any(user.op == "output" for user in node.users):
+        return None  # the model returns a fresh tensor, not its input
+    return pieces[0]
+
+
+def _is_permute_pooled_embs(target) -> bool:
+    return isinstance(target, torch._ops.OpOverload) and target.name() == _PERMUTE_POOLED_EMBS
+
+
+_PERMUTE_POOLED_EMBS = "fbgemm::permute_pooled_embs"
+
+
+def _permute_pooled_embs_of_cat(b: Builder, node: fx.Node) -> fx.Node | None:
+    x, offsets, permute = node.args[:3]
+    info = as_concat(x)
+    offsets, permute = _constant_ints(offsets), _constant_ints(permute)
+    if info is None or info.dim != 1 or info.ndim != 2 or offsets is None or permute is None:
+        return None
+    blocks = [
+        b.call(aten.slice.Tensor, x, 1, offsets[p], offsets[p + 1]) for p in permute
+    ]
+    return blocks[0] if len(blocks) == 1 else b.call(aten.cat.default, blocks, 1)
+
+
+def _constant_ints(node) -> list[int] | None:
+    """The values of a constant integer tensor (a ``get_attr``, possibly cloned), or None."""
+    while isinstance(node, fx.Node) and node.target in (aten.clone.default, aten._to_copy.default):
+        node = node.args[0]
+    if not isinstance(node, fx.Node) or node.op != "get_attr":
+        return None
+    value = operator.attrgetter(node.target)(node.graph.owning_module)
+    if not isinstance(value, torch.Tensor) or value.dtype.is_floating_point or value.dim() != 1:
+        return None
+    return value.tolist()
+
+
 def _unbind_to_select(b: Builder, node: fx.Node) -> Optional[fx.Node]:
     source, index = node.args
     if not isinstance(source, fx.Node) or source.target != aten.unbind.int:
@@ -223,6 +267,10 @@ def normalize_rewrites() -> list[Rewrite]:
                 "split of a cat + getitem -> slice"),
         Rewrite("narrow_of_cat", frozenset({aten.narrow}), _narrow_of_cat,
                 "narrow of a cat -> slice"),
+        Rewrite("cat_of_one", frozenset({aten.cat, aten.concat}), _cat_of_one,
+                "cat of one piece -> the piece"),
+        Rewrite("permute_pooled_embs_of_cat", _is_permute_pooled_embs,
+                _permute_pooled_embs_of_cat, "regrouped pooled embeddings -> cat of slices"),
         Rewrite("unbind_to_select", frozenset({operator.getitem}), _unbind_to_select,
                 "unbind + getitem -> select"),
         Rewrite("select_of_permute", frozenset({aten.select}), _select_of_permute,

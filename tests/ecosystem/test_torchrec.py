@@ -189,6 +189,34 @@ def test_weight_updates_of_the_tables_are_seen():
         torch.testing.assert_close(compiled(batch.dense, batch.kjt), model(batch.dense, batch.kjt))
 
 
+class _Regrouped(nn.Module):
+    """The user's and the item's pooled embeddings regrouped by key
+    (``KeyedTensor.regroup``, fbgemm's ``permute_pooled_embs``), a user tower on the first."""
+
+    def __init__(self):
+        super().__init__()
+        self.ebc = zoo.collection()
+        self.user = nn.Linear(2 * zoo.D, 8)
+        self.out = nn.Linear(8 + 2 * zoo.D + zoo.DENSE, 1)
+
+    def forward(self, dense_features, sparse_features):
+        from torchrec.sparse.jagged_tensor import KeyedTensor
+
+        pooled = self.ebc(sparse_features)
+        user, item = KeyedTensor.regroup(
+            [pooled], [list(zoo.REQUEST_KEYS), list(zoo.CANDIDATE_KEYS)]
+        )
+        return self.out(torch.cat([torch.relu(self.user(user)), item, dense_features], 1))
+
+
+def test_keyed_tensor_regroup():
+    model = _Regrouped().eval()
+    compiled = _compile(model)
+    _check_layouts(model, compiled, zoo.draw([3, 1, 2], seed=15))
+    # The user tower (2 D -> 8) and the output layer's share of its 8 columns, per request.
+    assert compiled.report().request_flops == 2 * (2 * zoo.D) * 8 + 2 * 8 * 1
+
+
 class _ReadsValues(nn.Module):
     """Reads the KJT's values directly, beside an EmbeddingBagCollection."""
 
