@@ -108,9 +108,6 @@ class KJTSplit:
         """The pieces' names for the inner compile: one per request key (covering its tensors)."""
         return [f"{self.argument}.{k}" for k in self.keys if k in self.request]
 
-    def names(self) -> list[str]:
-        return [f"{self.argument}[{k}]" for k in self.keys]
-
     def check(self, value: Any) -> None:
         if not is_kjt(value):
             raise InputError(
