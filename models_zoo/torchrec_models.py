@@ -102,6 +102,51 @@ def build(name: str, seed: int = 0, weighted: bool = False):
     raise ValueError(f"unknown model {name!r}; one of {', '.join(MODELS)}")
 
 
+class HistorySequence(torch.nn.Module):
+    """A sequence model on TorchRec's unpooled lookups: an ``EmbeddingCollection`` over the four
+    keys, the history read back as ``[B, MAX_HISTORY, D]`` (``to_padded_dense``), a per-position
+    layer (D -> 16) and a masked mean over the history, then an MLP over the user's and the
+    item's features and the dense ones.
+
+    Request FLOPs by hand (:data:`SEQUENCE_REQUEST_FLOPS`): the per-position layer at every
+    history position, and the first MLP layer's share of the user's columns (16 + D)."""
+
+    def __init__(self):
+        super().__init__()
+        from torchrec.modules.embedding_configs import EmbeddingConfig
+        from torchrec.modules.embedding_modules import EmbeddingCollection
+
+        tables = [
+            EmbeddingConfig(name="t_user", embedding_dim=D, num_embeddings=VOCAB["user_id"],
+                            feature_names=["user_id"]),
+            EmbeddingConfig(name="t_item", embedding_dim=D, num_embeddings=VOCAB["item_id"],
+                            feature_names=["history", "item_id"]),
+            EmbeddingConfig(name="t_tag", embedding_dim=D, num_embeddings=VOCAB["item_tags"],
+                            feature_names=["item_tags"]),
+        ]  # fmt: skip
+        self.embeddings = EmbeddingCollection(tables=tables)
+        self.position = torch.nn.Linear(D, 16)
+        self.over = torch.nn.Sequential(
+            torch.nn.Linear(16 + 3 * D + DENSE, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)
+        )
+
+    def forward(self, dense_features, sparse_features):
+        looked_up = self.embeddings(sparse_features)
+        history = looked_up["history"]
+        lengths = history.lengths()
+        tokens = history.to_padded_dense(desired_length=MAX_HISTORY)  # [B, L, D]
+        valid = torch.arange(MAX_HISTORY) < lengths.unsqueeze(1)
+        per_position = torch.relu(self.position(tokens)) * valid.unsqueeze(2)
+        user_history = per_position.sum(1) / lengths.clamp(min=1).unsqueeze(1)
+        user = looked_up["user_id"].to_padded_dense(desired_length=1).squeeze(1)
+        item = looked_up["item_id"].to_padded_dense(desired_length=1).squeeze(1)
+        tags = looked_up["item_tags"].to_padded_dense(desired_length=3).sum(1)
+        return self.over(torch.cat([user_history, user, item, tags, dense_features], 1))
+
+
+SEQUENCE_REQUEST_FLOPS = MAX_HISTORY * 2 * D * 16 + 2 * (16 + D) * 16
+
+
 @dataclass
 class TorchRecBatch:
     """One batch in both layouts: ``kjt`` replicated (every key N rows, what TorchRec models

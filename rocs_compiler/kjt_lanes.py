@@ -10,8 +10,9 @@ split by request. The model is compiled as a wrapper (as for column ranges,
 ``sparse_features.user_id.ids`` ``[B, W]`` (row i holds ``values`` of row i, then zeros up to
 ``W``, the longest row of the call: a dynamic dim), ``sparse_features.user_id.lengths`` ``[B]``,
 and ``.weights`` ``[B, W]`` for a weighted KJT. The wrapper hands the model a
-:class:`~.kjt_pooling.PaddedKJT`, which its ``EmbeddingBagCollection`` modules pool
-(``kjt_pooling.py`` states that identity). A request key's pieces are request inputs, so its
+:class:`~.kjt_pooling.PaddedKJT`, which its ``EmbeddingBagCollection`` modules pool and its
+``EmbeddingCollection`` modules look up (``kjt_pooling.py`` and ``kjt_sequences.py`` state those
+identities). A request key's pieces are request inputs, so its
 lookups, and everything computed only from them, run once per request.
 
 Identity: a key's jagged row i is ``ids[i, :lengths[i]]`` (with ``weights[i, :lengths[i]]``),

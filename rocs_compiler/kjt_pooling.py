@@ -19,8 +19,9 @@ order of the additions. Masking selects (``where``), so a padded id's row never 
 even when it holds an infinity or a NaN.
 
 :func:`with_padded_lookups` returns the model with its ``EmbeddingBagCollection`` modules
-taking :class:`PaddedKJT` (the modules on the way are shallow copies; parameters and buffers
-are the model's own, so weight updates are seen).
+taking :class:`PaddedKJT`, and its ``EmbeddingCollection`` modules too (``kjt_sequences.py``);
+the modules on the way are shallow copies, parameters and buffers the model's own, so weight
+updates are seen.
 """
 
 from __future__ import annotations
@@ -47,8 +48,8 @@ class PaddedKey:
 class PaddedKJT:
     """Stands in for a ``KeyedJaggedTensor`` inside the compiled model: its keys as padded rows.
 
-    Only the lookups of :func:`with_padded_lookups` read it; any other use of the KJT in the
-    model's forward is refused with the attribute it asked for.
+    Only the collections of :func:`with_padded_lookups` read it; any other use of the KJT in
+    the model's forward is refused with the attribute it asked for.
     """
 
     def __init__(self, keys: dict[str, PaddedKey]):
@@ -71,7 +72,7 @@ class PaddedKJT:
         raise CompileError(
             f"the model reads its KeyedJaggedTensor input other than through an "
             f"EmbeddingBagCollection (it asked for .{name}); rocs compiles KeyedJaggedTensor "
-            "inputs whose keys are pooled by torchrec's EmbeddingBagCollection"
+            "inputs whose keys torchrec's EmbeddingBagCollection or EmbeddingCollection look up"
         )
 
 
@@ -140,42 +141,42 @@ class PaddedEmbeddingBagCollection(nn.Module):
         return KeyedTensor(keys=names, values=torch.cat(pooled, dim=1), length_per_key=dims)
 
 
-def _collections(model: nn.Module) -> tuple[list[str], list[str]]:
-    """(paths of EmbeddingBagCollections, paths of EmbeddingCollections) in ``model``."""
+def _collections(model: nn.Module) -> dict[str, type]:
+    """The paths of ``model``'s TorchRec collections, each with the module that replaces it."""
     from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
-    bags, unpooled = [], []
-    for path, module in model.named_modules():
-        if type(module) is EmbeddingBagCollection:
-            bags.append(path)
-        elif isinstance(module, EmbeddingCollection):
-            unpooled.append(path)
-    return bags, unpooled
+    from .kjt_sequences import PaddedEmbeddingCollection
+
+    replaced = {
+        EmbeddingBagCollection: PaddedEmbeddingBagCollection,
+        EmbeddingCollection: PaddedEmbeddingCollection,
+    }
+    return {
+        path: replaced[type(module)]
+        for path, module in model.named_modules()
+        if type(module) in replaced
+    }
 
 
 def with_padded_lookups(model: nn.Module) -> nn.Module:
-    """``model`` with every ``EmbeddingBagCollection`` taking :class:`PaddedKJT` as well.
+    """``model`` with every ``EmbeddingBagCollection`` and ``EmbeddingCollection`` taking
+    :class:`PaddedKJT` as well.
 
     The modules from the root to each collection are shallow copies with their own child
     tables; everything else, parameters and buffers included, is the model's own.
     """
-    bags, unpooled = _collections(model)
-    if unpooled:
+    collections = _collections(model)
+    if not collections:
         raise CompileError(
-            f"the model has EmbeddingCollection module(s) ({', '.join(unpooled)}): unpooled "
-            "(jagged) embeddings of KeyedJaggedTensor keys are not supported yet; rocs compiles "
-            "keys pooled by EmbeddingBagCollection"
+            "the model takes a KeyedJaggedTensor but has no torchrec EmbeddingBagCollection or "
+            "EmbeddingCollection to look its keys up; rocs compiles KeyedJaggedTensor inputs "
+            "read by those"
         )
-    if not bags:
-        raise CompileError(
-            "the model takes a KeyedJaggedTensor but has no torchrec EmbeddingBagCollection to "
-            "pool its keys; rocs compiles KeyedJaggedTensor inputs read by EmbeddingBagCollection"
-        )
-    if "" in bags:
-        return PaddedEmbeddingBagCollection(model)
+    if "" in collections:
+        return collections[""](model)
     root = _copy_module(model)
     copies = {id(root)}
-    for path in bags:
+    for path, padded in collections.items():
         *parents, leaf = path.split(".")
         parent = root
         for name in parents:
@@ -185,7 +186,7 @@ def with_padded_lookups(model: nn.Module) -> nn.Module:
                 copies.add(id(child))
                 parent._modules[name] = child
             parent = child
-        parent._modules[leaf] = PaddedEmbeddingBagCollection(parent._modules[leaf])
+        parent._modules[leaf] = padded(parent._modules[leaf])
     return root
 
 

@@ -34,12 +34,14 @@ def _compile(model, request=zoo.REQUEST, weighted=False, **kwargs):
     return rocs.compile(model, request, example_inputs=(example.dense, example.kjt), **kwargs)
 
 
-def _check_layouts(model, compiled, batch):
+def _check_layouts(model, compiled, batch, pooled=True):
     """Drop-in, shared layout, and replicated rows with the grouping given: all equal eager."""
     with torch.no_grad():
         want = model(batch.dense, batch.kjt)
-        # TorchRec itself reads the shared KJT through its inverse indices: the same scores.
-        torch.testing.assert_close(model(batch.dense, batch.shared), want)
+        if pooled:
+            # TorchRec's EmbeddingBagCollection reads the shared KJT through its inverse
+            # indices (its EmbeddingCollection does not): the same scores.
+            torch.testing.assert_close(model(batch.dense, batch.shared), want)
         calls = {
             "drop-in": compiled(batch.dense, batch.kjt),
             "shared": compiled(batch.dense, batch.shared, candidate_to_request=batch.index),
@@ -247,23 +249,50 @@ def test_a_model_reading_the_kjt_otherwise_is_refused_or_runs_eagerly():
         torch.testing.assert_close(shared, want)
 
 
-def test_unpooled_embedding_collections_are_refused():
-    from torchrec.modules.embedding_configs import EmbeddingConfig
-    from torchrec.modules.embedding_modules import EmbeddingCollection
+def test_unpooled_lookups_read_as_padded_rows():
+    """``EmbeddingCollection`` + ``to_padded_dense(desired_length)``: a per-position layer over
+    the history runs once per request."""
+    torch.manual_seed(0)
+    model = zoo.HistorySequence().eval()
+    compiled = _compile(model)
+    _check_layouts(model, compiled, zoo.draw([3, 1, 2], seed=16, histories=[5, 0, 3]), False)
+    _check_layouts(model, compiled, zoo.draw([2, 2], seed=17, histories=[0, 0]), False)
+    report = compiled.report()
+    assert not report.fallbacks, report.fallbacks
+    assert report.request_flops == zoo.SEQUENCE_REQUEST_FLOPS
 
-    class Unpooled(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ec = EmbeddingCollection(tables=[EmbeddingConfig(
-                name="t", embedding_dim=4, num_embeddings=30,
-                feature_names=list(zoo.REQUEST_KEYS + zoo.CANDIDATE_KEYS))])  # fmt: skip
 
-        def forward(self, dense_features, sparse_features):
-            jt = self.ec(sparse_features)["item_id"]
-            return jt.values().sum() + dense_features
+class _Unpooled(nn.Module):
+    """The history's unpooled embeddings as the model's output, read one of three ways."""
 
-    with pytest.raises(rocs.CompileError, match="EmbeddingCollection.*not supported yet"):
-        _compile(Unpooled().eval())
+    def __init__(self, read):
+        super().__init__()
+        from torchrec.modules.embedding_configs import EmbeddingConfig
+        from torchrec.modules.embedding_modules import EmbeddingCollection
+
+        keys = list(zoo.REQUEST_KEYS + zoo.CANDIDATE_KEYS)
+        table = EmbeddingConfig(name="t", embedding_dim=4, num_embeddings=30, feature_names=keys)
+        self.ec = EmbeddingCollection(tables=[table])
+        self.read = read
+
+    def forward(self, dense_features, sparse_features):
+        history = self.ec(sparse_features)["history"]
+        return self.read(history).flatten(1) + dense_features.sum(1, keepdim=True)
+
+
+def test_unpooled_rows_are_truncated_and_padded_as_torchrec_does():
+    model = _Unpooled(lambda jt: jt.to_padded_dense(desired_length=3, padding_value=-1.0)).eval()
+    compiled = _compile(model)
+    _check_layouts(model, compiled, zoo.draw([2, 1, 3], seed=18, histories=[5, 0, 2]), False)
+
+
+def test_unpooled_reads_of_the_whole_batch_are_refused():
+    whole = _Unpooled(lambda jt: jt.to_padded_dense()).eval()
+    with pytest.raises(rocs.CompileError, match="without desired_length"):
+        _compile(whole)
+    flat = _Unpooled(lambda jt: jt.values()[: jt.lengths().shape[0]]).eval()
+    with pytest.raises(rocs.CompileError, match=r"through \.values\(\)"):
+        _compile(flat)
 
 
 def test_the_torch_compile_backend_refuses_kjt_keys():
