@@ -45,8 +45,10 @@ def build(name: str, seed: int = 0):
     if name == "din":
         model = DIN(_columns(history=True), ["item_id", "cate_id"], device="cpu")
         user = ["user_id", "gender", "hist_item_id", "hist_cate_id", "seq_length"]
-        # The DNN reads [user embeddings, query, pooled history]: the user's 16 columns.
-        return model.eval(), user, 2 * (2 * EMBED) * 256
+        # The DNN reads [user embeddings, query, pooled history]: the user's 16 columns. The
+        # attention unit's first layer (to 64) reads [query, key, query - key, query * key] per
+        # history position (4): the keys' 16 columns of each position are the user's too.
+        return model.eval(), user, 2 * (2 * EMBED) * 256 + 4 * 2 * (2 * EMBED) * 64
     if name == "mmoe":
         model = MMOE(_columns(), task_types=("binary", "binary"), task_names=("ctr", "cvr"),
                      device="cpu")  # fmt: skip

@@ -7,7 +7,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from torch import nn
 
-from . import column_lanes
+from . import column_lanes, kjt_lanes
 from .errors import CompileError
 from .options import Options
 from .pipeline import compile_graph
@@ -30,7 +30,8 @@ def compile(  # noqa: A001 - mirrors torch.compile
         model: an ``nn.Module`` in eval mode, written for replicated inputs.
         request_inputs: names of the request-side inputs (argument names, or dotted
             ``"arg.key"`` names for tensors inside dicts or lists), or column ranges of a 2-D
-            argument, ``"X[:, 0:12]"`` (features packed into one tensor, as DeepCTR does).
+            argument, ``"X[:, 0:12]"`` (features packed into one tensor, as DeepCTR does), or
+            keys of a TorchRec ``KeyedJaggedTensor`` argument, ``"sparse_features[user_id]"``.
         example_inputs, example_kwargs: one example batch in replicated layout.
         fallback: ``"error"`` raises :class:`CompileError` when the model cannot be captured;
             ``"eager"`` returns a wrapper that runs the original model and warns once.
@@ -42,6 +43,11 @@ def compile(  # noqa: A001 - mirrors torch.compile
     options = Options.from_mapping(options, where="rocs.compile")
     if isinstance(request_inputs, str):
         request_inputs = [request_inputs]
+    if kjt_lanes.takes_kjt(model, example_inputs, example_kwargs or {}):
+        return kjt_lanes.compile_kjt(
+            compile, model, request_inputs, example_inputs, example_kwargs or {},
+            fallback=fallback, options=options, unbatched_inputs=unbatched_inputs,
+        )  # fmt: skip
     ranges, plain = column_lanes.parse(request_inputs)
     if ranges:
         return column_lanes.compile_columns(

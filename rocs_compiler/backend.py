@@ -199,6 +199,7 @@ class RocsBackend:
             request_inputs = [request_inputs]
         if not request_inputs:
             raise ValueError("the rocs backend needs request_inputs (a list of input names)")
+        _refuse_lane_names(request_inputs)
         self.request_inputs = list(request_inputs)
         self.subgraphs: list[_Subgraph] = []
 
@@ -240,6 +241,27 @@ class RocsBackend:
             _warn_if_grad(example_inputs)
         self.subgraphs.append(subgraph)
         return subgraph
+
+
+def _refuse_lane_names(names: Sequence[str]) -> None:
+    """Request names that split one input into lanes (``rocs.compile`` wraps the model for
+    them) have no meaning in a dynamo graph, which sees the input whole."""
+    lanes = [n for n in names if "[" in n]
+    columns = [n for n in lanes if n.split("[", 1)[1].lstrip().startswith(":")]
+    keys = [n for n in lanes if n not in columns]
+    if keys:
+        raise InputError(
+            f"the rocs torch.compile backend does not support KeyedJaggedTensor keys as request "
+            f"inputs ({', '.join(map(repr, keys))}): dynamo traces TorchRec's lookups as one "
+            "jagged embedding_bag over every row of the batch, which rocs cannot split by "
+            "request. Use rocs.compile(model, request_inputs, example_inputs=...) instead"
+        )
+    if columns:
+        raise InputError(
+            f"the rocs torch.compile backend does not support column ranges as request inputs "
+            f"({', '.join(map(repr, columns))}): dynamo hands it the packed tensor whole. Use "
+            "rocs.compile(model, request_inputs, example_inputs=...) instead"
+        )
 
 
 def _static_rows(placeholders: list[fx.Node], slots: list[Slot]) -> Optional[int]:

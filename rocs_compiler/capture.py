@@ -203,7 +203,7 @@ def capture(
 
     wrapper = _FlatForward(model, signature, template, treespec, tensor_positions).eval()
     batch = Dim("batch")
-    dynamic = ([{0: batch} if batched[n] else None for n in tensor_names],)
+    dynamic = ([_dynamic_dims(leaves[n], batched[n], batch) for n in tensor_names],)
     failures = []
     routes = [("export (non-strict)", False)] + ([("export (strict)", True)] if strict_fallback else [])
     for route, strict in routes:
@@ -244,6 +244,15 @@ def capture(
         route=route,
         param_names=param_names,
     )
+
+
+def _dynamic_dims(value: torch.Tensor, batched: bool, batch: Dim) -> dict | None:
+    """``{0: batch}`` for a batched input, plus the other dims the example marks dynamic with
+    ``torch._dynamo.mark_dynamic`` (a padded length that changes between calls)."""
+    dims: dict = {d: Dim.DYNAMIC for d in getattr(value, "_dynamo_dynamic_indices", ()) if d}
+    if batched:
+        dims[0] = batch
+    return dims or None
 
 
 def _batch_rows(leaves: dict, names: list[str]) -> int:

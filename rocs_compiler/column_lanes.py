@@ -80,7 +80,8 @@ def parse(request_inputs: Sequence[str]) -> tuple[dict[str, list[tuple[int, int]
             if "[" in name:
                 raise InputError(
                     f"cannot read the request input {name!r}: a column range is written "
-                    "'<argument>[:, start:stop]', e.g. 'X[:, 0:12]'"
+                    "'<argument>[:, start:stop]', e.g. 'X[:, 0:12]'; a key of a "
+                    "KeyedJaggedTensor argument '<argument>[<key>]'"
                 )
             plain.append(name)
             continue
@@ -151,19 +152,24 @@ class _Pieces(nn.Module):
 
 
 def pieces_model(model: nn.Module, splits: list[ColumnSplit]) -> nn.Module:
-    """A :class:`_Pieces` whose ``forward`` has ``model.forward``'s signature (capture binds the
-    example by it)."""
+    """A :class:`_Pieces` whose ``forward`` has ``model.forward``'s signature."""
+    return with_signature(_Pieces, model, "Columns", splits)
+
+
+def with_signature(base: type, model: nn.Module, suffix: str, *args) -> nn.Module:
+    """``base(model, *args)`` (a wrapper module whose ``forward(*args, **kwargs)`` calls
+    ``model``), given ``model.forward``'s signature: capture binds the example by it."""
     signature = inspect.signature(model.forward)
-    cls = type(f"{type(model).__name__}Columns", (_Pieces,), {})
+    cls = type(f"{type(model).__name__}{suffix}", (base,), {})
 
     def forward(self, *args, **kwargs):
-        return _Pieces.forward(self, *args, **kwargs)
+        return base.forward(self, *args, **kwargs)
 
     self_param = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
     parameters = [self_param, *signature.parameters.values()]
     forward.__signature__ = signature.replace(parameters=parameters)
     cls.forward = forward
-    wrapper = cls(model, splits)
+    wrapper = cls(model, *args)
     wrapper.training = model.training  # the model's own mode, checked by capture
     return wrapper
 

@@ -135,15 +135,19 @@ def export(compiled, example: Optional[Any] = None) -> ExportedProgram:
 
     Args:
         compiled: a :class:`~rocs_compiler.CompiledModel` from ``rocs.compile`` (for request
-            column ranges, the program takes the packed input's column pieces as inputs).
+            column ranges, the program takes the packed input's column pieces as inputs; for
+            KeyedJaggedTensor keys, every key's padded pieces).
         example: an optional shared-layout batch (dict with ``candidate_to_request`` or a
             ``models_zoo.Batch``); by default zero-valued inputs with R = 2, N = 3 are used,
             which is enough because the graph has no data-dependent control flow.
     """
     from .column_lanes import ColumnLanes
+    from .kjt_lanes import KJTLanes
 
-    if isinstance(compiled, ColumnLanes):
-        compiled = compiled.compiled  # its inputs are the column pieces: X.0:12, X.12:30, ...
+    if isinstance(compiled, (ColumnLanes, KJTLanes)) and compiled.compiled is not None:
+        # Its inputs are the pieces: a packed input's columns (X.0:12, X.12:30, ...), or a
+        # KeyedJaggedTensor's keys as padded rows (sparse_features.user_id.ids, ...).
+        compiled = compiled.compiled
     if getattr(compiled, "graph_module", None) is None:
         reason = getattr(compiled, "_fallback_reason", None) or "not a rocs CompiledModel"
         raise CompileError(f"nothing to export: the model runs eagerly ({reason})")
@@ -153,11 +157,14 @@ def export(compiled, example: Optional[Any] = None) -> ExportedProgram:
     batched = compiled.contract.batched
     num_requests, num_candidates = Dim("R", min=1), Dim("N", min=1)
     dims = {INDEX_NAME: {0: num_candidates}}
+    placeholders = {n.name: n for n in compiled.graph_module.graph.nodes if n.op == "placeholder"}
     for name in compiled.contract.input_names:
+        val = placeholders[compiled._placeholder_of[name]].meta["val"]
+        # Other dims that were symbolic at compile time (a padded length) stay dynamic.
+        spec = {i: Dim.DYNAMIC for i, s in enumerate(val.shape) if i and not isinstance(s, int)}
         if batched.get(name):
-            dims[name] = {0: num_requests if name in requests else num_candidates}
-        else:
-            dims[name] = None
+            spec[0] = num_requests if name in requests else num_candidates
+        dims[name] = spec or None
     example_kwargs = _nest(flat)
     with torch.no_grad():
         try:

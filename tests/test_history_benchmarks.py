@@ -31,3 +31,10 @@ def test_ecosystem_rows_are_exact():
     out = _run("ecosystem.py", "--candidates", "8", "--models", "wdl")
     (row,) = [line for line in out.splitlines() if line.startswith("| wdl")]
     assert row.endswith("| True |"), row
+
+
+def test_ecosystem_torchrec_rows_are_exact():
+    pytest.importorskip("torchrec", reason="the TorchRec rows need torchrec")
+    out = _run("ecosystem.py", "--candidates", "8", "--libraries", "torchrec", "--models", "dlrm")
+    (row,) = [line for line in out.splitlines() if line.startswith("| dlrm")]
+    assert row.endswith("| True |"), row

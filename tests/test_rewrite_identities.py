@@ -88,6 +88,21 @@ def _unbind(m, u, c):
     return first - second * c
 
 
+def _regroup(m, u, c):
+    """TorchRec's ``KeyedTensor.regroup``: column blocks [u | c] of 3 and 4 reordered."""
+    x = torch.cat([u, c], -1)
+    return torch.ops.fbgemm.permute_pooled_embs(x, m.offsets, m.perm, m.inv_offsets, m.perm) * 2
+
+
+def _regroup_parts():
+    long = torch.long
+    return {
+        "offsets": torch.tensor([0, 3, 7], dtype=long),
+        "inv_offsets": torch.tensor([0, 4, 7], dtype=long),
+        "perm": torch.tensor([1, 0], dtype=long),
+    }
+
+
 def _einsum(m, x):
     return torch.einsum("bkd,mk->bmd", x, m.w)
 
@@ -99,6 +114,10 @@ SAMPLES: dict[str, Sample] = {
     "slice_of_cat": Sample(on_vec(lambda m, x: x[..., :3] * 2), VEC),
     "select_of_cat": Sample(on_vec(lambda m, x: x.select(1, 4) * 2), VEC),
     "flatten_mixed_cat": Sample(lambda m, u, c: torch.cat([torch.cat([u, c], -1), c * 2], -1), VEC),
+    "split_of_cat": Sample(on_vec(lambda m, x: x.split([2, 5], -1)[1] * 2), VEC),
+    "narrow_of_cat": Sample(on_vec(lambda m, x: x.narrow(1, 3, 4) * 2), VEC),
+    "cat_of_one": Sample(lambda m, u, c: torch.cat([u * 2], -1).sum(-1) + c[:, 0], VEC),
+    "permute_pooled_embs_of_cat": Sample(_regroup, VEC, _regroup_parts),
     "unbind_to_select": Sample(_unbind, ((2, 4), (4,))),
     "select_of_permute": Sample(
         lambda m, u, c: u.permute(0, 2, 1).select(1, 1) + c, ((3, 4), (3,))
@@ -158,6 +177,8 @@ def test_every_rewrite_has_a_sample():
 
 @pytest.mark.parametrize("name", sorted(SAMPLES))
 def test_rewrite_identity(name):
+    if name == "permute_pooled_embs_of_cat":
+        pytest.importorskip("fbgemm_gpu", reason="TorchRec's regroup op comes with fbgemm")
     check_identity(name, SAMPLES[name])
 
 
@@ -167,6 +188,15 @@ def test_a_reshape_dropping_size_one_dims_before_the_axis_distributes():
     sample = Sample(
         lambda m, u, c: torch.cat([u.unsqueeze(1), c.unsqueeze(1)], -1).reshape(u.shape[0], 7),
         VEC,
+    )
+    check_identity("distribute_reshape", sample)
+
+
+def test_a_reshape_splitting_the_axis_distributes():
+    """``[B, F*D] -> [B, F, D]`` over a concatenation of whole features along the last dim
+    (TorchRec's pooled embeddings, one ``KeyedTensor``, viewed as a feature sequence)."""
+    sample = Sample(
+        lambda m, u, c: torch.cat([u, c], -1).reshape(-1, 3, 2) * 2, ((2,), (4,))
     )
     check_identity("distribute_reshape", sample)
 

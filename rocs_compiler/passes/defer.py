@@ -11,7 +11,8 @@ move that meeting point later, so that more of the graph stays request-only:
 2. *Ops independent along the concatenated axis distribute over it.*
    ``f(cat(u, c, d)) == cat(f(u), f(c), d')`` for elementwise ops (other operands sliced along
    d), linear maps and matmuls on other dims, norms and softmaxes over other dims, reductions
-   over other dims, and reshapes/permutes that keep the axis intact. ``f(u)`` is request-only.
+   over other dims, reshapes/permutes that keep the axis intact, and reshapes that split it
+   into whole pieces (``[B, F*D] -> [B, F, D]``). ``f(u)`` is request-only.
    Applied repeatedly this computes K/V projections of a request history once per request, and
    turns a pairwise interaction ``bmm(T, T^T)`` over a stacked request/candidate feature set
    into blocks whose request-request block runs once per request.
@@ -374,7 +375,7 @@ def _distribute_reshape(b: Builder, node: fx.Node) -> Optional[fx.Node]:
         group = _reshape_group([in_shape[i] for i in kept], out_shape, d)
         in_shape = [in_shape[i] for i in kept]
     if group is None:
-        return None
+        return _split_axis_reshape(b, node, info)
     merged = math.prod(in_shape[d + 1:group])
     outs = []
     for piece, size in zip(info.pieces, info.sizes):
@@ -383,6 +384,32 @@ def _distribute_reshape(b: Builder, node: fx.Node) -> Optional[fx.Node]:
             outs.append(b.call(node.target, piece, *node.args[1:]))
             continue
         shape[d] = size * merged
+        outs.append(b.call(node.target, piece, shape))
+    return _cat_pieces(b, outs, d)
+
+
+def _split_axis_reshape(b: Builder, node: fx.Node, info: Concat) -> fx.Node | None:
+    """A reshape that splits the axis into ``[k, *inner]`` and keeps every other dim
+    (``[B, F*D] -> [B, F, D]``), when every piece's size is a multiple of ``prod(inner)``: each
+    piece splits alike and the pieces concatenate along the leading part."""
+    in_shape = list(val_of(node.args[0]).shape)
+    out_shape = list(node.meta["val"].shape)
+    d, extra = info.dim, len(out_shape) - len(in_shape)
+    if extra < 1 or node.target == aten.flatten.using_ints:
+        return None
+    if not all(isinstance(s, int) for s in out_shape[d + 1:]):
+        return None
+    inner = math.prod(out_shape[d + 1:d + 1 + extra])
+    if not (
+        _same_prefix(in_shape[:d], out_shape[:d])
+        and _same_prefix(in_shape[d + 1:], out_shape[d + 1 + extra:])
+    ):
+        return None
+    if inner == 0 or any(size % inner for size in info.sizes):
+        return None
+    outs = []
+    for piece, size in zip(info.pieces, info.sizes):
+        shape = list(node.args[1])[:d] + [size // inner] + out_shape[d + 1:]
         outs.append(b.call(node.target, piece, shape))
     return _cat_pieces(b, outs, d)
 

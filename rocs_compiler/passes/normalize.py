@@ -7,6 +7,14 @@ Identities:
   same role are grouped, so a concatenation alternates between request and candidate runs;
 - ``slice(cat(xs, k), k, start, end)`` is the concatenation of the slices of the pieces it
   overlaps (a single piece when it covers exactly one);
+- ``split(x, sizes, d)[i] == slice(x, d, o_i, o_i + sizes[i])`` (``o_i`` the sizes before it),
+  for ``x`` a concatenation: a split at the pieces' boundaries gives the pieces back (a TorchRec
+  ``KeyedTensor`` read by key), and so is ``narrow(x, d, start, length)`` (``slice`` from
+  ``start`` to ``start + length``);
+- ``cat([x], d) == x`` (a concatenation of one piece, as ``torch.concat(kt_values)``);
+- TorchRec's ``fbgemm::permute_pooled_embs(x, offsets, permute, ...)`` (``KeyedTensor.regroup``)
+  is ``cat([x[:, offsets[p]:offsets[p + 1]] for p in permute], 1)``, spelled so for ``x`` a
+  concatenation with constant ``offsets`` and ``permute``;
 - ``unbind(x, d)[i] == select(x, d, i)`` and
   ``select(permute(x, p), d, i) == permute(select(x, p[d], i), p')``: a fused QKV projection
   split by permute + unbind keeps the batch dim where the analysis can see it;
@@ -138,6 +146,77 @@ def _embedding_bag_rows(b: Builder, node: fx.Node) -> Optional[fx.Node]:
     return b.call(torch.ops.rocs.embedding_bag_rows.default, weight, rows, mode, padding_idx)
 
 
+def _split_of_cat(b: Builder, node: fx.Node) -> fx.Node | None:
+    """Anchored at ``getitem(split(cat(...), sizes, d), i)``; the slice is left to
+    ``slice_of_cat``."""
+    source, index = node.args
+    if not isinstance(source, fx.Node) or source.target not in (
+        aten.split_with_sizes.default, aten.split.Tensor
+    ):
+        return None
+    x = source.args[0]
+    info = as_concat(x)
+    dim = source.args[2] if len(source.args) > 2 else source.kwargs.get("dim", 0)
+    if info is None or dim % info.ndim != info.dim:
+        return None
+    sizes = [val_of(item).shape[info.dim] for item in source.meta["val"]]
+    if not all(isinstance(s, int) for s in sizes):
+        return None
+    start = sum(sizes[:index])
+    return b.call(aten.slice.Tensor, x, info.dim, start, start + sizes[index])
+
+
+def _narrow_of_cat(b: Builder, node: fx.Node) -> fx.Node | None:
+    x, dim, start, length = node.args[:4]
+    info = as_concat(x)
+    if info is None or dim % info.ndim != info.dim:
+        return None
+    if not isinstance(start, int) or not isinstance(length, int):
+        return None
+    start = start if start >= 0 else start + sum(info.sizes)
+    return b.call(aten.slice.Tensor, x, info.dim, start, start + length)
+
+
+def _cat_of_one(b: Builder, node: fx.Node) -> fx.Node | None:
+    pieces = node.args[0]
+    if len(pieces) != 1 or not isinstance(pieces[0], fx.Node):
+        return None
+    if any(user.op == "output" for user in node.users):
+        return None  # the model returns a fresh tensor, not its input
+    return pieces[0]
+
+
+def _is_permute_pooled_embs(target) -> bool:
+    return isinstance(target, torch._ops.OpOverload) and target.name() == _PERMUTE_POOLED_EMBS
+
+
+_PERMUTE_POOLED_EMBS = "fbgemm::permute_pooled_embs"
+
+
+def _permute_pooled_embs_of_cat(b: Builder, node: fx.Node) -> fx.Node | None:
+    x, offsets, permute = node.args[:3]
+    info = as_concat(x)
+    offsets, permute = _constant_ints(offsets), _constant_ints(permute)
+    if info is None or info.dim != 1 or info.ndim != 2 or offsets is None or permute is None:
+        return None
+    blocks = [
+        b.call(aten.slice.Tensor, x, 1, offsets[p], offsets[p + 1]) for p in permute
+    ]
+    return blocks[0] if len(blocks) == 1 else b.call(aten.cat.default, blocks, 1)
+
+
+def _constant_ints(node) -> list[int] | None:
+    """The values of a constant integer tensor (a ``get_attr``, possibly cloned), or None."""
+    while isinstance(node, fx.Node) and node.target in (aten.clone.default, aten._to_copy.default):
+        node = node.args[0]
+    if not isinstance(node, fx.Node) or node.op != "get_attr":
+        return None
+    value = operator.attrgetter(node.target)(node.graph.owning_module)
+    if not isinstance(value, torch.Tensor) or value.dtype.is_floating_point or value.dim() != 1:
+        return None
+    return value.tolist()
+
+
 def _unbind_to_select(b: Builder, node: fx.Node) -> Optional[fx.Node]:
     source, index = node.args
     if not isinstance(source, fx.Node) or source.target != aten.unbind.int:
@@ -184,6 +263,14 @@ def normalize_rewrites() -> list[Rewrite]:
         Rewrite("slice_of_cat", frozenset({aten.slice}), _slice_of_cat, "slice of a cat -> piece"),
         Rewrite("select_of_cat", frozenset({aten.select}), _select_of_cat,
                 "select of a cat -> select of the piece"),
+        Rewrite("split_of_cat", frozenset({operator.getitem}), _split_of_cat,
+                "split of a cat + getitem -> slice"),
+        Rewrite("narrow_of_cat", frozenset({aten.narrow}), _narrow_of_cat,
+                "narrow of a cat -> slice"),
+        Rewrite("cat_of_one", frozenset({aten.cat, aten.concat}), _cat_of_one,
+                "cat of one piece -> the piece"),
+        Rewrite("permute_pooled_embs_of_cat", _is_permute_pooled_embs,
+                _permute_pooled_embs_of_cat, "regrouped pooled embeddings -> cat of slices"),
         Rewrite("unbind_to_select", frozenset({operator.getitem}), _unbind_to_select,
                 "unbind + getitem -> select"),
         Rewrite("select_of_permute", frozenset({aten.select}), _select_of_permute,

@@ -1,0 +1,1 @@
+"""Helpers for models from other libraries (each module imports its library lazily)."""

@@ -1,0 +1,352 @@
+"""TorchRec models, whose request features are keys of a ``KeyedJaggedTensor``.
+
+Each model (``models_zoo/torchrec_models.py``: TorchRec's own DLRM, DLRM_DCN, DLRM_Projection,
+the experimental transformer DLRM and SimpleDeepFMNN) is compiled with the user's keys named
+``"sparse_features[user_id]"`` and compared with eager on ragged batches (requests with different
+candidate counts and histories of different lengths, an empty one included) in every call
+layout. The report's request FLOPs are checked against a count derived by hand from the
+architecture, and the request keys' lookups against the nodes that run per request.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import rocs_compiler as rocs
+
+pytest.importorskip(
+    "torchrec", reason="TorchRec models need torchrec (see the README's test command)"
+)
+from models_zoo import torchrec_models as zoo
+from rocs_compiler.integrations import torchrec as rocs_torchrec
+from rocs_compiler.kjt_lanes import KJTSplit
+from rocs_compiler.runtime.request_detection import detect_requests
+
+
+def _compile(model, request=zoo.REQUEST, weighted=False, **kwargs):
+    example = zoo.draw([2, 1, 3], seed=0, weighted=weighted)
+    return rocs.compile(model, request, example_inputs=(example.dense, example.kjt), **kwargs)
+
+
+def _check_layouts(model, compiled, batch, pooled=True):
+    """Drop-in, shared layout, and replicated rows with the grouping given: all equal eager."""
+    with torch.no_grad():
+        want = model(batch.dense, batch.kjt)
+        if pooled:
+            # TorchRec's EmbeddingBagCollection reads the shared KJT through its inverse
+            # indices (its EmbeddingCollection does not): the same scores.
+            torch.testing.assert_close(model(batch.dense, batch.shared), want)
+        calls = {
+            "drop-in": compiled(batch.dense, batch.kjt),
+            "shared": compiled(batch.dense, batch.shared, candidate_to_request=batch.index),
+            # The grouping read from the KJT's inverse indices, as TorchRec's modules read it.
+            "shared, inverse indices": compiled(batch.dense, batch.shared),
+            "indexed": compiled(batch.dense, batch.kjt, candidate_to_request=batch.index),
+        }
+    for layout, got in calls.items():
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=layout)
+
+
+@pytest.mark.parametrize("name", zoo.MODELS)
+def test_torchrec_model_with_request_keys(name):
+    model, request, request_flops = zoo.build(name)
+    compiled = _compile(model, request)
+    _check_layouts(model, compiled, zoo.draw([3, 1, 5, 2], seed=1, histories=[2, 0, 5, 1]))
+    _check_layouts(model, compiled, zoo.draw([4], seed=2))
+    report = compiled.report(num_candidates=64, num_requests=1)
+    assert not report.fallbacks, report.fallbacks
+    assert report.request_flops == request_flops
+    # Each request key is looked up once per request; the candidate keys once per candidate.
+    lookups = [n for n in report.nodes if n.op == "aten.embedding.default"]
+    assert sorted(n.role for n in lookups) == ["CANDIDATE"] * 2 + ["REQUEST"] * 2
+
+
+def test_user_dense_features_and_keys_together():
+    """``dense_features`` named too (the user's dense context): the dense arch, the request
+    block of the interaction and the over arch's share of the dense embedding run per
+    request."""
+    model, request, _ = zoo.build("dlrm")
+    compiled = _compile(model, request + ["dense_features"])
+    batch = zoo.draw([3, 1, 2], seed=3)
+    dense = torch.randn(3, zoo.DENSE)
+    batch.dense = dense[batch.index]
+    with torch.no_grad():
+        want = model(batch.dense, batch.kjt)
+        torch.testing.assert_close(compiled(batch.dense, batch.kjt), want)
+        shared = compiled(dense, batch.shared, candidate_to_request=batch.index)
+        torch.testing.assert_close(shared, want)
+    dense_arch = 2 * (zoo.DENSE * 16 + 16 * zoo.D)
+    block = 2 * (zoo.K + 1) ** 2 * zoo.D  # [dense, user_id, history] pairwise dots
+    over = 2 * zoo.D * 16  # the over arch's first layer, the dense embedding's columns
+    report = compiled.report(num_candidates=64, num_requests=1)
+    assert report.request_flops == dense_arch + block + over
+
+
+def test_weighted_keys():
+    model, request, request_flops = zoo.build("dlrm", weighted=True)
+    compiled = _compile(model, request, weighted=True)
+    _check_layouts(model, compiled, zoo.draw([2, 3, 1], seed=4, weighted=True))
+    assert compiled.report().request_flops == request_flops
+
+
+def test_batches_whose_histories_are_all_empty():
+    model, request, _ = zoo.build("deepfm")
+    compiled = _compile(model, request)
+    _check_layouts(model, compiled, zoo.draw([2, 1, 3], seed=5, histories=[0, 0, 0]))
+    _check_layouts(model, compiled, zoo.draw([1], seed=6, histories=[0]))
+
+
+def test_drop_in_requests_are_runs_of_equal_jagged_rows():
+    """The padded rows of the request keys are equal exactly where the jagged rows are: a
+    history ``[a, b]`` and ``[a, b, 0]`` (a real id 0) differ by their lengths."""
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    history = [[3, 4], [3, 4], [3, 4, 0], [3, 4, 0], [], [3, 4]]
+    kjt = KeyedJaggedTensor(
+        keys=["history", "item_id"],
+        values=torch.tensor([v for row in history for v in row] + list(range(6))),
+        lengths=torch.tensor([len(row) for row in history] + [1] * 6),
+    )
+    split = KJTSplit("sparse_features", ("history", "item_id"), frozenset({"history"}), False)
+    pieces = split.pieces(kjt)["history"]
+    assert pieces["ids"].shape == (6, 3)
+    found = detect_requests([pieces["ids"], pieces["lengths"]], 6)
+    assert found.counts == [2, 2, 1, 1]
+
+
+def test_a_request_that_differs_within_a_run_is_two_requests_and_exact():
+    model, request, _ = zoo.build("dlrm")
+    compiled = _compile(model, request)
+    batch = zoo.draw([3, 3], seed=7, histories=[2, 2])
+    values = batch.kjt.values().clone()
+    first = 6 + 2 * 1  # after the 6 user ids: candidate 1's history, its first id
+    values[first] = (values[first] + 1) % zoo.VOCAB["item_id"]
+    kjt = type(batch.kjt)(keys=batch.kjt.keys(), values=values, lengths=batch.kjt.lengths())
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(batch.dense, kjt), model(batch.dense, kjt))
+        with pytest.raises(rocs.InputError, match="varies within a request"):
+            compiled(batch.dense, kjt, candidate_to_request=batch.index)
+
+
+def test_names_and_calls_are_checked():
+    model, _, _ = zoo.build("dlrm")
+    example = zoo.draw([2, 1], seed=0)
+    args = (example.dense, example.kjt)
+    keys = r"sparse_features\[user_id\], sparse_features\[history\], sparse_features\[item_id\]"
+    with pytest.raises(rocs.InputError, match=f"unknown key 'age'.*its keys are: {keys}"):
+        rocs.compile(model, ["sparse_features[age]"], example_inputs=args)
+    with pytest.raises(rocs.InputError, match=f"'sparse_features\\[user_id\\]'.*{keys}"):
+        rocs.compile(model, ["user_id"], example_inputs=args)
+    with pytest.raises(rocs.InputError, match=r"did you mean 'sparse_features\[history\]'"):
+        rocs.compile(model, ["sparse_features.history"], example_inputs=args)
+    compiled = rocs.compile(model, ['sparse_features["user_id"]', "sparse_features[history]"],
+                            example_inputs=args)  # fmt: skip
+    batch = zoo.draw([2, 2], seed=8)
+    request = _keys(batch.shared, list(zoo.REQUEST_KEYS))
+    candidates = _keys(batch.shared, list(zoo.CANDIDATE_KEYS))
+    without_inverse = rocs_torchrec.shared_kjt(request, candidates)
+    with pytest.raises(rocs.InputError, match="shared layout, which needs candidate_to_request"):
+        compiled(batch.dense, without_inverse)
+    scrambled = rocs_torchrec.shared_kjt(request, candidates, batch.index)
+    scrambled.inverse_indices()[1][2] = scrambled.inverse_indices()[1][2].flip(0)
+    with pytest.raises(rocs.InputError, match="candidate key 'item_id' has inverse indices"):
+        compiled(batch.dense, scrambled)
+    with pytest.raises(rocs.InputError, match="candidate keys need one row per candidate"):
+        compiled(batch.dense, batch.shared, candidate_to_request=batch.index[:3])
+    with pytest.raises(rocs.InputError, match="compiled for"):
+        compiled(
+            batch.dense,
+            rocs_torchrec.shared_kjt(_keys(batch.kjt, ["user_id"]), _keys(batch.kjt, ["item_id"])),
+        )
+
+
+def _keys(kjt, keys):
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    parts = kjt.to_dict()
+    return KeyedJaggedTensor.from_jt_dict({k: parts[k] for k in keys})
+
+
+def test_all_keys_of_an_argument_by_its_name():
+    model, _, _ = zoo.build("dlrm")
+    compiled = _compile(model, ["sparse_features"])
+    assert compiled.splits[0].request == frozenset(zoo.REQUEST_KEYS + zoo.CANDIDATE_KEYS)
+    batch = zoo.draw([2, 2], seed=9)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(batch.dense, batch.kjt), model(batch.dense, batch.kjt))
+
+
+def test_weight_updates_of_the_tables_are_seen():
+    model, request, _ = zoo.build("dlrm")
+    compiled = _compile(model, request)
+    batch = zoo.draw([2, 3], seed=10)
+    with torch.no_grad():
+        model.sparse_arch.embedding_bag_collection.embedding_bags["t_user"].weight.mul_(2)
+        torch.testing.assert_close(compiled(batch.dense, batch.kjt), model(batch.dense, batch.kjt))
+
+
+class _Regrouped(nn.Module):
+    """The user's and the item's pooled embeddings regrouped by key
+    (``KeyedTensor.regroup``, fbgemm's ``permute_pooled_embs``), a user tower on the first."""
+
+    def __init__(self):
+        super().__init__()
+        self.ebc = zoo.collection()
+        self.user = nn.Linear(2 * zoo.D, 8)
+        self.out = nn.Linear(8 + 2 * zoo.D + zoo.DENSE, 1)
+
+    def forward(self, dense_features, sparse_features):
+        from torchrec.sparse.jagged_tensor import KeyedTensor
+
+        pooled = self.ebc(sparse_features)
+        user, item = KeyedTensor.regroup(
+            [pooled], [list(zoo.REQUEST_KEYS), list(zoo.CANDIDATE_KEYS)]
+        )
+        return self.out(torch.cat([torch.relu(self.user(user)), item, dense_features], 1))
+
+
+def test_keyed_tensor_regroup():
+    model = _Regrouped().eval()
+    compiled = _compile(model)
+    _check_layouts(model, compiled, zoo.draw([3, 1, 2], seed=15))
+    # The user tower (2 D -> 8) and the output layer's share of its 8 columns, per request.
+    assert compiled.report().request_flops == 2 * (2 * zoo.D) * 8 + 2 * 8 * 1
+
+
+class _ReadsValues(nn.Module):
+    """Reads the KJT's values directly, beside an EmbeddingBagCollection."""
+
+    def __init__(self):
+        super().__init__()
+        self.ebc = zoo.collection()
+        self.out = nn.Linear(3 * zoo.D + 1, 1)
+
+    def forward(self, dense_features, sparse_features):
+        pooled = self.ebc(sparse_features).values()
+        count = sparse_features.lengths().float().sum().expand(pooled.shape[0], 1)
+        return self.out(torch.cat([pooled[:, : 3 * zoo.D], count], 1))
+
+
+def test_a_model_reading_the_kjt_otherwise_is_refused_or_runs_eagerly():
+    model = _ReadsValues().eval()
+    with pytest.raises(rocs.CompileError, match=r"other than through an EmbeddingBagCollection"):
+        _compile(model)
+    with pytest.warns(UserWarning, match="will run eagerly"):
+        compiled = _compile(model, fallback="eager")
+    assert compiled.is_fallback and "EmbeddingBagCollection" in compiled.report().note
+    batch = zoo.draw([2, 3], seed=11)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = model(batch.dense, batch.kjt)
+        torch.testing.assert_close(compiled(batch.dense, batch.kjt), want)
+        shared = compiled(batch.dense, batch.shared, candidate_to_request=batch.index)
+        torch.testing.assert_close(shared, want)
+
+
+def test_unpooled_lookups_read_as_padded_rows():
+    """``EmbeddingCollection`` + ``to_padded_dense(desired_length)``: a per-position layer over
+    the history runs once per request."""
+    torch.manual_seed(0)
+    model = zoo.HistorySequence().eval()
+    compiled = _compile(model)
+    _check_layouts(model, compiled, zoo.draw([3, 1, 2], seed=16, histories=[5, 0, 3]), False)
+    _check_layouts(model, compiled, zoo.draw([2, 2], seed=17, histories=[0, 0]), False)
+    report = compiled.report()
+    assert not report.fallbacks, report.fallbacks
+    assert report.request_flops == zoo.SEQUENCE_REQUEST_FLOPS
+
+
+class _Unpooled(nn.Module):
+    """The history's unpooled embeddings as the model's output, read one of three ways."""
+
+    def __init__(self, read):
+        super().__init__()
+        from torchrec.modules.embedding_configs import EmbeddingConfig
+        from torchrec.modules.embedding_modules import EmbeddingCollection
+
+        keys = list(zoo.REQUEST_KEYS + zoo.CANDIDATE_KEYS)
+        table = EmbeddingConfig(name="t", embedding_dim=4, num_embeddings=30, feature_names=keys)
+        self.ec = EmbeddingCollection(tables=[table])
+        self.read = read
+
+    def forward(self, dense_features, sparse_features):
+        history = self.ec(sparse_features)["history"]
+        return self.read(history).flatten(1) + dense_features.sum(1, keepdim=True)
+
+
+def test_unpooled_rows_are_truncated_and_padded_as_torchrec_does():
+    model = _Unpooled(lambda jt: jt.to_padded_dense(desired_length=3, padding_value=-1.0)).eval()
+    compiled = _compile(model)
+    _check_layouts(model, compiled, zoo.draw([2, 1, 3], seed=18, histories=[5, 0, 2]), False)
+
+
+def test_unpooled_reads_of_the_whole_batch_are_refused():
+    whole = _Unpooled(lambda jt: jt.to_padded_dense()).eval()
+    with pytest.raises(rocs.CompileError, match="without desired_length"):
+        _compile(whole)
+    flat = _Unpooled(lambda jt: jt.values()[: jt.lengths().shape[0]]).eval()
+    with pytest.raises(rocs.CompileError, match=r"through \.values\(\)"):
+        _compile(flat)
+
+
+def test_the_torch_compile_backend_refuses_kjt_keys():
+    """Dynamo traces TorchRec's jagged lookups (one embedding_bag over the whole batch); the
+    backend says so instead of guessing."""
+    model, request, _ = zoo.build("dlrm")
+    with pytest.raises(rocs.InputError, match="does not support KeyedJaggedTensor keys"):
+        rocs.backend(request_inputs=request)
+    compiled = torch.compile(model, backend="rocs", dynamic=True,
+                             options={"request_inputs": request})  # fmt: skip
+    batch = zoo.draw([2, 3], seed=12)
+    with torch.no_grad(), pytest.raises(Exception, match="does not support KeyedJaggedTensor keys"):
+        compiled(batch.dense, batch.kjt)
+
+
+def test_helpers_derive_the_request_names_and_layouts():
+    model, _, _ = zoo.build("dlrm")
+    keys = rocs_torchrec.keys_of_tables(model, ["t_user"])
+    assert rocs_torchrec.request_inputs("sparse_features", keys) == ["sparse_features[user_id]"]
+    with pytest.raises(ValueError, match="t_user, t_item, t_tag"):
+        rocs_torchrec.keys_of_tables(model, ["t_users"])
+    batch = zoo.draw([2, 1, 3], seed=13)
+    request = _keys(batch.shared, list(zoo.REQUEST_KEYS))
+    candidates = _keys(batch.shared, list(zoo.CANDIDATE_KEYS))
+    shared = rocs_torchrec.shared_kjt(request, candidates, batch.index)
+    assert shared.stride_per_key() == batch.shared.stride_per_key()
+    assert torch.equal(shared.values(), batch.shared.values())
+    replicated = rocs_torchrec.replicated_kjt(shared, batch.index, zoo.REQUEST_KEYS)
+    assert torch.equal(replicated.values(), batch.kjt.values())
+    assert torch.equal(replicated.lengths(), batch.kjt.lengths())
+    with torch.no_grad():
+        torch.testing.assert_close(model(batch.dense, shared), model(batch.dense, batch.kjt))
+
+
+def test_the_library_imports_and_compiles_without_torchrec():
+    code = (
+        "import sys; sys.modules['torchrec'] = None\n"
+        "import torch, rocs_compiler as rocs\n"
+        "m = torch.nn.Linear(3, 1).eval()\n"
+        "cm = rocs.compile(m, ['input'], example_inputs=(torch.randn(4, 3),))\n"
+        "x = torch.randn(5, 3)\n"
+        "assert torch.allclose(cm(x), m(x))\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_export_takes_the_keys_as_padded_pieces():
+    model, request, _ = zoo.build("dlrm")
+    compiled = _compile(model, request)
+    program = rocs.export(compiled)
+    batch = zoo.draw([3, 1, 2], seed=14, histories=[4, 0, 1])
+    pieces = compiled.splits[0].pieces(batch.shared)
+    with torch.no_grad():
+        got = program.module()(
+            dense_features=batch.dense, sparse_features=pieces, candidate_to_request=batch.index
+        )
+        torch.testing.assert_close(got, model(batch.dense, batch.kjt))
