@@ -48,6 +48,7 @@ from .index_contract import check_candidate_to_request
 from .errors import CompileError, InputError
 from .inputs import bind_inputs, is_tensor, named_leaves, replace_leaves
 from .options import BackendOptions
+from .runtime import CompiledModel
 from .runtime.lowering import Lowered, lower_plain
 
 __all__ = ["RocsBackend", "backend", "rocs_backend", "shared_call"]
@@ -173,7 +174,7 @@ class _Subgraph:
             return None
         # Without Inductor the compiled model runs its graph itself (as a direct program).
         runner = compiled
-        if self.options.inductor:
+        if self.options.inductor and isinstance(compiled, CompiledModel):  # not column lanes
             runner = compiled.with_graph(Lowered(compiled.graph_module, True))
         variant = _Variant(compiled, runner)
         self.variants[self._key(leaves)] = variant
@@ -244,8 +245,9 @@ class RocsBackend:
 
 
 def _refuse_lane_names(names: Sequence[str]) -> None:
-    """Request names that split one input into lanes (``rocs.compile`` wraps the model for
-    them) have no meaning in a dynamo graph, which sees the input whole."""
+    """``KeyedJaggedTensor`` keys have no meaning in a dynamo graph, which sees the KJT's values
+    whole; column ranges do (``_covers`` maps them to their argument, and ``rocs.compile`` wraps
+    the dynamo graph in column lanes as it wraps a model)."""
     lanes = [n for n in names if "[" in n]
     columns = [n for n in lanes if n.split("[", 1)[1].lstrip().startswith(":")]
     keys = [n for n in lanes if n not in columns]
@@ -255,12 +257,6 @@ def _refuse_lane_names(names: Sequence[str]) -> None:
             f"inputs ({', '.join(map(repr, keys))}): dynamo traces TorchRec's lookups as one "
             "jagged embedding_bag over every row of the batch, which rocs cannot split by "
             "request. Use rocs.compile(model, request_inputs, example_inputs=...) instead"
-        )
-    if columns:
-        raise InputError(
-            f"the rocs torch.compile backend does not support column ranges as request inputs "
-            f"({', '.join(map(repr, columns))}): dynamo hands it the packed tensor whole. Use "
-            "rocs.compile(model, request_inputs, example_inputs=...) instead"
         )
 
 
@@ -277,6 +273,8 @@ def _static_rows(placeholders: list[fx.Node], slots: list[Slot]) -> Optional[int
 
 
 def _covers(request: str, leaf: str) -> bool:
+    if "[" in request:  # a column range names columns of its argument (``column_lanes.py``)
+        request = request.split("[", 1)[0].strip()
     return leaf == request or leaf.startswith(request + ".")
 
 

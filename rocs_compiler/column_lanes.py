@@ -206,6 +206,11 @@ class ColumnLanes(nn.Module):
     def call_replicated(self, *args, candidate_to_request: torch.Tensor, **kwargs):
         return self(*args, candidate_to_request=candidate_to_request, **kwargs)
 
+    @property
+    def contract(self):
+        """The compiled pieces program's input contract (its inputs are the column pieces)."""
+        return self.compiled.contract
+
     def report(self, *args, **kwargs):
         return self.compiled.report(*args, **kwargs)
 

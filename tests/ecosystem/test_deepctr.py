@@ -42,3 +42,27 @@ def test_request_columns_that_vary_within_a_request_are_refused():
     x[1, start] = x[0, start] + 1  # candidate 1 claims another user than candidate 0
     with pytest.raises(rocs.InputError, match="varies within a request|differ"):
         compiled(X=x, candidate_to_request=index)
+
+
+# DIN's forward breaks dynamo's graph before its lookups: the frames after the break receive
+# intermediate tensors that no request name reaches, so they run unshared (exact, with a reason).
+BACKEND_SHARES = {"deepfm": True, "wdl": True, "dcn": True, "mmoe": True, "din": False}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_deepctr_model_through_the_torch_compile_backend(name):
+    torch._dynamo.reset()
+    model, user, request_flops = build(name)
+    backend = rocs.backend(request_ranges(model, user))
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    with torch.no_grad():
+        for counts, seed in (([3, 2, 4], 1), ([1, 5], 2), ([2, 2, 2, 1], 3)):
+            x, _ = draw(model, user, counts, seed)
+            torch.testing.assert_close(compiled(x), model(x))
+    rewritten = [s.compiled_model for s in backend.subgraphs if s.compiled_model is not None]
+    shared = sum(m.report(num_candidates=64, num_requests=1).request_flops for m in rewritten)
+    if BACKEND_SHARES[name]:
+        assert shared == request_flops
+    else:
+        reasons = {s.fallback_reason for s in backend.subgraphs if s.compiled_model is None}
+        assert reasons == {"no request input reaches this graph"}
