@@ -59,11 +59,11 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import movielens  # noqa: E402
+import movielens
 
-import rocs_compiler as rocs  # noqa: E402
-from models_zoo import backbones as bb  # noqa: E402
-from models_zoo import user_models  # noqa: E402
+import rocs_compiler as rocs
+from models_zoo import backbones as bb
+from models_zoo import user_models
 
 SYNTHETIC = movielens.REPO_ROOT / "tests" / "data" / "ml-synthetic"
 BACKBONE_NAMES = ("dcnv2", "finalmlp", "wukong", "sequence", "ranker", "bst_like")
@@ -79,25 +79,29 @@ def backbone_config(name: str, emb_dim: int, quick: bool) -> dict[str, Any]:
     """Constructor arguments of each backbone (small: the benchmark trains on two CPU cores)."""
     if quick:
         return {
-            "dcnv2": dict(emb_dim=emb_dim, num_cross=1, rank=8, deep=(32, 16)),
-            "finalmlp": dict(
-                emb_dim=emb_dim, stream1=(32, 16), stream2=(32, 16), num_heads=2, gate_hidden=16
-            ),
-            "wukong": dict(emb_dim=emb_dim, layers=((2, 2),), fmb_hidden=16, head=(32,)),
-            "sequence": dict(emb_dim=emb_dim, heads=2, ffn=16, num_layers=1, head=(16,)),
-            "ranker": dict(dim=emb_dim, user_hidden=32, item_hidden=16, hidden=(32, 16)),
-            "bst_like": dict(dim=emb_dim, heads=2, ffn=16, layers=1, head=(16,)),
+            "dcnv2": {"emb_dim": emb_dim, "num_cross": 1, "rank": 8, "deep": (32, 16)},
+            "finalmlp": {
+                "emb_dim": emb_dim, "stream1": (32, 16), "stream2": (32, 16),
+                "num_heads": 2, "gate_hidden": 16,
+            },
+            "wukong": {"emb_dim": emb_dim, "layers": ((2, 2),), "fmb_hidden": 16, "head": (32,)},
+            "sequence": {"emb_dim": emb_dim, "heads": 2, "ffn": 16, "num_layers": 1, "head": (16,)},
+            "ranker": {"dim": emb_dim, "user_hidden": 32, "item_hidden": 16, "hidden": (32, 16)},
+            "bst_like": {"dim": emb_dim, "heads": 2, "ffn": 16, "layers": 1, "head": (16,)},
         }[name]
     return {
-        "dcnv2": dict(emb_dim=emb_dim, num_cross=2, rank=16, deep=(128, 64)),
-        "finalmlp": dict(
-            emb_dim=emb_dim, stream1=(128, 64), stream2=(128, 64), num_heads=4, gate_hidden=64
-        ),
-        "wukong": dict(emb_dim=emb_dim, layers=((4, 4), (4, 4)), fmb_hidden=64, head=(128, 64)),
-        "sequence": dict(emb_dim=emb_dim, heads=2, ffn=32, num_layers=2, head=(64,)),
+        "dcnv2": {"emb_dim": emb_dim, "num_cross": 2, "rank": 16, "deep": (128, 64)},
+        "finalmlp": {
+            "emb_dim": emb_dim, "stream1": (128, 64), "stream2": (128, 64),
+            "num_heads": 4, "gate_hidden": 64,
+        },
+        "wukong": {
+            "emb_dim": emb_dim, "layers": ((4, 4), (4, 4)), "fmb_hidden": 64, "head": (128, 64),
+        },
+        "sequence": {"emb_dim": emb_dim, "heads": 2, "ffn": 32, "num_layers": 2, "head": (64,)},
         # the GLM issue's Ranker sizes (user tower 256, item tower 64, MLP 512-256-1)
-        "ranker": dict(dim=emb_dim, user_hidden=256, item_hidden=64, hidden=(512, 256)),
-        "bst_like": dict(dim=emb_dim, heads=2, ffn=32, layers=2, head=(64,)),
+        "ranker": {"dim": emb_dim, "user_hidden": 256, "item_hidden": 64, "hidden": (512, 256)},
+        "bst_like": {"dim": emb_dim, "heads": 2, "ffn": 32, "layers": 2, "head": (64,)},
     }[name]
 
 
@@ -400,7 +404,7 @@ def run_variant(variant: Variant, schema, config: dict, ml, args, show: bool) ->
     for i, seed in enumerate(args.seeds):
         model = variant.build(schema, config, seed, example_batch(ml.train))
         label = f"{variant.backbone}/{variant.name} seed {seed}"
-        fit = dict(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=seed)
+        fit = {"epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr, "seed": seed}
         seconds.append(train(model, ml.train, **fit, label=label, show=show))
         logits = predict(model, ml.test)
         aucs.append(auc(logits, ml.test["label"]))
@@ -513,8 +517,8 @@ def markdown(out: dict[str, Any]) -> str:
 def markdown_details(out: dict[str, Any]) -> str:
     """Per seed, with model size, training time and the FLOP report's split."""
     lines = [
-        "| backbone | variant | parameters | AUC per seed | train s | C_req | C_cand | "
-        "N=1 cost vs vanilla | ideal speedup N=100 / 1000 |",
+        ("| backbone | variant | parameters | AUC per seed | train s | C_req | C_cand | "
+        "N=1 cost vs vanilla | ideal speedup N=100 / 1000 |"),
         "|---|---|---:|---|---:|---:|---:|---:|---:|",
     ]
     for r in out["results"]:

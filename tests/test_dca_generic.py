@@ -136,7 +136,8 @@ def test_explicit_history_length_needs_no_example():
     vanilla = _bst(True)
     dca = rocs.apply_dca(vanilla, history_length=L)
     assert dca.encoder.history_length == L
-    assert dca.rocs_dca_report.converted == {"encoder": f"TransformerEncoder, history positions 0..{L}"}
+    converted = dca.rocs_dca_report.converted
+    assert converted == {"encoder": f"TransformerEncoder, history positions 0..{L}"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -228,7 +229,8 @@ class _CandidateFirst(_TokenModel):
 def test_candidate_before_history_is_refused():
     request, candidate = _token_inputs(2, 2)
     with pytest.raises(ValueError, match=r"request-only positions are \[1, 2, 3, 4, 5, 6\]"):
-        rocs.apply_dca(_CandidateFirst("layer", True), ["history"], example_kwargs={**request, **candidate})
+        model = _CandidateFirst("layer", True)
+        rocs.apply_dca(model, ["history"], example_kwargs={**request, **candidate})
 
 
 class _HistoryEncoder(_TokenModel):
@@ -246,7 +248,8 @@ class _HistoryEncoder(_TokenModel):
 
 def test_nothing_to_convert_says_why():
     request, candidate = _token_inputs(2, 2)
-    with pytest.raises(ValueError, match=r"nothing in _HistoryEncoder.*history encoder.*not a self-attention"):
+    why = r"nothing in _HistoryEncoder.*history encoder.*not a self-attention"
+    with pytest.raises(ValueError, match=why):
         rocs.apply_dca(_HistoryEncoder(), ["history"], example_kwargs={**request, **candidate})
 
 

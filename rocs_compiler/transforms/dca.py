@@ -71,7 +71,7 @@ def apply_dca(
         names = [request_inputs] if isinstance(request_inputs, str) else list(request_inputs)
         if set(names) != set(family.request_inputs):
             raise ValueError(
-                f"apply_dca: {type(model).__name__} has request inputs {sorted(family.request_inputs)}; "
-                f"got {sorted(names)}"
+                f"apply_dca: {type(model).__name__} has request inputs "
+                f"{sorted(family.request_inputs)}; got {sorted(names)}"
             )
     return family.convert(model).train(model.training)

@@ -20,8 +20,8 @@ fine-tuned.
 
 Masks: ``key_padding_mask`` (bool ``[B, S]``, True = ignore) and an attention mask (bool or
 additive float ``[S, S]``) are split the same way. A history row left without any key (an empty
-history) attends to every history position instead (:func:`~rocs_compiler.layers.nonempty_key_mask`),
-so it stays finite; a candidate row the same over its keys.
+history) attends to every history position instead
+(:func:`~rocs_compiler.layers.nonempty_key_mask`), so it stays finite; a candidate row the same over its keys.
 """
 
 from __future__ import annotations
@@ -119,7 +119,8 @@ def dca_attention(
     heads = mha.num_heads
     dropout = mha.dropout if mha.training else 0.0
     q_h, k_h, v_h = (
-        _heads(t, heads) for t in F.linear(history, mha.in_proj_weight, mha.in_proj_bias).chunk(3, -1)
+        _heads(t, heads)
+        for t in F.linear(history, mha.in_proj_weight, mha.in_proj_bias).chunk(3, -1)
     )
     q_c, k_c, v_c = (
         _heads(t, heads)
@@ -140,7 +141,9 @@ def dca_layer(
         return layer.dropout2(layer.linear2(layer.dropout(layer.activation(layer.linear1(x)))))
 
     if layer.norm_first:
-        a_h, a_c = dca_attention(layer.self_attn, layer.norm1(history), layer.norm1(candidate), masks)
+        a_h, a_c = dca_attention(
+            layer.self_attn, layer.norm1(history), layer.norm1(candidate), masks
+        )
         history, candidate = history + layer.dropout1(a_h), candidate + layer.dropout1(a_c)
         return history + ff(layer.norm2(history)), candidate + ff(layer.norm2(candidate))
     a_h, a_c = dca_attention(layer.self_attn, history, candidate, masks)
