@@ -271,3 +271,16 @@ def test_dca_attention_refuses_cross_attention_calls():
     with pytest.raises(ValueError, match="no candidate token"):
         short = x[:, :3]
         attn(short, short, short)
+
+
+def test_glm_on_the_dca_model_reads_the_history_stack_as_request_lanes():
+    """The lanes see through the DCA encoder: the head's request group holds the user fields
+    and the pooled history states (both request-only), not the candidate tokens."""
+    _, dca, _, _ = _compiled(True)
+    glm = rocs.apply_glm(dca, bb.REQUEST_INPUTS, example_kwargs=_example())
+    dim, fields = 8, len(SCHEMA.request_vocabs)
+    assert glm.rocs_glm_report.transformed == {
+        "mlp.0": f"request lanes {(fields + 1) * dim}/{(fields + 1 + C) * dim} -> 8/16"
+    }
+    cm = rocs.compile(glm.eval(), list(bb.REQUEST_INPUTS), example_kwargs=_example())
+    check_both_conventions(cm, glm, bb.random_batch(SCHEMA, [2, 3], seed=8, shuffle=True), "GLM")
