@@ -1,9 +1,11 @@
-"""``apply_glm`` on models written by a user (not zoo classes): exactness and speed.
+"""``apply_glm`` / ``apply_dca`` on models written by a user (not zoo classes): exactness, speed.
 
-For each model: ``rocs.apply_glm(model, request_inputs, request_fraction=0.5)``, a few Adam steps
-on random data, then ``rocs.compile``; the compiled model is checked against eager on a ragged
-shared-layout batch, and timed for one request with N candidates against the eager model on
-replicated inputs (median of interleaved calls, one torch thread).
+For each model: ``rocs.apply_glm(model, request_inputs, request_fraction=0.5)`` (the Ranker, the
+DIN-like model) or ``rocs.apply_dca(model, request_inputs, example_kwargs=...)`` (the BST-like
+``nn.TransformerEncoder`` model), a few Adam steps on random data, then ``rocs.compile``; the
+compiled model is checked against eager on a ragged shared-layout batch, and timed for one
+request with N candidates against the eager model on replicated inputs (median of interleaved
+calls, one torch thread).
 
 Usage::
 
@@ -22,7 +24,11 @@ import torch
 from torch import nn
 
 import rocs_compiler as rocs
-from models_zoo.user_models import DINLike, Ranker
+from models_zoo.user_models import BSTLike, DINLike, Ranker
+
+# BST-like sizes: the MovieLens quality benchmark's (20 history tokens, 3 candidate tokens, D 16)
+BST_VOCABS, BST_ITEMS, BST_ITEM_VOCABS = (944, 8, 3, 22), 1683, (18,)
+BST_MULTIHOT, BST_LENGTH = 19, 20
 
 
 def ranker_inputs(requests: int, candidates: int) -> tuple[dict, dict]:
@@ -37,7 +43,28 @@ def din_inputs(requests: int, candidates: int) -> tuple[dict, dict]:
     return request, {"item_id": torch.randint(0, 5000, (candidates,))}
 
 
-MODELS = {"ranker": (Ranker, ranker_inputs), "din_like": (DINLike, din_inputs)}
+def bst_inputs(requests: int, candidates: int) -> tuple[dict, dict]:
+    history = torch.randint(1, BST_ITEMS, (requests, BST_LENGTH))
+    history[-1, BST_LENGTH // 2 :] = 0  # a short history
+    request = {
+        "user_sparse": torch.stack([torch.randint(1, v, (requests,)) for v in BST_VOCABS], 1),
+        "history": history,
+    }
+    item = [torch.randint(1, v, (candidates,)) for v in (BST_ITEMS, *BST_ITEM_VOCABS)]
+    multihot = (torch.rand(candidates, BST_MULTIHOT) < 0.2).float()
+    return request, {"item_sparse": torch.stack(item, 1), "item_multihot": multihot}
+
+
+def bst_like() -> BSTLike:
+    return BSTLike(BST_VOCABS, BST_ITEMS, BST_ITEM_VOCABS, BST_MULTIHOT, BST_LENGTH)
+
+
+# name -> (model factory, input maker, transform)
+MODELS = {
+    "ranker": (Ranker, ranker_inputs, "glm"),
+    "din_like": (DINLike, din_inputs, "glm"),
+    "bst_like": (bst_like, bst_inputs, "dca"),
+}
 
 
 def replicate(request: dict, candidate: dict, index: torch.Tensor) -> dict:
@@ -47,11 +74,14 @@ def replicate(request: dict, candidate: dict, index: torch.Tensor) -> dict:
 def prepare(name: str, steps: int = 5, seed: int = 0):
     """(eager GLM model, compiled model, request input names) after ``steps`` training steps."""
     torch.manual_seed(seed)
-    cls, make = MODELS[name]
+    cls, make, transform = MODELS[name]
     request, candidate = make(2, 3)
     example = replicate(request, candidate, torch.tensor([0, 0, 1]))
     request_names = list(request)
-    glm = rocs.apply_glm(cls(), request_names, request_fraction=0.5, example_kwargs=example)
+    if transform == "dca":
+        glm = rocs.apply_dca(cls(), request_names, example_kwargs=example)
+    else:
+        glm = rocs.apply_glm(cls(), request_names, request_fraction=0.5, example_kwargs=example)
     optimizer = torch.optim.Adam(glm.parameters(), 1e-3)
     for _ in range(steps):
         request, candidate = make(16, 16)
@@ -80,18 +110,18 @@ def median_times(fns: dict, repeats: int) -> dict[str, float]:
 
 
 def measure(name: str, candidates: int, repeats: int) -> dict:
-    glm, cm, make = prepare(name)
+    model, cm, make = prepare(name)
     with torch.no_grad():
         request, candidate = make(3, 7)  # ragged: 2, 4 and 1 candidates, unordered
         index = torch.tensor([1, 0, 1, 1, 2, 0, 1])
         err = float((cm(**request, **candidate, candidate_to_request=index)
-                     - glm(**replicate(request, candidate, index))).abs().max())
+                     - model(**replicate(request, candidate, index))).abs().max())
         request, candidate = make(1, candidates)
         index = torch.zeros(candidates, dtype=torch.int64)
         replicated = replicate(request, candidate, index)
     times = median_times(
         {
-            "eager": functools.partial(glm, **replicated),
+            "eager": functools.partial(model, **replicated),
             "rocs": functools.partial(cm, **request, **candidate, candidate_to_request=index),
         },
         repeats,
@@ -104,7 +134,7 @@ def measure(name: str, candidates: int, repeats: int) -> dict:
         "rocs_ms": times["rocs"] * 1e3,
         "speedup": times["eager"] / times["rocs"],
         "ideal": report.ideal_speedup(candidates, 1),
-        "report": str(glm.rocs_glm_report),
+        "report": str(getattr(model, "rocs_glm_report", None) or model.rocs_dca_report),
     }
 
 

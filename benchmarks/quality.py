@@ -13,6 +13,16 @@ seeds:
 For the sequence backbone: ``vanilla`` (candidate appended to the history, BST-style) and
 ``dca`` (``apply_dca``: history stack per request, the candidate cross-attends).
 
+Two more backbones are written as a user would (``models_zoo.user_models``, no registered
+family), so the transforms take their generic paths, given one example batch:
+
+- ``ranker``: the GLM issue's ``Ranker`` behind field embeddings (``FieldRanker``), with the
+  same three variants as the interaction backbones;
+- ``bst_like``: an ``nn.TransformerEncoder`` over ``[history; candidate field tokens]``
+  (``BSTLike``): ``vanilla``, ``dca`` (``apply_dca``, history length from lineage) and
+  ``dca_scaled`` (``apply_glm`` with ``request_scale = s`` on the DCA model: the head MLP's
+  request lanes widened, ``s`` searched as for ``rocs_scaled``).
+
 Per variant it reports test AUC and LogLoss (mean and sample std over the seeds); from the first
 seed's trained model, compiled with ``rocs.compile``: FLOPs per request and per candidate and the
 amortized FLOPs per candidate ``C_cand + C_req / N`` at N = 1 and N = 100
@@ -49,14 +59,20 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import movielens  # noqa: E402
+import movielens
 
-import rocs_compiler as rocs  # noqa: E402
-from models_zoo import backbones as bb  # noqa: E402
+import rocs_compiler as rocs
+from models_zoo import backbones as bb
+from models_zoo import user_models
 
 SYNTHETIC = movielens.REPO_ROOT / "tests" / "data" / "ml-synthetic"
-BACKBONE_NAMES = ("dcnv2", "finalmlp", "wukong", "sequence")
+BACKBONE_NAMES = ("dcnv2", "finalmlp", "wukong", "sequence", "ranker", "bst_like")
+USER_BACKBONES = ("ranker", "bst_like")  # user-written: the transforms' generic paths
 SPEED_CANDIDATES = (100, 1000)
+# Request-scale caps below --max-scale, by backbone: the Ranker's hidden layers are 512 and 256
+# wide, so s = 16 makes a 4096 x 4352 request block that trains for 50 minutes per seed on two
+# CPU cores; s = 4 keeps its training within 3x vanilla's.
+SCALE_CAPS = {"ranker": 4.0}
 RTOL, ATOL = 1e-4, 1e-4
 
 
@@ -67,37 +83,61 @@ def backbone_config(name: str, emb_dim: int, quick: bool) -> dict[str, Any]:
     """Constructor arguments of each backbone (small: the benchmark trains on two CPU cores)."""
     if quick:
         return {
-            "dcnv2": dict(emb_dim=emb_dim, num_cross=1, rank=8, deep=(32, 16)),
-            "finalmlp": dict(
-                emb_dim=emb_dim, stream1=(32, 16), stream2=(32, 16), num_heads=2, gate_hidden=16
-            ),
-            "wukong": dict(emb_dim=emb_dim, layers=((2, 2),), fmb_hidden=16, head=(32,)),
-            "sequence": dict(emb_dim=emb_dim, heads=2, ffn=16, num_layers=1, head=(16,)),
+            "dcnv2": {"emb_dim": emb_dim, "num_cross": 1, "rank": 8, "deep": (32, 16)},
+            "finalmlp": {
+                "emb_dim": emb_dim, "stream1": (32, 16), "stream2": (32, 16),
+                "num_heads": 2, "gate_hidden": 16,
+            },
+            "wukong": {"emb_dim": emb_dim, "layers": ((2, 2),), "fmb_hidden": 16, "head": (32,)},
+            "sequence": {"emb_dim": emb_dim, "heads": 2, "ffn": 16, "num_layers": 1, "head": (16,)},
+            "ranker": {"dim": emb_dim, "user_hidden": 32, "item_hidden": 16, "hidden": (32, 16)},
+            "bst_like": {"dim": emb_dim, "heads": 2, "ffn": 16, "layers": 1, "head": (16,)},
         }[name]
     return {
-        "dcnv2": dict(emb_dim=emb_dim, num_cross=2, rank=16, deep=(128, 64)),
-        "finalmlp": dict(
-            emb_dim=emb_dim, stream1=(128, 64), stream2=(128, 64), num_heads=4, gate_hidden=64
-        ),
-        "wukong": dict(emb_dim=emb_dim, layers=((4, 4), (4, 4)), fmb_hidden=64, head=(128, 64)),
-        "sequence": dict(emb_dim=emb_dim, heads=2, ffn=32, num_layers=2, head=(64,)),
+        "dcnv2": {"emb_dim": emb_dim, "num_cross": 2, "rank": 16, "deep": (128, 64)},
+        "finalmlp": {
+            "emb_dim": emb_dim, "stream1": (128, 64), "stream2": (128, 64),
+            "num_heads": 4, "gate_hidden": 64,
+        },
+        "wukong": {
+            "emb_dim": emb_dim, "layers": ((4, 4), (4, 4)), "fmb_hidden": 64, "head": (128, 64),
+        },
+        "sequence": {"emb_dim": emb_dim, "heads": 2, "ffn": 32, "num_layers": 2, "head": (64,)},
+        # the GLM issue's Ranker sizes (user tower 256, item tower 64, MLP 512-256-1)
+        "ranker": {"dim": emb_dim, "user_hidden": 256, "item_hidden": 64, "hidden": (512, 256)},
+        "bst_like": {"dim": emb_dim, "heads": 2, "ffn": 32, "layers": 2, "head": (64,)},
     }[name]
+
+
+def build_backbone(name: str, schema, config: dict) -> torch.nn.Module:
+    """A vanilla backbone: a zoo backbone, or a user-written model over the same inputs."""
+    if name not in USER_BACKBONES:
+        return bb.BACKBONES[name](schema, **config)
+    fields = (schema.request_vocabs, schema.num_items, schema.candidate_vocabs, schema.multihot)
+    if name == "ranker":
+        return user_models.FieldRanker(*fields, **config)
+    return user_models.BSTLike(*fields, schema.history_length, **config)
 
 
 @dataclass(frozen=True)
 class Variant:
     backbone: str
-    name: str  # vanilla | rocs_base | rocs_scaled | dca
+    name: str  # vanilla | rocs_base | rocs_scaled | dca | dca_scaled
     request_scale: float | None = None
 
-    def build(self, schema, config: dict, seed: int) -> torch.nn.Module:
-        """The variant's model with weights drawn from ``seed`` (vanilla first, then transformed)."""
+    def build(self, schema, config: dict, seed: int, example: dict) -> torch.nn.Module:
+        """The variant's model with weights drawn from ``seed`` (vanilla first, then transformed).
+
+        ``example`` (a replicated batch) is for the user-written backbones, whose transforms
+        capture the model to find its lanes and history positions."""
         torch.manual_seed(seed)
-        model = bb.BACKBONES[self.backbone](schema, **config)
-        if self.name == "dca":
-            return rocs.apply_dca(model, bb.REQUEST_INPUTS)
-        if self.name.startswith("rocs"):
-            return rocs.apply_glm(model, bb.REQUEST_INPUTS, 0.5, self.request_scale or 1.0)
+        model = build_backbone(self.backbone, schema, config)
+        given = {"example_kwargs": example} if self.backbone in USER_BACKBONES else {}
+        if self.name.startswith("dca"):
+            model = rocs.apply_dca(model, bb.REQUEST_INPUTS, **given)
+        if self.name.startswith("rocs") or self.name == "dca_scaled":
+            scale = self.request_scale or 1.0
+            model = rocs.apply_glm(model, bb.REQUEST_INPUTS, 0.5, scale, **given)
         return model
 
 
@@ -322,7 +362,11 @@ def search_scale(
 
 
 def variants_of(backbone: str) -> list[str]:
-    return ["vanilla", "dca"] if backbone == "sequence" else ["vanilla", "rocs_base", "rocs_scaled"]
+    if backbone == "sequence":
+        return ["vanilla", "dca"]
+    if backbone == "bst_like":
+        return ["vanilla", "dca", "dca_scaled"]
+    return ["vanilla", "rocs_base", "rocs_scaled"]
 
 
 def mean_std(values: list[float]) -> dict[str, Any]:
@@ -334,21 +378,22 @@ def mean_std(values: list[float]) -> dict[str, Any]:
 
 
 def choose_scale(
-    backbone: str, schema, config: dict, ml, target: float, args
+    backbone: str, name: str, schema, config: dict, ml, target: float, args
 ) -> tuple[float, dict]:
     """The scaled variant's request scale (see :func:`search_scale`) and a record of the search."""
 
     def amortized(scale: float) -> float:
-        model = Variant(backbone, "rocs_scaled", scale).build(schema, config, 0)
+        model = Variant(backbone, name, scale).build(schema, config, 0, example_batch(ml.train))
         return compile_model(model, ml.train).report(100, 1).amortized_flops(100)
 
     start = time.perf_counter()
-    scale, cost = search_scale(amortized, target, args.max_scale, args.search_steps)
+    cap = min(args.max_scale, SCALE_CAPS.get(backbone, args.max_scale))
+    scale, cost = search_scale(amortized, target, cap, args.search_steps)
     return scale, {
         "target_amortized_n100": target,
         "amortized_n100": cost,
         "seconds": time.perf_counter() - start,
-        "max_scale": args.max_scale,
+        "max_scale": cap,
     }
 
 
@@ -362,9 +407,9 @@ def run_variant(variant: Variant, schema, config: dict, ml, args, show: bool) ->
     }
     aucs, losses, seconds = [], [], []
     for i, seed in enumerate(args.seeds):
-        model = variant.build(schema, config, seed)
+        model = variant.build(schema, config, seed, example_batch(ml.train))
         label = f"{variant.backbone}/{variant.name} seed {seed}"
-        fit = dict(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=seed)
+        fit = {"epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr, "seed": seed}
         seconds.append(train(model, ml.train, **fit, label=label, show=show))
         logits = predict(model, ml.test)
         aucs.append(auc(logits, ml.test["label"]))
@@ -391,9 +436,9 @@ def run(args) -> dict[str, Any]:
         vanilla: dict[str, float] = {}
         for name in variants_of(backbone):
             variant, search = Variant(backbone, name), None
-            if name == "rocs_scaled":
+            if name.endswith("_scaled"):
                 target = vanilla["amortized_n100"]
-                scale, search = choose_scale(backbone, schema, config, ml, target, args)
+                scale, search = choose_scale(backbone, name, schema, config, ml, target, args)
                 variant = Variant(backbone, name, scale)
                 note(
                     f"{backbone}/{name}: request_scale {scale:.2f} (amortized N=100 "
@@ -474,6 +519,30 @@ def markdown(out: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def markdown_details(out: dict[str, Any]) -> str:
+    """Per seed, with model size, training time and the FLOP report's split."""
+    lines = [
+        ("| backbone | variant | parameters | AUC per seed | train s | C_req | C_cand | "
+        "N=1 cost vs vanilla | ideal speedup N=100 / 1000 |"),
+        "|---|---|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in out["results"]:
+        f, s = r["flops"], r["speed"]
+        cells = [
+            r["backbone"],
+            r["variant"],
+            f"{r['parameters']:,}",
+            " / ".join(f"{a:.4f}" for a in r["auc"]["per_seed"]),
+            f"{r['train_seconds']['mean']:.0f}",
+            f"{f['request']:,.0f}",
+            f"{f['candidate']:,.0f}",
+            f"{f['ratio_n1_vs_vanilla']:.2f}",
+            f"{s['100']['ideal_speedup']:.1f} / {s['1000']['ideal_speedup']:.1f}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def parse_args(argv: list[str] | None = None):
     parser = argparse.ArgumentParser(
         description="MovieLens-100K quality benchmark: vanilla vs ROCS"
@@ -520,6 +589,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
     print(markdown(out))
+    print()
+    print(markdown_details(out))
     return 0
 
 

@@ -16,7 +16,8 @@ a bool tensor of ``v``'s shape, True where the element depends on a candidate in
   zero in a weight never makes a lane request-only (structural zeros only: a GLM layer's masked
   block is not computed at all by its forward, so its graph carries the lanes);
 - reductions and ops along one dim: OR over the reduced dims; trailing norms: OR over the
-  normalized dims;
+  normalized dims; attention: a query row's taint is that of its query and mask rows and of all
+  keys and values of its batch index;
 - anything else: tainted everywhere when any input is.
 
 Every rule over-approximates the true dependence, so a lane called request is request-only. The
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Sequence
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import fx
@@ -46,7 +47,7 @@ aten = torch.ops.aten
 # (start, stop) column ranges, sorted and disjoint.
 Ranges = tuple[tuple[int, int], ...]
 
-Visitor = Callable[[fx.Node, Any, dict], Optional[Any]]
+Visitor = Callable[[fx.Node, Any, dict], Any | None]
 
 _MOVEMENT = op_groups.SHAPE_ONLY | frozenset(
     {
@@ -56,6 +57,8 @@ _MOVEMENT = op_groups.SHAPE_ONLY | frozenset(
     }
 )
 _PRODUCTS = frozenset({aten.mm, aten.bmm, aten.matmul})
+# Reductions over some dims: an output element depends on the reduced elements only.
+_REDUCTIONS = op_groups.REDUCTIONS_DIM_KEEPDIM | frozenset({aten.any, aten.all})
 
 
 def request_columns(taint: torch.Tensor) -> torch.Tensor:
@@ -78,7 +81,7 @@ def lane_ranges(columns: torch.Tensor) -> Ranges:
 
 
 def run_taints(
-    gm: fx.GraphModule, inputs: Sequence[torch.Tensor], visitor: Optional[Visitor] = None
+    gm: fx.GraphModule, inputs: Sequence[torch.Tensor], visitor: Visitor | None = None
 ) -> tuple[dict[fx.Node, Any], dict[fx.Node, Any]]:
     """Run ``gm`` (roles in its meta) on ``inputs``; return (values, taints) per node.
 
@@ -149,7 +152,7 @@ def _tainted(nodes: Sequence[fx.Node], taints: dict) -> bool:
     )
 
 
-def _rule(node: fx.Node, value: Any, taints: dict, values: dict) -> Optional[Any]:
+def _rule(node: fx.Node, value: Any, taints: dict, values: dict) -> Any | None:
     family = op_groups.packet(node.target)
     tensors = [n for n in node.all_input_nodes if isinstance(values[n], torch.Tensor)]
     if not isinstance(value, torch.Tensor) and family not in _MOVEMENT:
@@ -197,7 +200,9 @@ def _rule(node: fx.Node, value: Any, taints: dict, values: dict) -> Optional[Any
             ]
             total = total + torch.einsum(equation, *terms)
         return total > 0
-    if family in op_groups.REDUCTIONS_DIM_KEEPDIM and len(node.args) >= 2:
+    if family is aten.scaled_dot_product_attention:
+        return _attention_taint(node, value, taints)
+    if family in _REDUCTIONS and len(node.args) >= 2:
         dim = node.args[1] or None
         keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
         source = taints[node.args[0]].float()
@@ -211,3 +216,18 @@ def _rule(node: fx.Node, value: Any, taints: dict, values: dict) -> Optional[Any
         dims = tuple(range(-len(shape), 0))
         return taints[x].any(dim=dims, keepdim=True).expand(value.shape).clone()
     return None
+
+
+def _attention_taint(node: fx.Node, value: torch.Tensor, taints: dict) -> torch.Tensor | None:
+    """``sdpa(q, k, v, mask)`` [..., Lq, Dv]: query row ``i`` reads row ``i`` of ``q`` and of the
+    mask and every key and value of its batch index."""
+    q, k, v = node.args[:3]
+    mask = node.args[3] if len(node.args) > 3 else node.kwargs.get("attn_mask")
+    if node.kwargs.get("enable_gqa"):
+        return None
+    out = taints[q].any(-1, keepdim=True)  # [..., Lq, 1]
+    for kv in (k, v):
+        out = out | taints[kv].flatten(-2).any(-1)[..., None, None]
+    if isinstance(mask, fx.Node):
+        out = out | taints[mask].any(-1, keepdim=True)
+    return torch.broadcast_to(out, value.shape).clone()

@@ -22,6 +22,8 @@ EXPECTED = {
     "finalmlp": ["vanilla", "rocs_base", "rocs_scaled"],
     "wukong": ["vanilla", "rocs_base", "rocs_scaled"],
     "sequence": ["vanilla", "dca"],
+    "ranker": ["vanilla", "rocs_base", "rocs_scaled"],
+    "bst_like": ["vanilla", "dca", "dca_scaled"],
 }
 
 
@@ -71,7 +73,7 @@ def test_rows_have_quality_cost_and_speed(quick_run):
             assert speed["eager_ms"] > 0 and speed["rocs_ms"] > 0, (where, n)
             assert speed["allclose"], (where, n, speed["max_abs_err"])
             assert speed["ideal_speedup"] >= 1.0 - 1e-9, (where, n)
-        if row["variant"] == "rocs_scaled":
+        if row["variant"].endswith("_scaled"):
             assert row["request_scale"] >= 1.0
             assert row["scale_search"]["max_scale"] >= row["request_scale"]
 
@@ -83,4 +85,8 @@ def test_data_summary_and_markdown(quick_run):
     assert result["command"].startswith("python benchmarks/quality.py --quick")
     header = stdout.splitlines()[0]
     assert header.startswith("| backbone | variant |")
-    assert len([line for line in stdout.splitlines() if line.startswith("| ")]) == 1 + 11
+    rows = sum(len(v) for v in EXPECTED.values())
+    tables = stdout.split("\n\n")
+    assert len(tables) == 2  # results, then per-seed details
+    for table in tables:
+        assert len([line for line in table.splitlines() if line.startswith("| ")]) == 1 + rows

@@ -1,10 +1,16 @@
 """Model transforms that make more of a model request-only (they change the model: retrain).
 
-- :func:`apply_glm`: Generalized Layer Masking for DCNv2, FinalMLP and Wukong-style models.
-- :func:`apply_dca`: Deep Cross Attention for candidate-appended sequence models (BST, HSTU).
+- :func:`apply_glm`: Generalized Layer Masking. Registered families (the zoo's DCNv2, FinalMLP,
+  Wukong) convert by their rule; any other model by the lanes of its captured graph
+  (:mod:`.glm_generic`).
+- :func:`apply_dca`: Deep Cross Attention for candidate-appended sequence models. Registered
+  families (the zoo's BST, HSTU) convert by their rule; any other model whose sequence part is
+  torch's ``nn.TransformerEncoder`` / ``nn.TransformerEncoderLayer`` / self-attention
+  ``nn.MultiheadAttention`` by replacing those with their DCA forms (:mod:`.dca_generic`,
+  :mod:`.dca_torch`).
 
-Both convert the model families registered with :func:`register_glm_family` and
-:func:`register_dca_family` by the code that defines the models (see :mod:`.registry`).
+Families are registered with :func:`register_glm_family` and :func:`register_dca_family` by the
+code that defines the models (see :mod:`.registry`).
 """
 
 from .dca import apply_dca

@@ -28,7 +28,7 @@ import copy
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import fx, nn
@@ -115,7 +115,7 @@ def infer_example_kwargs(model: nn.Module, rows: int = 4) -> dict[str, torch.Ten
     hint = "pass example_kwargs= (one replicated example batch)"
     try:
         traced = fx.symbolic_trace(model)
-    except Exception as err:  # noqa: BLE001 - any tracing failure means: ask for examples
+    except Exception as err:
         raise ValueError(f"apply_glm: cannot infer the inputs of {name} ({err}); {hint}") from err
     examples = {}
     for ph in (n for n in traced.graph.nodes if n.op == "placeholder"):
@@ -132,7 +132,7 @@ def infer_example_kwargs(model: nn.Module, rows: int = 4) -> dict[str, torch.Ten
         elif isinstance(module, nn.EmbeddingBag):
             examples[ph.target] = torch.randint(0, module.num_embeddings, (rows, 2))
         else:
-            raise ValueError(
+            raise ValueError(  # noqa: TRY004 - a missing example, not a wrong type
                 f"apply_glm: cannot infer the shape of {name}'s input {ph.target!r} "
                 f"(its first use is not a Linear or an embedding); {hint}"
             )
@@ -144,7 +144,7 @@ def apply_glm_generic(
     request_inputs: Sequence[str],
     lanes: Any,
     example_args: tuple = (),
-    example_kwargs: Optional[Mapping[str, Any]] = None,
+    example_kwargs: Mapping[str, Any] | None = None,
 ) -> nn.Module:
     """The GLM form of ``model`` (a deep copy), with a :class:`GLMReport` as ``rocs_glm_report``.
 
@@ -182,7 +182,7 @@ def _is_rocs_layer(module: nn.Module) -> bool:
     return any(c.__module__.startswith("rocs_compiler.") for c in type(module).__mro__)
 
 
-def _mixed(taint: Any) -> Optional[torch.Tensor]:
+def _mixed(taint: Any) -> torch.Tensor | None:
     """The request columns of a tensor taint when it has both kinds of lanes, else None."""
     if not isinstance(taint, torch.Tensor) or taint.dim() == 0:
         return None
@@ -212,7 +212,7 @@ class _Planner:
         self.feeds = _feeds_contraction(gm)
         run_taints(gm, [call.leaves[n] for n in cg.input_names], self.visit)
 
-    def _module(self, node: fx.Node) -> Optional[nn.Module]:
+    def _module(self, node: fx.Node) -> nn.Module | None:
         """The plain Linear / LayerNorm whose call ``node`` is."""
         if node.op != "call_function":
             return None
@@ -226,7 +226,7 @@ class _Planner:
         wanted = nn.Linear if family is aten.linear else nn.LayerNorm
         return module if type(module) is wanted else None
 
-    def visit(self, node: fx.Node, value: Any, taints: dict) -> Optional[torch.Tensor]:
+    def visit(self, node: fx.Node, value: Any, taints: dict) -> torch.Tensor | None:
         self.taints = taints
         module = self._module(node)
         if module is None:
@@ -247,7 +247,7 @@ class _Planner:
             return self._norm(node, module, path, x, cols)
         return self._linear(node, module, path, x, cols)
 
-    def _linear(self, node, module, path, x, cols) -> Optional[torch.Tensor]:
+    def _linear(self, node, module, path, x, cols) -> torch.Tensor | None:
         width, out = x.shape[-1], module.out_features
         if not self.feeds[node]:
             self.kept[path] = "output layer: no layer reads its outputs"
@@ -270,7 +270,7 @@ class _Planner:
             taint[..., a:b] = False
         return taint
 
-    def _norm(self, node, module, path, x, cols) -> Optional[torch.Tensor]:
+    def _norm(self, node, module, path, x, cols) -> torch.Tensor | None:
         if len(module.normalized_shape) != 1:
             self.refused[path] = "LayerNorm over several dims with mixed lanes"
             return None
@@ -324,7 +324,7 @@ def _dense(x: torch.Tensor, width: int) -> torch.Tensor:
     return x.any(-1, keepdim=True).expand(*x.shape[:-1], width).clone()
 
 
-def _meet(node: fx.Node, width: int, taints: dict) -> Optional[Ranges]:
+def _meet(node: fx.Node, width: int, taints: dict) -> Ranges | None:
     """The lanes of a mixed value of the same width that ``node``'s output meets elementwise."""
     current = node
     while len(current.users) == 1:
