@@ -18,8 +18,11 @@ round starting from a different variant, so drift hits all of them alike; each s
 of calls long enough (``--sample-ms``) for the clock's resolution; the clock is the calling
 thread's CPU time (``time.thread_time``; ``--clock wall`` for ``perf_counter``), which with one
 torch thread counts the whole call and not the time the thread waited for a core; the reported
-value is the median over ``--rounds`` rounds. Outputs are compared with eager once per cell
-(``allclose``, rtol = atol = 1e-4); a mismatch is printed and marks the cell with ``!``.
+value is the median over ``--rounds`` rounds. Timing starts after warm-up calls in which the
+compiled model settles on its program for the cell (option ``autotune``: the shared program or
+the plain captured graph, whichever its first calls measured faster). Outputs are compared with
+eager before and after the warm-up (``allclose``, rtol = atol = 1e-4), so both programs are
+checked; a mismatch is printed and marks the cell with ``!``.
 
 Usage::
 
@@ -46,11 +49,13 @@ import rocs_compiler as rocs
 from models_zoo import ZOO
 from models_zoo.batch import Batch, request_index
 from regression_models import MODELS, make_inputs
+from rocs_compiler.runtime.program_choice import TRIALS
 
 CELLS = ((1, 16), (1, 128), (1, 1024), (4, 16), (4, 128), (4, 1024))
 QUICK_CELLS = ((1, 8), (2, 8))
 LAYOUTS = ("shared", "dropin")
 RTOL = ATOL = 1e-4
+WARMUP_CALLS = 2 * TRIALS + 2  # enough for every bucket to decide (option autotune)
 
 
 @dataclass(frozen=True)
@@ -149,9 +154,13 @@ def measure_case(case: Case, cells, rounds: int, sample_s: float, clock) -> dict
             "dropin": lambda: cm(**replicated),
         }
         reference = calls["eager"]()
-        mismatch = [layout for layout in LAYOUTS if not _matches(reference, calls[layout]())]
+        mismatch = {layout for layout in LAYOUTS if not _matches(reference, calls[layout]())}
+        for _ in range(WARMUP_CALLS):  # the compiled model picks its program per bucket
+            for layout in LAYOUTS:
+                calls[layout]()
+        mismatch |= {layout for layout in LAYOUTS if not _matches(reference, calls[layout]())}
         cell = time_interleaved(calls, rounds, sample_s, clock)
-        cell["mismatch"] = mismatch
+        cell["mismatch"] = sorted(mismatch)
         results[(requests, candidates)] = cell
     return results
 
