@@ -224,20 +224,25 @@ class CompiledModel(nn.Module):
             requests = None
             key = bucket("dropin", self._batch_rows(leaves, contract.batched_inputs))
         else:
-            requests, index = self._check_shared(leaves, index)
             first = contract.request_inputs[0] if contract.request_inputs else None
-            num_requests = leaves[first].shape[0] if first is not None else index.shape[0]
-            key = bucket("shared", index.shape[0], num_requests)
+            rows = leaves[first].shape[0] if first is not None and leaves[first].dim() else 0
+            key = bucket("shared", index.shape[0] if is_tensor(index) else 0, rows)
         program = choice.decided(key)
         timed = program is None
         if timed:
             program = choice.next_trial(key)
             start = now()
         if program == PLAIN:
+            if index is not None:
+                # The plain program's CPU gathers of request rows check the index's range.
+                gathers = first is not None and not leaves[first].is_cuda
+                requests, index = self._check_shared(leaves, index, check_range=not gathers)
             result = self._run_plain(leaves, index)
         else:
             if index is None:
                 requests, index = self._group(leaves)
+            else:
+                requests, index = self._check_shared(leaves, index)
             result = self._run(args, kwargs, leaves, requests, index)
         if timed:
             choice.record(key, program, now() - start)
@@ -251,9 +256,14 @@ class CompiledModel(nn.Module):
         if index is None:
             inputs = [leaves[n] for n in names]
         else:
-            inputs = [
-                leaves[n].index_select(0, index) if n in request else leaves[n] for n in names
-            ]
+            try:
+                inputs = [
+                    leaves[n].index_select(0, index) if n in request else leaves[n] for n in names
+                ]
+            except IndexError:
+                first = self.contract.request_inputs[0]
+                check_index_range(index, leaves[first].shape[0])  # raises IndexRangeError
+                raise
         return self.contract.outputs(self._plain(inputs))
 
     def program_choices(self) -> dict[tuple, str]:
@@ -429,7 +439,9 @@ class CompiledModel(nn.Module):
         device = leaves[batched[0]].device if batched else None
         check_candidate_to_request(index, rows, None, device=device)
 
-    def _check_shared(self, leaves: dict, index: Any):
+    def _check_shared(self, leaves: dict, index: Any, check_range: bool = True):
+        """Check a shared-layout call; ``check_range=False`` leaves the range of ``index`` to
+        its consumer (the plain program's CPU gathers, which check it)."""
         contract = self.contract
         self._check_index(leaves, index)
         num_candidates = index.shape[0]
@@ -439,7 +451,8 @@ class CompiledModel(nn.Module):
             num_requests = num_candidates
         if index_trusted():
             return leaves, index
-        check_index_range(index, num_requests)
+        if check_range:
+            check_index_range(index, num_requests)
         if contract.request_inputs and num_requests == num_candidates > 1:
             # One row per candidate is what replicated inputs look like: accept it only when
             # every row is its own request (the index is a permutation), never reinterpret it.
