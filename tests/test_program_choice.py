@@ -13,7 +13,7 @@ from rocs_compiler.runtime import compiled_model
 from rocs_compiler.runtime.program_choice import PLAIN, SHARED, TRIALS, ProgramChoice, bucket
 
 
-def test_trials_alternate_shared_first_and_the_lower_median_wins():
+def test_trials_alternate_shared_first_and_the_lower_minimum_wins():
     choice = ProgramChoice(trials=3)
     key = bucket("shared", 16, 1)
     seen = []

@@ -7,14 +7,14 @@ program, many the shared one) and on the machine, so it is measured rather than 
 calls are grouped into buckets by layout and size (the number of rows, and in the shared layout
 the number of requests, rounded to powers of two), the first calls of a bucket alternate between
 the two programs, shared first, and once each has run :data:`TRIALS` times the bucket keeps the
-one with the lower median time. A bucket's decision is never revisited.
+one with the lower minimum time (on a shared machine noise only adds time, so the minimum is the
+estimate it disturbs least). A bucket's decision is never revisited.
 
 Calls in a bucket still being measured run one program each, never both: measuring adds no work.
 """
 
 from __future__ import annotations
 
-import statistics
 import threading
 import time
 
@@ -47,8 +47,8 @@ class ProgramChoice:
             times = self._times.setdefault(key, {SHARED: [], PLAIN: []})
             times[program].append(seconds)
             if min(len(t) for t in times.values()) >= self._trials:
-                medians = {p: statistics.median(t[1:]) for p, t in times.items()}
-                self._decided[key] = PLAIN if medians[PLAIN] < medians[SHARED] else SHARED
+                best = {p: min(t[1:]) for p, t in times.items()}
+                self._decided[key] = PLAIN if best[PLAIN] < best[SHARED] else SHARED
                 del self._times[key]
 
     def decisions(self) -> dict[tuple, str]:
