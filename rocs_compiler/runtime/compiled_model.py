@@ -30,7 +30,7 @@ from ..roles import Role
 from . import no_backward
 from .input_specs import InputSpecs
 from .plain import PlainProgram
-from .program_choice import PLAIN, ProgramChoice, bucket, now
+from .program_choice import PLAIN, SHARED, ProgramChoice, bucket, now
 from .request_detection import detect_requests, rows_consistent
 from .weights import WeightRefresh
 from ..inputs import GRAPH_OUTPUT, bind_inputs, is_tensor, named_leaves, replace_leaves
@@ -221,31 +221,51 @@ class CompiledModel(nn.Module):
         chose (``runtime/program_choice.py``); every check of the shared layout runs first."""
         choice, contract = self._choice, self.contract
         if index is None:
-            requests = None
-            key = bucket("dropin", self._batch_rows(leaves, contract.batched_inputs))
-        else:
-            first = contract.request_inputs[0] if contract.request_inputs else None
-            rows = leaves[first].shape[0] if first is not None and leaves[first].dim() else 0
-            key = bucket("shared", index.shape[0] if is_tensor(index) else 0, rows)
+            return self._dropin_choosing(args, kwargs, leaves)
+        first = contract.request_inputs[0] if contract.request_inputs else None
+        rows = leaves[first].shape[0] if first is not None and leaves[first].dim() else 0
+        key = bucket("shared", index.shape[0] if is_tensor(index) else 0, rows)
         program = choice.decided(key)
         timed = program is None
         if timed:
             program = choice.next_trial(key)
             start = now()
         if program == PLAIN:
-            if index is not None:
-                # The plain program's CPU gathers of request rows check the index's range.
-                gathers = first is not None and not leaves[first].is_cuda
-                requests, index = self._check_shared(leaves, index, check_range=not gathers)
+            # The plain program's CPU gathers of request rows check the index's range.
+            gathers = first is not None and not leaves[first].is_cuda
+            requests, index = self._check_shared(leaves, index, check_range=not gathers)
             result = self._run_plain(leaves, index)
         else:
-            if index is None:
-                requests, index = self._group(leaves)
-            else:
-                requests, index = self._check_shared(leaves, index)
+            requests, index = self._check_shared(leaves, index)
             result = self._run(args, kwargs, leaves, requests, index)
         if timed:
             choice.record(key, program, now() - start)
+        return result
+
+    def _dropin_choosing(self, args, kwargs, leaves):
+        """A drop-in call under the program choice: the requests are found first (their number
+        is part of the bucket) unless every bucket of this row count chose the plain program."""
+        choice = self._choice
+        rows = self._batch_rows(leaves, self.contract.batched_inputs)
+        family = bucket("dropin", rows)[:2]
+        if choice.everywhere(family) == PLAIN:
+            return self._run_plain(leaves, None)
+        start = now()
+        requests, index = self._group(leaves)
+        finding = now() - start
+        num_requests = next(iter(requests.values())).shape[0] if requests else rows
+        key = bucket("dropin", rows, num_requests)
+        program = choice.decided(key)
+        timed = program is None
+        if timed:
+            program = choice.next_trial(key)
+            start = now()
+        if program == PLAIN:
+            result = self._run_plain(leaves, None)
+        else:
+            result = self._run(args, kwargs, leaves, requests, index)
+        if timed:
+            choice.record(key, program, now() - start + (finding if program == SHARED else 0.0))
         return result
 
     def _run_plain(self, leaves: dict, index: Optional[torch.Tensor]):

@@ -4,13 +4,18 @@ Both programs return the model's outputs (``runtime/plain.py`` states the plain 
 identity; the shared program's is the pipeline's), so the choice changes only the time a call
 takes. Which one is faster depends on the batch (few candidates per request favour the plain
 program, many the shared one) and on the machine, so it is measured rather than predicted:
-calls are grouped into buckets by layout and size (the number of rows, and in the shared layout
-the number of requests, rounded to powers of two), the first calls of a bucket alternate between
+calls are grouped into buckets by layout and size (the number of rows and the number of
+requests, rounded to powers of two), the first calls of a bucket alternate between
 the two programs, shared first, and once each has run :data:`TRIALS` times the bucket keeps the
 one with the lower minimum time (on a shared machine noise only adds time, so the minimum is the
 estimate it disturbs least). A bucket's decision is never revisited.
 
 Calls in a bucket still being measured run one program each, never both: measuring adds no work.
+
+A drop-in call learns its number of requests only by finding them, which is the part of the
+shared program's cost the plain one avoids: the time to find them counts toward the shared
+program's trials only, and once every bucket of a row count chose the plain program (a
+*family*, :meth:`ProgramChoice.everywhere`), calls with that row count skip finding requests.
 """
 
 from __future__ import annotations
@@ -29,15 +34,25 @@ class ProgramChoice:
         self._trials = trials
         self._decided: dict[tuple, str] = {}
         self._times: dict[tuple, dict[str, list[float]]] = {}
+        # A family (layout and rows) whose buckets all chose one program, none still measured.
+        self._families: dict[tuple, str] = {}
         self._lock = threading.Lock()
 
     def decided(self, key: tuple) -> str | None:
         return self._decided.get(key)
 
+    def everywhere(self, family: tuple) -> str | None:
+        """The program every bucket of ``family`` (a bucket's first two fields) chose, when they
+        all chose the same one and none is still being measured; else None."""
+        return self._families.get(family)
+
     def next_trial(self, key: tuple) -> str:
         """The program the next call of an undecided bucket runs."""
         with self._lock:
-            times = self._times.setdefault(key, {SHARED: [], PLAIN: []})
+            if key not in self._times:
+                self._times[key] = {SHARED: [], PLAIN: []}
+                self._families.pop(key[:2], None)
+            times = self._times[key]
             return PLAIN if len(times[PLAIN]) < len(times[SHARED]) else SHARED
 
     def record(self, key: tuple, program: str, seconds: float) -> None:
@@ -50,6 +65,16 @@ class ProgramChoice:
                 best = {p: min(t[1:]) for p, t in times.items()}
                 self._decided[key] = PLAIN if best[PLAIN] < best[SHARED] else SHARED
                 del self._times[key]
+                self._summarize(key[:2])
+
+    def _summarize(self, family: tuple) -> None:
+        if any(k[:2] == family for k in self._times):
+            return
+        chosen = {p for k, p in self._decided.items() if k[:2] == family}
+        if len(chosen) == 1:
+            self._families[family] = chosen.pop()
+        else:
+            self._families.pop(family, None)
 
     def decisions(self) -> dict[tuple, str]:
         """``{bucket: program}`` decided so far (for reports and tests)."""
