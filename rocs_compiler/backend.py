@@ -200,8 +200,7 @@ class RocsBackend:
             request_inputs = [request_inputs]
         if not request_inputs:
             raise ValueError("the rocs backend needs request_inputs (a list of input names)")
-        _refuse_lane_names(request_inputs)
-        self.request_inputs = list(request_inputs)
+        self.request_inputs = _without_kjt_keys(request_inputs)
         self.subgraphs: list[_Subgraph] = []
 
     def __repr__(self) -> str:
@@ -244,20 +243,23 @@ class RocsBackend:
         return subgraph
 
 
-def _refuse_lane_names(names: Sequence[str]) -> None:
-    """``KeyedJaggedTensor`` keys have no meaning in a dynamo graph, which sees the KJT's values
-    whole; column ranges do (``_covers`` maps them to their argument, and ``rocs.compile`` wraps
-    the dynamo graph in column lanes as it wraps a model)."""
+def _without_kjt_keys(names: Sequence[str]) -> list[str]:
+    """``names`` without ``KeyedJaggedTensor`` keys, which have no meaning in a dynamo graph:
+    dynamo traces TorchRec's lookups as one jagged ``embedding_bag`` over every row of the
+    batch, which no request name can split. They are dropped with a warning, and what they
+    name runs unshared (exactly); column ranges stay (``_covers`` maps them to their argument,
+    and ``rocs.compile`` wraps the dynamo graph in column lanes as it wraps a model)."""
     lanes = [n for n in names if "[" in n]
-    columns = [n for n in lanes if n.split("[", 1)[1].lstrip().startswith(":")]
-    keys = [n for n in lanes if n not in columns]
+    keys = [n for n in lanes if not n.split("[", 1)[1].lstrip().startswith(":")]
     if keys:
-        raise InputError(
-            f"the rocs torch.compile backend does not support KeyedJaggedTensor keys as request "
-            f"inputs ({', '.join(map(repr, keys))}): dynamo traces TorchRec's lookups as one "
-            "jagged embedding_bag over every row of the batch, which rocs cannot split by "
-            "request. Use rocs.compile(model, request_inputs, example_inputs=...) instead"
+        warnings.warn(
+            f"rocs: the torch.compile backend cannot follow KeyedJaggedTensor keys "
+            f"({', '.join(map(repr, keys))}) into dynamo's graphs, where TorchRec's lookups are one "
+            "jagged embedding_bag over the whole batch: they run unshared. rocs.compile(model, "
+            "request_inputs, example_inputs=...) shares them",
+            stacklevel=3,
         )
+    return [n for n in names if n not in keys]
 
 
 def _static_rows(placeholders: list[fx.Node], slots: list[Slot]) -> Optional[int]:

@@ -45,6 +45,7 @@ from torch import nn
 
 from .errors import CompileError, InputError
 from .inputs import bind_inputs, named_leaves, rebuild_call, replace_leaves
+from .runtime.program_choice import PLAIN, ProgramChoice, bucket, now
 
 _KEY = re.compile(r"^(?P<argument>[A-Za-z_]\w*)\[(?P<key>.+)\]$")
 
@@ -291,6 +292,11 @@ class KJTLanes(nn.Module):
         self._request_names = list(request_names)  # the other request inputs, for the fallback
         self._fallback_reason = fallback_reason
         object.__setattr__(self, "_original", original)  # not a submodule: the user's model
+        # Drop-in calls choose between the pieces program and the original model itself, per
+        # batch size (``runtime/program_choice.py``): converting a KJT into padded pieces costs
+        # more than sharing saves on a model with little request-side work.
+        autotune = getattr(compiled, "_choice", None) is not None
+        object.__setattr__(self, "_choice", ProgramChoice() if autotune else None)
 
     @property
     def is_fallback(self) -> bool:
@@ -303,6 +309,36 @@ class KJTLanes(nn.Module):
         shared = self._layout(bound, candidate_to_request)
         if self.compiled is None:
             return self._eager(bound, candidate_to_request, shared)
+        choose = self._choice is not None and candidate_to_request is None and not shared
+        if choose and not torch.is_grad_enabled() and not torch.compiler.is_compiling():
+            return self._dropin_choosing(args, kwargs, bound)
+        return self._pieces_call(bound, candidate_to_request, shared)
+
+    def _dropin_choosing(self, args: tuple, kwargs: dict, bound: dict):
+        """A drop-in call: the pieces program, or the original model on the original call,
+        whichever this batch size's first calls measured faster (both exact: the second is
+        the model itself)."""
+        choice = self._choice
+        key = bucket("dropin", bound[self.splits[0].argument].stride())
+        program = choice.decided(key)
+        timed = program is None
+        if timed:
+            program = choice.next_trial(key)
+            start = now()
+        if program == PLAIN:
+            result = self._original(*args, **kwargs)
+        else:
+            result = self._pieces_call(bound, None, False)
+        if timed:
+            choice.record(key, program, now() - start)
+        return result
+
+    def program_choices(self) -> dict[tuple, str]:
+        """Per drop-in batch size bucket, ``"shared"`` (the pieces program) or ``"plain"`` (the
+        original model), for the buckets decided so far."""
+        return {} if self._choice is None else self._choice.decisions()
+
+    def _pieces_call(self, bound: dict, candidate_to_request, shared: bool):
         for split in self.splits:
             bound[split.argument] = split.pieces(bound[split.argument])
         args, kwargs = rebuild_call(self.signature, bound)

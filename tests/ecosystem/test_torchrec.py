@@ -295,17 +295,24 @@ def test_unpooled_reads_of_the_whole_batch_are_refused():
         _compile(flat)
 
 
-def test_the_torch_compile_backend_refuses_kjt_keys():
-    """Dynamo traces TorchRec's jagged lookups (one embedding_bag over the whole batch); the
-    backend says so instead of guessing."""
-    model, request, _ = zoo.build("dlrm")
-    with pytest.raises(rocs.InputError, match="does not support KeyedJaggedTensor keys"):
-        rocs.backend(request_inputs=request)
-    compiled = torch.compile(model, backend="rocs", dynamic=True,
-                             options={"request_inputs": request})  # fmt: skip
-    batch = zoo.draw([2, 3], seed=12)
-    with torch.no_grad(), pytest.raises(Exception, match="does not support KeyedJaggedTensor keys"):
-        compiled(batch.dense, batch.kjt)
+@pytest.mark.parametrize("name", zoo.MODELS)
+def test_the_torch_compile_backend_runs_kjt_keys_unshared(name):
+    """Dynamo traces TorchRec's jagged lookups (one embedding_bag over the whole batch), which
+    no request name can split: the backend says so, and the model compiles and runs exactly,
+    unshared."""
+    torch._dynamo.reset()
+    model, request, _ = zoo.build(name)
+    with pytest.warns(UserWarning, match="cannot follow KeyedJaggedTensor keys"):
+        backend = rocs.backend(request_inputs=request)
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    with torch.no_grad():
+        for counts, histories, seed in (([2, 3], [1, 4], 12), ([1, 2, 1], [0, 2, 3], 13)):
+            batch = zoo.draw(counts, seed=seed, histories=histories)
+            torch.testing.assert_close(
+                compiled(batch.dense, batch.kjt), model(batch.dense, batch.kjt), rtol=1e-5, atol=1e-6
+            )
+    assert backend.subgraphs
+    assert all(s.compiled_model is None and s.fallback_reason for s in backend.subgraphs)
 
 
 def test_helpers_derive_the_request_names_and_layouts():
@@ -350,3 +357,40 @@ def test_export_takes_the_keys_as_padded_pieces():
             dense_features=batch.dense, sparse_features=pieces, candidate_to_request=batch.index
         )
         torch.testing.assert_close(got, model(batch.dense, batch.kjt))
+
+
+@pytest.mark.parametrize("fast", ["shared", "plain"])
+def test_drop_in_calls_keep_the_faster_of_the_pieces_program_and_the_model(monkeypatch, fast):
+    """Drop-in calls alternate between the pieces program and the original model until each
+    has run TRIALS times, then keep the one measured faster (here by a fake clock)."""
+    from rocs_compiler import kjt_lanes
+    from rocs_compiler.runtime.program_choice import TRIALS, bucket
+
+    model, request, _ = zoo.build("dlrm")
+    compiled = _compile(model, request)
+    batch = zoo.draw([3, 1, 2], seed=4, histories=[2, 0, 3])
+    ran, clock = [], [0.0]
+    original = compiled._original
+
+    def model_call(*args, **kwargs):
+        ran.append("plain")
+        clock[0] += 1.0 if fast == "plain" else 2.0
+        return original(*args, **kwargs)
+
+    real_pieces = compiled._pieces_call
+
+    def pieces_call(*args):
+        ran.append("shared")
+        clock[0] += 1.0 if fast == "shared" else 2.0
+        return real_pieces(*args)
+
+    monkeypatch.setattr(kjt_lanes, "now", lambda: clock[0])
+    object.__setattr__(compiled, "_original", model_call)
+    monkeypatch.setattr(compiled, "_pieces_call", pieces_call)
+    with torch.no_grad():
+        want = model(batch.dense, batch.kjt)
+        for _ in range(2 * TRIALS + 2):
+            got = compiled(batch.dense, batch.kjt)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert ran == ["shared", "plain"] * TRIALS + [fast] * 2
+    assert compiled.program_choices() == {bucket("dropin", batch.kjt.stride()): fast}
