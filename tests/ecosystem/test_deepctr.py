@@ -66,3 +66,25 @@ def test_deepctr_model_through_the_torch_compile_backend(name):
     else:
         reasons = {s.fallback_reason for s in backend.subgraphs if s.compiled_model is None}
         assert reasons == {"no request input reaches this graph"}
+
+
+def test_request_columns_from_feature_names_and_columns():
+    from deepctr_torch.inputs import VarLenSparseFeat
+
+    from rocs_compiler.integrations import deepctr as rocs_deepctr
+
+    model, user, request_flops = build("din")
+    by_name = rocs_deepctr.request_columns(model, user)
+    assert by_name == sorted(request_ranges(model, user), key=lambda r: int(r[5:].split(":")[0]))
+    history = [f for f in model.dnn_feature_columns if isinstance(f, VarLenSparseFeat)]
+    others = [n for n in user if n not in {f.name for f in history} | {"seq_length"}]
+    # A history column brings its length column along.
+    assert rocs_deepctr.request_columns(model, others + history) == by_name
+    example, _ = draw(model, user, [2, 1, 3], seed=0)
+    compiled = rocs.compile(model, by_name, example_kwargs={"X": example})
+    x, index = draw(model, user, [3, 1, 2], seed=5)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(X=x, candidate_to_request=index), model(x))
+    assert compiled.report(num_candidates=64, num_requests=1).request_flops == request_flops
+    with pytest.raises(ValueError, match="'age_group' is not a feature of DIN; its features are"):
+        rocs_deepctr.request_columns(model, ["user_id", "age_group"])
