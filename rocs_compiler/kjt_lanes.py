@@ -304,15 +304,23 @@ class KJTLanes(nn.Module):
 
     def forward(self, *args, candidate_to_request: torch.Tensor | None = None, **kwargs):
         bound = bind_inputs(self.signature, args, kwargs)
+        choose = self._choice is not None and candidate_to_request is None
+        if choose and not torch.is_grad_enabled() and not torch.compiler.is_compiling():
+            if self._replicated(bound):
+                return self._dropin_choosing(args, kwargs, bound)
         if candidate_to_request is None:
             candidate_to_request = self._inverse_indices(bound)
         shared = self._layout(bound, candidate_to_request)
         if self.compiled is None:
             return self._eager(bound, candidate_to_request, shared)
-        choose = self._choice is not None and candidate_to_request is None and not shared
-        if choose and not torch.is_grad_enabled() and not torch.compiler.is_compiling():
-            return self._dropin_choosing(args, kwargs, bound)
         return self._pieces_call(bound, candidate_to_request, shared)
+
+    def _replicated(self, bound: dict) -> bool:
+        """True when every split argument is a KJT with one row per candidate in every key."""
+        return all(
+            is_kjt(kjt) and not kjt.variable_stride_per_key()
+            for kjt in (bound.get(split.argument) for split in self.splits)
+        )
 
     def _dropin_choosing(self, args: tuple, kwargs: dict, bound: dict):
         """A drop-in call: the pieces program, or the original model on the original call,
@@ -326,8 +334,9 @@ class KJTLanes(nn.Module):
             program = choice.next_trial(key)
             start = now()
         if program == PLAIN:
-            result = self._original(*args, **kwargs)
+            result = self._original(*args, **kwargs)  # the model checks its own call
         else:
+            self._layout(bound, None)
             result = self._pieces_call(bound, None, False)
         if timed:
             choice.record(key, program, now() - start)
