@@ -152,3 +152,21 @@ def test_a_row_count_whose_buckets_all_chose_plain_is_a_plain_family():
         for program in (SHARED, PLAIN):
             choice.record(key, program, 1.0 if program == SHARED else 2.0)
     assert choice.everywhere(family) is None  # its buckets disagree
+
+
+def test_call_replicated_takes_part_in_the_choice_and_keeps_its_checks():
+    model = USER_ITEM_MLP.build()
+    cm = USER_ITEM_MLP.compile(model)
+    batch = USER_ITEM_MLP.batch([3, 1, 2], seed=6, shuffle=True)
+    replicated, index = batch.replicated(), batch.candidate_to_request
+    with torch.no_grad():
+        want = model(**replicated)
+        for _ in range(2 * TRIALS + 1):
+            got = cm.call_replicated(**replicated, candidate_to_request=index)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert bucket("replicated", 6, 3) in cm.program_choices()
+        largest = int(torch.bincount(index).argmax())  # the request with 3 candidates
+        varying = dict(replicated, user=replicated["user"].clone())
+        varying["user"][int((index == largest).nonzero()[-1])] += 1.0
+        with pytest.raises(rocs.InputError, match="varies within a request|differ"):
+            cm.call_replicated(**varying, candidate_to_request=index)

@@ -297,7 +297,23 @@ class CompiledModel(nn.Module):
         :class:`InputError` when a request input varies within a request."""
         leaves = self.contract.leaves(args, kwargs)
         requests, index = self._check_replicated(leaves, candidate_to_request)
-        return self._run(args, kwargs, leaves, requests, index)
+        choice = self._choice
+        if choice is None or torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return self._run(args, kwargs, leaves, requests, index)
+        first = next(iter(requests.values()), None)
+        key = bucket("replicated", index.shape[0], first.shape[0] if first is not None else 0)
+        program = choice.decided(key)
+        timed = program is None
+        if timed:
+            program = choice.next_trial(key)
+            start = now()
+        if program == PLAIN:
+            result = self._run_plain(leaves, None)  # the replicated rows, as the model takes them
+        else:
+            result = self._run(args, kwargs, leaves, requests, index)
+        if timed:
+            choice.record(key, program, now() - start)
+        return result
 
     def _run(self, args, kwargs, leaves, requests, index):
         """Run the graph on ``leaves`` with the request inputs replaced by ``requests``
