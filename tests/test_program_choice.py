@@ -170,3 +170,23 @@ def test_call_replicated_takes_part_in_the_choice_and_keeps_its_checks():
         varying["user"][int((index == largest).nonzero()[-1])] += 1.0
         with pytest.raises(rocs.InputError, match="varies within a request|differ"):
             cm.call_replicated(**varying, candidate_to_request=index)
+
+
+def test_a_bucket_with_a_clear_flop_gain_is_settled_without_trials(monkeypatch):
+    """A history encoder run per candidate would cost many shared calls: one call settles it."""
+    entry = ZOO["target_attention"]
+    model = entry.build()
+    cm = rocs.compile(
+        model, list(entry.request_inputs), example_kwargs=entry.make_batch([3, 2]).replicated()
+    )
+    monkeypatch.setattr(cm, "_run_plain", lambda *a: pytest.fail("the plain program ran"))
+    batch = entry.make_batch([300, 200], seed=1)  # grouped: drop-in finds the 2 requests
+    with torch.no_grad():
+        for _ in range(3):
+            check_both_conventions(cm, model, batch, "target_attention")
+    assert set(cm.program_choices().values()) == {SHARED}
+    small = USER_ITEM_MLP.compile(USER_ITEM_MLP.build())
+    with torch.no_grad():
+        batch = USER_ITEM_MLP.batch([2, 1], seed=2)
+        small(**batch.kwargs, candidate_to_request=batch.candidate_to_request)
+    assert small.program_choices() == {}  # a small bucket is measured first

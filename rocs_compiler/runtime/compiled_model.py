@@ -30,7 +30,7 @@ from ..roles import Role
 from . import no_backward
 from .input_specs import InputSpecs
 from .plain import PlainProgram
-from .program_choice import PLAIN, SHARED, ProgramChoice, bucket, now
+from .program_choice import CLEAR_GAIN, CLEAR_SAVING, PLAIN, SHARED, ProgramChoice, bucket, now
 from .request_detection import detect_requests, rows_consistent
 from .weights import WeightRefresh
 from ..inputs import GRAPH_OUTPUT, bind_inputs, is_tensor, named_leaves, replace_leaves
@@ -185,6 +185,7 @@ class CompiledModel(nn.Module):
             plain = None
         object.__setattr__(self, "_plain", plain)
         object.__setattr__(self, "_choice", ProgramChoice() if plain is not None else None)
+        object.__setattr__(self, "_unit_flops", None)  # (per request, per candidate), on first use
         self._request_set = frozenset(contract.request_inputs)
         weights = None
         if isinstance(graph_module, fx.GraphModule) and original is not None and weight_names:
@@ -224,8 +225,9 @@ class CompiledModel(nn.Module):
             return self._dropin_choosing(args, kwargs, leaves)
         first = contract.request_inputs[0] if contract.request_inputs else None
         rows = leaves[first].shape[0] if first is not None and leaves[first].dim() else 0
-        key = bucket("shared", index.shape[0] if is_tensor(index) else 0, rows)
-        program = choice.decided(key)
+        num_candidates = index.shape[0] if is_tensor(index) and index.dim() else 0
+        key = bucket("shared", num_candidates, rows)
+        program = choice.decided(key) or self._settle_if_clear(key, num_candidates, rows)
         timed = program is None
         if timed:
             program = choice.next_trial(key)
@@ -255,7 +257,7 @@ class CompiledModel(nn.Module):
         finding = now() - start
         num_requests = next(iter(requests.values())).shape[0] if requests else rows
         key = bucket("dropin", rows, num_requests)
-        program = choice.decided(key)
+        program = choice.decided(key) or self._settle_if_clear(key, rows, num_requests)
         timed = program is None
         if timed:
             program = choice.next_trial(key)
@@ -267,6 +269,22 @@ class CompiledModel(nn.Module):
         if timed:
             choice.record(key, program, now() - start + (finding if program == SHARED else 0.0))
         return result
+
+    def _settle_if_clear(self, key: tuple, rows: int, num_requests: int) -> Optional[str]:
+        """``SHARED`` (and the bucket settled) when, for ``rows`` candidates of ``num_requests``
+        requests, the cost model's FLOP ideal reaches ``CLEAR_GAIN`` and the saving
+        ``CLEAR_SAVING``; else None (measure)."""
+        if self._unit_flops is None:
+            report = self._report_builder(1024, 1) if self._report_builder is not None else None
+            flops = (report.request_flops, report.candidate_flops) if report is not None else (0, 0)
+            object.__setattr__(self, "_unit_flops", flops)
+        per_request, per_candidate = self._unit_flops
+        shared = num_requests * per_request + rows * per_candidate
+        plain = rows * (per_request + per_candidate)
+        if shared <= 0 or plain < CLEAR_GAIN * shared or plain - shared < CLEAR_SAVING:
+            return None
+        self._choice.settle(key, SHARED)
+        return SHARED
 
     def _run_plain(self, leaves: dict, index: Optional[torch.Tensor]):
         """The plain program on replicated inputs (gathered with ``index`` in the shared layout)."""
@@ -301,8 +319,9 @@ class CompiledModel(nn.Module):
         if choice is None or torch.is_grad_enabled() or torch.compiler.is_compiling():
             return self._run(args, kwargs, leaves, requests, index)
         first = next(iter(requests.values()), None)
-        key = bucket("replicated", index.shape[0], first.shape[0] if first is not None else 0)
-        program = choice.decided(key)
+        num_requests = first.shape[0] if first is not None else 0
+        key = bucket("replicated", index.shape[0], num_requests)
+        program = choice.decided(key) or self._settle_if_clear(key, index.shape[0], num_requests)
         timed = program is None
         if timed:
             program = choice.next_trial(key)

@@ -12,6 +12,13 @@ estimate it disturbs least). A bucket's decision is never revisited.
 
 Calls in a bucket still being measured run one program each, never both: measuring adds no work.
 
+Trials cost what the slower program costs, which for a model with much request-side work is
+the whole saving many times over (a history encoder run per candidate). A bucket whose FLOP
+ideal, the plain program's FLOPs over the shared program's (the compiler's cost model, per
+request and per candidate), reaches :data:`CLEAR_GAIN` with a saving of at least
+:data:`CLEAR_SAVING` FLOPs is therefore settled on the shared program at once; the other buckets
+(close ones, or small ones where fixed per-call costs decide) are measured.
+
 A drop-in call learns its number of requests only by finding them, which is the part of the
 shared program's cost the plain one avoids: the time to find them counts toward the shared
 program's trials only, and once every bucket of a row count chose the plain program (a
@@ -25,6 +32,12 @@ import time
 
 SHARED, PLAIN = "shared", "plain"
 TRIALS = 6  # timed calls per program; the first of each is discarded (allocation, caches)
+# A bucket whose FLOP ideal (plain FLOPs over shared FLOPs) reaches CLEAR_GAIN while the plain
+# program would run CLEAR_SAVING more FLOPs (about a millisecond of CPU work) is settled on the
+# shared program without trials. Below that saving fixed per-call costs, which FLOPs do not
+# count, can decide, and a trial is cheap.
+CLEAR_GAIN = 2.0
+CLEAR_SAVING = 1e7
 
 
 class ProgramChoice:
@@ -40,6 +53,13 @@ class ProgramChoice:
 
     def decided(self, key: tuple) -> str | None:
         return self._decided.get(key)
+
+    def settle(self, key: tuple, program: str) -> None:
+        """Decide ``key`` without trials."""
+        with self._lock:
+            self._decided.setdefault(key, program)
+            self._times.pop(key, None)
+            self._summarize(key[:2])
 
     def everywhere(self, family: tuple) -> str | None:
         """The program every bucket of ``family`` (a bucket's first two fields) chose, when they
