@@ -133,22 +133,32 @@ def _merge(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return merged
 
 
-class _Pieces(nn.Module):
-    """``model`` taking each split argument as a dict of column pieces (concatenated back)."""
+class PiecesModel(nn.Module):
+    """``model`` taking each split argument as its pieces, put back together by
+    :meth:`assemble` before the model runs (the wrappers of column ranges and KJT keys)."""
 
-    def __init__(self, model: nn.Module, splits: list[ColumnSplit]):
+    def __init__(self, model: nn.Module, splits: list):
         super().__init__()
         self.model = model
         self.splits = splits
+
+    def assemble(self, split: Any, pieces: Any) -> Any:
+        raise NotImplementedError
 
     def forward(self, *args, **kwargs):
         signature = inspect.signature(self.model.forward)
         bound = bind_inputs(signature, args, kwargs)
         for split in self.splits:
-            pieces = bound[split.argument]
-            bound[split.argument] = torch.cat([pieces[key] for key, *_ in split.pieces()], dim=1)
+            bound[split.argument] = self.assemble(split, bound[split.argument])
         args, kwargs = rebuild_call(signature, bound)
         return self.model(*args, **kwargs)
+
+
+class _Pieces(PiecesModel):
+    """``model`` taking each split argument as a dict of column pieces (concatenated back)."""
+
+    def assemble(self, split: ColumnSplit, pieces: dict) -> torch.Tensor:
+        return torch.cat([pieces[key] for key, *_ in split.pieces()], dim=1)
 
 
 def pieces_model(model: nn.Module, splits: list[ColumnSplit]) -> nn.Module:

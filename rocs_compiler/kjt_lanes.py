@@ -43,9 +43,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from .column_lanes import PiecesModel
 from .errors import CompileError, InputError
 from .inputs import bind_inputs, named_leaves, rebuild_call, replace_leaves
-from .runtime.program_choice import PLAIN, ProgramChoice, bucket, now
+from .runtime.program_choice import ProgramChoice, bucket
 
 _KEY = re.compile(r"^(?P<argument>[A-Za-z_]\w*)\[(?P<key>.+)\]$")
 
@@ -230,29 +231,15 @@ def check_names(bound: Mapping[str, Any], splits: list[KJTSplit], names: list[st
         )
 
 
-class _Pieces(nn.Module):
+class _Pieces(PiecesModel):
     """``model`` taking each KJT argument as its pieces (handed over as a PaddedKJT)."""
 
-    def __init__(self, model: nn.Module, splits: list[KJTSplit]):
-        super().__init__()
-        self.model = model
-        self.splits = splits
-
-    def forward(self, *args, **kwargs):
+    def assemble(self, split: KJTSplit, pieces: dict) -> Any:
         from .kjt_pooling import PaddedKey, PaddedKJT
 
-        signature = inspect.signature(self.model.forward)
-        bound = bind_inputs(signature, args, kwargs)
-        for split in self.splits:
-            pieces = bound[split.argument]
-            bound[split.argument] = PaddedKJT(
-                {
-                    key: PaddedKey(p["ids"], p["lengths"], p.get("weights"))
-                    for key, p in pieces.items()
-                }
-            )
-        args, kwargs = rebuild_call(signature, bound)
-        return self.model(*args, **kwargs)
+        return PaddedKJT(
+            {key: PaddedKey(p["ids"], p["lengths"], p.get("weights")) for key, p in pieces.items()}
+        )
 
 
 def pieces_model(model: nn.Module, splits: list[KJTSplit]) -> nn.Module:
@@ -326,21 +313,14 @@ class KJTLanes(nn.Module):
         """A drop-in call: the pieces program, or the original model on the original call,
         whichever this batch size's first calls measured faster (both exact: the second is
         the model itself)."""
-        choice = self._choice
         key = bucket("dropin", bound[self.splits[0].argument].stride())
-        program = choice.decided(key)
-        timed = program is None
-        if timed:
-            program = choice.next_trial(key)
-            start = now()
-        if program == PLAIN:
-            result = self._original(*args, **kwargs)  # the model checks its own call
-        else:
+
+        def pieces():
             self._layout(bound, None)
-            result = self._pieces_call(bound, None, False)
-        if timed:
-            choice.record(key, program, now() - start)
-        return result
+            return self._pieces_call(bound, None, False)
+
+        # The original model checks its own call.
+        return self._choice.run(key, pieces, lambda: self._original(*args, **kwargs))
 
     def program_choices(self) -> dict[tuple, str]:
         """Per drop-in batch size bucket, ``"shared"`` (the pieces program) or ``"plain"`` (the

@@ -9,7 +9,7 @@ from torch import nn
 
 import rocs_compiler as rocs
 from models_zoo.registry import ZOO
-from rocs_compiler.runtime import compiled_model
+from rocs_compiler.runtime import program_choice
 from rocs_compiler.runtime.program_choice import PLAIN, SHARED, TRIALS, ProgramChoice, bucket
 
 
@@ -64,7 +64,7 @@ def test_a_bucket_keeps_the_program_its_calls_measured_faster(monkeypatch, fast)
         clock_value[0] += 1.0 if fast == SHARED else 2.0
         return real_run(*args)
 
-    monkeypatch.setattr(compiled_model, "now", fake_now)
+    monkeypatch.setattr(program_choice, "now", fake_now)
     monkeypatch.setattr(cm, "_run_plain", plain)
     monkeypatch.setattr(cm, "_run", shared)
     with torch.no_grad():

@@ -227,22 +227,19 @@ class CompiledModel(nn.Module):
         rows = leaves[first].shape[0] if first is not None and leaves[first].dim() else 0
         num_candidates = index.shape[0] if is_tensor(index) and index.dim() else 0
         key = bucket("shared", num_candidates, rows)
-        program = choice.decided(key) or self._settle_if_clear(key, num_candidates, rows)
-        timed = program is None
-        if timed:
-            program = choice.next_trial(key)
-            start = now()
-        if program == PLAIN:
+
+        def plain():
             # The plain program's CPU gathers of request rows check the index's range.
             gathers = first is not None and not leaves[first].is_cuda
-            requests, index = self._check_shared(leaves, index, check_range=not gathers)
-            result = self._run_plain(leaves, index)
-        else:
-            requests, index = self._check_shared(leaves, index)
-            result = self._run(args, kwargs, leaves, requests, index)
-        if timed:
-            choice.record(key, program, now() - start)
-        return result
+            self._check_shared(leaves, index, check_range=not gathers)
+            return self._run_plain(leaves, index)
+
+        def shared():
+            return self._run(args, kwargs, leaves, *self._check_shared(leaves, index))
+
+        return choice.run(
+            key, shared, plain, lambda: self._settle_if_clear(key, num_candidates, rows)
+        )
 
     def _dropin_choosing(self, args, kwargs, leaves):
         """A drop-in call under the program choice: the requests are found first (their number
@@ -257,18 +254,13 @@ class CompiledModel(nn.Module):
         finding = now() - start
         num_requests = next(iter(requests.values())).shape[0] if requests else rows
         key = bucket("dropin", rows, num_requests)
-        program = choice.decided(key) or self._settle_if_clear(key, rows, num_requests)
-        timed = program is None
-        if timed:
-            program = choice.next_trial(key)
-            start = now()
-        if program == PLAIN:
-            result = self._run_plain(leaves, None)
-        else:
-            result = self._run(args, kwargs, leaves, requests, index)
-        if timed:
-            choice.record(key, program, now() - start + (finding if program == SHARED else 0.0))
-        return result
+        return choice.run(
+            key,
+            lambda: self._run(args, kwargs, leaves, requests, index),
+            lambda: self._run_plain(leaves, None),
+            lambda: self._settle_if_clear(key, rows, num_requests),
+            shared_extra=finding,
+        )
 
     def _settle_if_clear(self, key: tuple, rows: int, num_requests: int) -> Optional[str]:
         """``SHARED`` (and the bucket settled) when, for ``rows`` candidates of ``num_requests``
@@ -321,18 +313,12 @@ class CompiledModel(nn.Module):
         first = next(iter(requests.values()), None)
         num_requests = first.shape[0] if first is not None else 0
         key = bucket("replicated", index.shape[0], num_requests)
-        program = choice.decided(key) or self._settle_if_clear(key, index.shape[0], num_requests)
-        timed = program is None
-        if timed:
-            program = choice.next_trial(key)
-            start = now()
-        if program == PLAIN:
-            result = self._run_plain(leaves, None)  # the replicated rows, as the model takes them
-        else:
-            result = self._run(args, kwargs, leaves, requests, index)
-        if timed:
-            choice.record(key, program, now() - start)
-        return result
+        return choice.run(
+            key,
+            lambda: self._run(args, kwargs, leaves, requests, index),
+            lambda: self._run_plain(leaves, None),  # the replicated rows, as the model takes them
+            lambda: self._settle_if_clear(key, index.shape[0], num_requests),
+        )
 
     def _run(self, args, kwargs, leaves, requests, index):
         """Run the graph on ``leaves`` with the request inputs replaced by ``requests``

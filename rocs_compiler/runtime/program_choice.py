@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 SHARED, PLAIN = "shared", "plain"
 TRIALS = 6  # timed calls per program; the first of each is discarded (allocation, caches)
@@ -95,6 +97,26 @@ class ProgramChoice:
             self._families[family] = chosen.pop()
         else:
             self._families.pop(family, None)
+
+    def run(
+        self,
+        key: tuple,
+        shared: Callable[[], Any],
+        plain: Callable[[], Any],
+        settle: Callable[[], str | None] | None = None,
+        shared_extra: float = 0.0,
+    ) -> Any:
+        """Run ``key``'s program: its decision, else ``settle()``'s, else the next trial, timed
+        (``shared_extra`` seconds spent before the call count toward the shared program)."""
+        program = self.decided(key) or (settle() if settle is not None else None)
+        if program is not None:
+            return plain() if program == PLAIN else shared()
+        program = self.next_trial(key)
+        start = now()
+        result = plain() if program == PLAIN else shared()
+        extra = shared_extra if program == SHARED else 0.0
+        self.record(key, program, now() - start + extra)
+        return result
 
     def decisions(self) -> dict[tuple, str]:
         """``{bucket: program}`` decided so far (for reports and tests)."""

@@ -363,7 +363,7 @@ def test_export_takes_the_keys_as_padded_pieces():
 def test_drop_in_calls_keep_the_faster_of_the_pieces_program_and_the_model(monkeypatch, fast):
     """Drop-in calls alternate between the pieces program and the original model until each
     has run TRIALS times, then keep the one measured faster (here by a fake clock)."""
-    from rocs_compiler import kjt_lanes
+    from rocs_compiler.runtime import program_choice
     from rocs_compiler.runtime.program_choice import TRIALS, bucket
 
     model, request, _ = zoo.build("dlrm")
@@ -384,7 +384,7 @@ def test_drop_in_calls_keep_the_faster_of_the_pieces_program_and_the_model(monke
         clock[0] += 1.0 if fast == "shared" else 2.0
         return real_pieces(*args)
 
-    monkeypatch.setattr(kjt_lanes, "now", lambda: clock[0])
+    monkeypatch.setattr(program_choice, "now", lambda: clock[0])
     object.__setattr__(compiled, "_original", model_call)
     monkeypatch.setattr(compiled, "_pieces_call", pieces_call)
     with torch.no_grad():
