@@ -267,9 +267,7 @@ class CompiledModel(nn.Module):
         requests, the cost model's FLOP ideal reaches ``CLEAR_GAIN`` and the saving
         ``CLEAR_SAVING``; else None (measure)."""
         if self._unit_flops is None:
-            report = self._report_builder(1024, 1) if self._report_builder is not None else None
-            flops = (report.request_flops, report.candidate_flops) if report is not None else (0, 0)
-            object.__setattr__(self, "_unit_flops", flops)
+            object.__setattr__(self, "_unit_flops", self._flops_per_unit())
         per_request, per_candidate = self._unit_flops
         shared = num_requests * per_request + rows * per_candidate
         plain = rows * (per_request + per_candidate)
@@ -277,6 +275,17 @@ class CompiledModel(nn.Module):
             return None
         self._choice.settle(key, SHARED)
         return SHARED
+
+    def _flops_per_unit(self) -> tuple[float, float]:
+        """(FLOPs per request, FLOPs per candidate) from the report; (0, 0), which settles
+        nothing, when there is none or it cannot be built (FLOPs of a data-dependent graph)."""
+        if self._report_builder is None:
+            return 0.0, 0.0
+        try:
+            report = self._report_builder(1024, 1)
+        except Exception:  # noqa: BLE001 - the prior is optional: without it buckets are measured
+            return 0.0, 0.0
+        return report.request_flops, report.candidate_flops
 
     def _run_plain(self, leaves: dict, index: Optional[torch.Tensor]):
         """The plain program on replicated inputs (gathered with ``index`` in the shared layout)."""
