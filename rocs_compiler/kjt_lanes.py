@@ -231,6 +231,13 @@ def check_names(bound: Mapping[str, Any], splits: list[KJTSplit], names: list[st
         )
 
 
+def _has_embedding_collection(model: nn.Module) -> bool:
+    module = sys.modules.get("torchrec.modules.embedding_modules")
+    if module is None:
+        return False
+    return any(isinstance(m, module.EmbeddingCollection) for m in model.modules())
+
+
 class _Pieces(PiecesModel):
     """``model`` taking each KJT argument as its pieces (handed over as a PaddedKJT)."""
 
@@ -284,6 +291,9 @@ class KJTLanes(nn.Module):
         # more than sharing saves on a model with little request-side work.
         autotune = getattr(compiled, "_choice", None) is not None
         object.__setattr__(self, "_choice", ProgramChoice() if autotune else None)
+        # Only EmbeddingBagCollections read a KJT's inverse indices (EmbeddingCollections do
+        # not): the original model takes a shared-layout KJT only when it has no other lookup.
+        self._pools_only = not _has_embedding_collection(original)
 
     @property
     def is_fallback(self) -> bool:
@@ -295,12 +305,34 @@ class KJTLanes(nn.Module):
         if choose and not torch.is_grad_enabled() and not torch.compiler.is_compiling():
             if self._replicated(bound):
                 return self._dropin_choosing(args, kwargs, bound)
+        given = candidate_to_request
+        inverse = self._inverse_indices(bound)
         if candidate_to_request is None:
-            candidate_to_request = self._inverse_indices(bound)
+            candidate_to_request = inverse
         shared = self._layout(bound, candidate_to_request)
         if self.compiled is None:
             return self._eager(bound, candidate_to_request, shared)
+        if shared and inverse is not None and self._choice is not None and self._pools_only:
+            if given is None or given is inverse or torch.equal(given, inverse):
+                if not torch.is_grad_enabled() and not torch.compiler.is_compiling():
+                    return self._shared_choosing(args, kwargs, bound, inverse)
         return self._pieces_call(bound, candidate_to_request, shared)
+
+    def _shared_choosing(self, args: tuple, kwargs: dict, bound: dict, index: torch.Tensor):
+        """A shared-layout call whose KJTs carry TorchRec's inverse indices: the pieces program,
+        or the original model, which reads the same KJT through its inverse indices (its
+        ``EmbeddingBagCollection`` expands each request row to its candidates), whichever this
+        size's first calls measured faster."""
+        split = self.splits[0]
+        rows = split.rows(bound[split.argument])
+        num_requests = max((rows[k] for k in split.request), default=0)
+        key = bucket("shared", index.shape[0], num_requests)
+        call = {k: v for k, v in kwargs.items() if k != "candidate_to_request"}
+        return self._choice.run(
+            key,
+            lambda: self._pieces_call(bound, index, True),
+            lambda: self._original(*args, **call),
+        )
 
     def _replicated(self, bound: dict) -> bool:
         """True when every split argument is a KJT with one row per candidate in every key."""

@@ -394,3 +394,22 @@ def test_drop_in_calls_keep_the_faster_of_the_pieces_program_and_the_model(monke
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     assert ran == ["shared", "plain"] * TRIALS + [fast] * 2
     assert compiled.program_choices() == {bucket("dropin", batch.kjt.stride()): fast}
+
+
+def test_shared_calls_with_inverse_indices_may_run_the_original_model():
+    """A shared-layout KJT with TorchRec's inverse indices is read by the original model too
+    (its EmbeddingBagCollection expands them): after the trials, every call is still exact."""
+    from rocs_compiler.runtime.program_choice import TRIALS
+
+    model, request, _ = zoo.build("dlrm_dcn")
+    compiled = _compile(model, request)
+    batch = zoo.draw([3, 1, 2], seed=7, histories=[2, 0, 4])
+    with torch.no_grad():
+        want = model(batch.dense, batch.kjt)
+        for _ in range(2 * TRIALS + 1):
+            for got in (
+                compiled(batch.dense, batch.shared),
+                compiled(batch.dense, batch.shared, candidate_to_request=batch.index),
+            ):
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert any(k[0] == "shared" for k in compiled.program_choices())
