@@ -23,7 +23,7 @@ from __future__ import annotations
 import inspect
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
@@ -134,16 +134,16 @@ def _merge(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 
 class PiecesModel(nn.Module):
-    """``model`` taking each split argument as its pieces, put back together by
-    :meth:`assemble` before the model runs (the wrappers of column ranges and KJT keys)."""
+    """``model`` taking each split argument as its pieces, put back together by the
+    subclass's ``assemble(split, pieces)`` before the model runs (column ranges here, KJT keys
+    in ``kjt_lanes.py``)."""
+
+    assemble: Callable[[Any, Any], Any]
 
     def __init__(self, model: nn.Module, splits: list):
         super().__init__()
         self.model = model
         self.splits = splits
-
-    def assemble(self, split: Any, pieces: Any) -> Any:
-        raise NotImplementedError
 
     def forward(self, *args, **kwargs):
         signature = inspect.signature(self.model.forward)

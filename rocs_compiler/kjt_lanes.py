@@ -306,17 +306,35 @@ class KJTLanes(nn.Module):
             if self._replicated(bound):
                 return self._dropin_choosing(args, kwargs, bound)
         given = candidate_to_request
-        inverse = self._inverse_indices(bound)
-        if candidate_to_request is None:
-            candidate_to_request = inverse
+        if given is None:
+            candidate_to_request = inverse = self._inverse_indices(bound)
+        else:
+            inverse = self._inverse_indices_if_any(bound) if self._may_run_original() else None
         shared = self._layout(bound, candidate_to_request)
         if self.compiled is None:
             return self._eager(bound, candidate_to_request, shared)
-        if shared and inverse is not None and self._choice is not None and self._pools_only:
-            if given is None or given is inverse or torch.equal(given, inverse):
-                if not torch.is_grad_enabled() and not torch.compiler.is_compiling():
-                    return self._shared_choosing(args, kwargs, bound, inverse)
+        if shared and inverse is not None and self._may_run_original():
+            if given is None or torch.equal(given, inverse):
+                return self._shared_choosing(args, kwargs, bound, inverse)
         return self._pieces_call(bound, candidate_to_request, shared)
+
+    def _may_run_original(self) -> bool:
+        """True when a shared-layout call may run the original model on its KJT instead: under
+        the program choice, outside autograd and tracing, with only EmbeddingBagCollections."""
+        return (
+            self._choice is not None
+            and self._pools_only
+            and not torch.is_grad_enabled()
+            and not torch.compiler.is_compiling()
+        )
+
+    def _inverse_indices_if_any(self, bound: dict) -> torch.Tensor | None:
+        """The grouping the KJTs' inverse indices state, or None when they state none or
+        none that holds (the call's own ``candidate_to_request`` is then checked as before)."""
+        try:
+            return self._inverse_indices(bound)
+        except InputError:
+            return None
 
     def _shared_choosing(self, args: tuple, kwargs: dict, bound: dict, index: torch.Tensor):
         """A shared-layout call whose KJTs carry TorchRec's inverse indices: the pieces program,
@@ -327,11 +345,10 @@ class KJTLanes(nn.Module):
         rows = split.rows(bound[split.argument])
         num_requests = max((rows[k] for k in split.request), default=0)
         key = bucket("shared", index.shape[0], num_requests)
-        call = {k: v for k, v in kwargs.items() if k != "candidate_to_request"}
         return self._choice.run(
             key,
             lambda: self._pieces_call(bound, index, True),
-            lambda: self._original(*args, **call),
+            lambda: self._original(*args, **kwargs),
         )
 
     def _replicated(self, bound: dict) -> bool:

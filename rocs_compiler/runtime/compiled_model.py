@@ -29,7 +29,7 @@ from ..kernels.request_groups import note_uniform
 from ..roles import Role
 from . import no_backward
 from .input_specs import InputSpecs
-from .plain import PlainProgram
+from .plain import PlainProgram, constant_output_positions
 from .program_choice import CLEAR_GAIN, CLEAR_SAVING, PLAIN, SHARED, ProgramChoice, bucket, now
 from .request_detection import detect_requests, rows_consistent
 from .weights import WeightRefresh
@@ -169,7 +169,7 @@ class CompiledModel(nn.Module):
         self._report_builder = report_builder
         self._fallback_reason = fallback_reason
         self._warned = False
-        self._constant_outputs = _constant_output_positions(graph_module)
+        self._constant_outputs = constant_output_positions(graph_module)
         # A graph that computes nothing per request gains nothing from finding the requests of a
         # drop-in call: every candidate is taken as its own request (R = N, an identity index).
         self._request_work = _has_request_work(graph_module)
@@ -550,18 +550,6 @@ def _has_request_work(graph_module: Optional[nn.Module]) -> bool:
     if not isinstance(graph, fx.Graph):
         return True
     return any(n.op == "call_function" and n.meta.get(PLACEMENT) == Role.REQUEST for n in graph.nodes)
-
-
-def _constant_output_positions(graph_module: Optional[fx.GraphModule]) -> list[int]:
-    if graph_module is None:
-        return []
-    output = next(n for n in graph_module.graph.nodes if n.op == "output")
-    results = output.args[0]
-    return [
-        i
-        for i, r in enumerate(results)
-        if isinstance(r, fx.Node) and r.meta.get(PLACEMENT) == Role.CONST and isinstance(r.meta.get("val"), torch.Tensor)
-    ]
 
 
 def _reduce_replicated(name: str, value: torch.Tensor, index: torch.Tensor, num_requests: int):

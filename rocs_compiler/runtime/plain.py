@@ -21,6 +21,8 @@ from typing import Callable, Mapping, Optional
 import torch
 from torch import fx, nn
 
+from ..graph_meta import PLACEMENT
+from ..roles import Role
 from .direct import direct_program
 from .weights import WeightRefresh
 
@@ -33,7 +35,7 @@ class PlainProgram:
         self._weights = WeightRefresh(gm, original, weight_names) if weight_names else None
         self._runner: Optional[Callable] = None
         self._runner_epoch = -1
-        self._constant_outputs = _constant_outputs(gm)
+        self._constant_outputs = constant_output_positions(gm)
 
     def __call__(self, inputs: list) -> list:
         outputs = self._program()(*inputs)
@@ -62,18 +64,16 @@ class PlainProgram:
         return self._runner
 
 
-def _constant_outputs(gm: fx.GraphModule) -> list[int]:
-    """Positions of outputs that read no input (a weight, a folded constant, a constant)."""
-    reaches_input: dict[fx.Node, bool] = {}
-    for node in gm.graph.nodes:
-        reaches_input[node] = node.op == "placeholder" or any(
-            reaches_input[a] for a in node.all_input_nodes
-        )
+def constant_output_positions(gm: Optional[fx.GraphModule]) -> list[int]:
+    """Positions of ``gm``'s tensor outputs placed CONST (a weight, a folded constant): a
+    program must hand out copies of them, never its own buffers."""
+    if gm is None:
+        return []
     output = next(n for n in gm.graph.nodes if n.op == "output")
     return [
         i
         for i, r in enumerate(output.args[0])
         if isinstance(r, fx.Node)
-        and not reaches_input[r]
+        and r.meta.get(PLACEMENT) == Role.CONST
         and isinstance(r.meta.get("val"), torch.Tensor)
     ]
