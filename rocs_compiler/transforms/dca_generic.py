@@ -144,21 +144,20 @@ def apply_dca_generic(
     new = copy.deepcopy(model)
     for path, (length, total) in lengths.items():
         module = new.get_submodule(path)
-        _set_submodule(new, path, _FORMS[type(module)].convert(module, length))
+        _check_not_root(path, module)
+        new.set_submodule(path, _FORMS[type(module)].convert(module, length))
         of = f" of {total}" if total is not None else ""
         report.converted[path] = f"{type(module).__name__}, history positions 0..{length}{of}"
     new.rocs_dca_report = report
     return new.train(model.training)
 
 
-def _set_submodule(model: nn.Module, path: str, module: nn.Module) -> None:
+def _check_not_root(path: str, module: nn.Module) -> None:
     if not path:
         raise ValueError(
             f"apply_dca: the model itself is a {type(module).__name__}; wrap it in a module "
             "that builds the [history; candidate] sequence"
         )
-    parent, _, name = path.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, name, module)
 
 
 # ---------------------------------------------------------------------------------------------

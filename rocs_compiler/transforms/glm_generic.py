@@ -163,7 +163,7 @@ def apply_glm_generic(
             break
         for path, plan in planner.plans.items():
             originals.setdefault(path, new.get_submodule(path))
-            _set_submodule(new, path, plan.build(originals[path]))
+            new.set_submodule(path, plan.build(originals[path]))
             if plan.kind != "dense":
                 report.transformed[path] = plan.describe()
     if report.refused:
@@ -171,11 +171,6 @@ def apply_glm_generic(
         warnings.warn(f"apply_glm: {len(report.refused)} layer(s) left unmasked: {listed}")
     new.rocs_glm_report = report
     return new.train(model.training)
-
-
-def _set_submodule(model: nn.Module, path: str, module: nn.Module) -> None:
-    parent, _, name = path.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, name, module)
 
 
 def _is_rocs_layer(module: nn.Module) -> bool:
