@@ -7,6 +7,8 @@ import threading
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from models_for_tests import (
     DICT_FEATURES,
     OPTIONS,
@@ -516,6 +518,62 @@ def test_request_detection_gives_request_sizes():
     equal = detect_requests([users[:4], flags[:4]], 4)  # two requests of two rows
     assert equal.counts == [2, 2] and equal.starts.tolist() == [0, 2]
     assert equal.index.tolist() == [0, 0, 1, 1]
+
+
+_LEAF_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64,
+                torch.int8, torch.bool, torch.complex64]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    counts=st.lists(st.integers(1, 4), min_size=1, max_size=8),
+    dtypes=st.lists(st.sampled_from(_LEAF_DTYPES), min_size=1, max_size=3),
+    width=st.integers(0, 3),
+    transpose=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_numpy_and_torch_scans_find_the_same_requests(counts, dtypes, width, transpose, seed):
+    """Small CPU batches are scanned through numpy, the rest with torch ops: both find the
+    requests a batch was built from (bitwise, so NaN, -0.0, bf16, complex, bool, views)."""
+    from rocs_compiler.runtime import request_detection as rd
+
+    g = torch.Generator().manual_seed(seed)
+    index = request_index(counts)
+    leaves = []
+    for dtype in dtypes:
+        values = (torch.randint(0, 2, (len(counts), width + 1), generator=g) * 2.0 - 1.0) * 0.0
+        values = values + torch.randint(0, 3, values.shape, generator=g)  # few values: collisions
+        if transpose:  # a non-contiguous view, rows strided
+            values = values.t().contiguous().t()
+        leaves.append(values.to(dtype)[index])
+    conj = (torch.randint(0, 2, (len(counts), 1), generator=g) * (1 + 1j)).to(torch.complex64)
+    leaves.append(conj[index].conj())  # a lazy conjugate, which numpy cannot read directly
+    assert leaves[-1].is_conj()
+    rows = len(index)
+    as_bytes = [x.resolve_conj().contiguous().view(torch.uint8).reshape(rows, -1) for x in leaves]
+    expected = [0] + [
+        r for r in range(1, rows) if any(not torch.equal(b[r], b[r - 1]) for b in as_bytes)
+    ]
+    assert [0] + rd._change_rows_numpy(leaves, rows) == expected
+    assert [0] + rd._change_rows_torch(leaves, rows) == expected
+    found = rd.detect_requests(leaves, rows)
+    assert found.starts.tolist() == expected
+    assert found.counts == [b - a for a, b in zip(expected, expected[1:] + [rows])]
+
+
+def test_uniform_groupings_are_ordinary_tensors_made_once():
+    """The cached grouping of equal-sized requests serves inference-mode and autograd calls."""
+    from rocs_compiler.runtime.request_detection import detect_requests
+
+    users = torch.arange(3.0).repeat_interleave(5).unsqueeze(1)
+    with torch.inference_mode():
+        first = detect_requests([users], 15)
+    again = detect_requests([users.clone()], 15)
+    assert first.index is again.index and not first.index.is_inference()
+    assert first.index.tolist() == request_index([5, 5, 5]).tolist() and first.counts == [5, 5, 5]
+    weight = torch.ones(3, 2, requires_grad=True)
+    weight.index_select(0, again.index).sum().backward()  # index saved for backward
+    assert weight.grad.tolist() == [[5.0, 5.0]] * 3
 
 
 def test_a_uniform_grouping_hint_gives_the_grouping_of_the_values():
