@@ -18,7 +18,10 @@ round starting from a different variant, so drift hits all of them alike; each s
 of calls long enough (``--sample-ms``) for the clock's resolution; the clock is the calling
 thread's CPU time (``time.thread_time``; ``--clock wall`` for ``perf_counter``), which with one
 torch thread counts the whole call and not the time the thread waited for a core; the reported
-value is the median over ``--rounds`` rounds. Timing starts after warm-up calls in which the
+value is the median over ``--rounds`` rounds; and glibc's malloc is told to keep freed memory
+(``allocator.py``; ``--malloc system`` leaves it as it is), so page faults on freshly mapped
+blocks, which make a large call's time bimodal from one process to the next in eager and
+compiled calls alike, do not decide a cell. Timing starts after warm-up calls in which the
 compiled model settles on its program for the cell (option ``autotune``: the shared program or
 the plain captured graph, whichever its first calls measured faster). Outputs are compared with
 eager before and after the warm-up (``allclose``, rtol = atol = 1e-4), so both programs are
@@ -48,6 +51,7 @@ from torch.utils import _pytree as pytree
 import rocs_compiler as rocs
 from models_zoo import ZOO
 from models_zoo.batch import Batch, request_index
+from allocator import retain_freed_memory
 from regression_models import MODELS, make_inputs
 from rocs_compiler.runtime.program_choice import TRIALS
 
@@ -220,6 +224,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu", help="thread CPU or wall time")
     parser.add_argument("--threshold", type=float, default=0.97, help="list cells below this ratio")
     parser.add_argument("--markdown", help="also write the table and summary to this file")
+    parser.add_argument(
+        "--malloc", choices=("retain", "system"), default="retain",
+        help="keep freed memory in the process (default) or leave glibc's malloc as it is",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.rounds, args.sample_ms = 2, 0.0
@@ -229,6 +237,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.malloc == "retain" and not retain_freed_memory():
+        print("[regression] malloc is not glibc's: --malloc retain has no effect", file=sys.stderr)
     cases = all_cases()
     names = args.models or list(cases)
     unknown = [n for n in names if n not in cases]

@@ -61,6 +61,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 import rocs_compiler as rocs
+from allocator import retain_freed_memory
 from models_zoo import ZOO
 
 VARIANTS = ("eager", "inductor", "rocs_shared", "rocs_dropin")
@@ -499,6 +500,7 @@ def render_markdown(results: dict, with_meta: bool) -> str:
                         f"torch threads: {meta['threads']}"
                     ),
                     f"- torch {meta['torch']}, Python {meta['python']}",
+                    f"- malloc: {meta.get('malloc', 'as the process found it')}",
                     f"- date: {meta['date']}",
                     (
                         f"- repeats: median of {meta['min_repeats']}..{meta['max_repeats']} "
@@ -632,6 +634,13 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         default=None,
         help="write the tables with the run's metadata as Markdown",
     )
+    parser.add_argument(
+        "--malloc",
+        choices=("retain", "system"),
+        default="retain",
+        help="keep freed CPU memory in the process (default; see allocator.py) or leave "
+        "glibc's malloc as it is",
+    )
     parser.add_argument("--no-progress", dest="progress", action="store_false")
     return parser
 
@@ -674,6 +683,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
         raise SystemExit("--device cuda: CUDA is not available")
     threads = args.threads or _cpu_count()
     torch.set_num_threads(threads)
+    retained = args.malloc == "retain" and retain_freed_memory()
     shapes = [(R, N) for R in args.requests for N in args.candidates]
     progress = Progress(len(args.models) * len(shapes), enabled=args.progress)
     results: dict[str, Any] = {
@@ -690,6 +700,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
             "max_repeats": args.max_repeats,
             "budget_s": args.budget,
             "rocs_options": args.rocs_options,
+            "malloc": "glibc, freed memory retained" if retained else "as the process found it",
             "memory_method": (
                 "torch.cuda.max_memory_allocated above the allocation before the call"
                 if device.type == "cuda"

@@ -37,6 +37,35 @@ def test_the_first_trial_of_each_program_is_not_counted():
     assert choice.decided(key) == SHARED
 
 
+@pytest.mark.parametrize("shared_time, expected", [(0.97, PLAIN), (0.90, SHARED)])
+def test_a_margin_makes_a_close_shared_lead_a_tie_that_goes_plain(shared_time, expected):
+    """Drop-in buckets: the shared program must lead by the margin (``DROPIN_MARGIN``)."""
+    choice = ProgramChoice(trials=2)
+    key = bucket("dropin", 16, 4)
+    for _ in range(4):
+        program = choice.next_trial(key, margin=0.05)
+        choice.record(key, program, shared_time if program == SHARED else 1.0)
+    assert choice.decided(key) == expected
+
+
+def test_dropin_calls_ask_for_the_margin(monkeypatch):
+    margins = []
+    real = ProgramChoice.next_trial
+
+    def next_trial(self, key, margin=0.0):
+        margins.append((key[0], margin))
+        return real(self, key, margin)
+
+    monkeypatch.setattr(ProgramChoice, "next_trial", next_trial)
+    model = USER_ITEM_MLP.build()
+    cm = USER_ITEM_MLP.compile(model)
+    batch = USER_ITEM_MLP.batch([3, 2], seed=1)
+    with torch.no_grad():
+        cm(**batch.replicated())
+        cm(**batch.kwargs, candidate_to_request=batch.candidate_to_request)
+    assert margins == [("dropin", program_choice.DROPIN_MARGIN), ("shared", 0.0)]
+
+
 def test_buckets_round_sizes_up_to_powers_of_two():
     assert bucket("shared", 9, 2) == bucket("shared", 15, 3) != bucket("shared", 16, 3)
     assert bucket("dropin", 1024) != bucket("shared", 1024, 0)

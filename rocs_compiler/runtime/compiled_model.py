@@ -30,7 +30,9 @@ from ..roles import Role
 from . import no_backward
 from .input_specs import InputSpecs
 from .plain import PlainProgram, constant_output_positions
-from .program_choice import CLEAR_GAIN, CLEAR_SAVING, PLAIN, SHARED, ProgramChoice, bucket, now
+from .program_choice import (
+    CLEAR_GAIN, CLEAR_SAVING, DROPIN_MARGIN, PLAIN, SHARED, ProgramChoice, bucket, now,
+)
 from .request_detection import detect_requests, rows_consistent
 from .weights import WeightRefresh
 from ..inputs import GRAPH_OUTPUT, bind_inputs, is_tensor, named_leaves, replace_leaves
@@ -260,6 +262,7 @@ class CompiledModel(nn.Module):
             lambda: self._run_plain(leaves, None),
             lambda: self._settle_if_clear(key, rows, num_requests),
             shared_extra=finding,
+            margin=DROPIN_MARGIN,
         )
 
     def _settle_if_clear(self, key: tuple, rows: int, num_requests: int) -> Optional[str]:

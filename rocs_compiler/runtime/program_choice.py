@@ -40,6 +40,7 @@ TRIALS = 6  # timed calls per program; the first of each is discarded (allocatio
 # count, can decide, and a trial is cheap.
 CLEAR_GAIN = 2.0
 CLEAR_SAVING = 1e7
+DROPIN_MARGIN = 0.05  # relative lead the shared program needs in a drop-in bucket
 
 
 class ProgramChoice:
@@ -49,6 +50,7 @@ class ProgramChoice:
         self._trials = trials
         self._decided: dict[tuple, str] = {}
         self._times: dict[tuple, dict[str, list[float]]] = {}
+        self._margins: dict[tuple, float] = {}  # lead the shared program needs, per bucket
         # A family (layout and rows) whose buckets all chose one program, none still measured.
         self._families: dict[tuple, str] = {}
         self._lock = threading.Lock()
@@ -61,6 +63,7 @@ class ProgramChoice:
         with self._lock:
             self._decided.setdefault(key, program)
             self._times.pop(key, None)
+            self._margins.pop(key, None)
             self._summarize(key[:2])
 
     def everywhere(self, family: tuple) -> str | None:
@@ -68,11 +71,13 @@ class ProgramChoice:
         all chose the same one and none is still being measured; else None."""
         return self._families.get(family)
 
-    def next_trial(self, key: tuple) -> str:
-        """The program the next call of an undecided bucket runs."""
+    def next_trial(self, key: tuple, margin: float = 0.0) -> str:
+        """The program the next call of an undecided bucket runs; the bucket keeps the shared
+        program only if it is faster than the plain one by the fraction ``margin``."""
         with self._lock:
             if key not in self._times:
                 self._times[key] = {SHARED: [], PLAIN: []}
+                self._margins[key] = margin
                 self._families.pop(key[:2], None)
             times = self._times[key]
             return PLAIN if len(times[PLAIN]) < len(times[SHARED]) else SHARED
@@ -85,7 +90,8 @@ class ProgramChoice:
             times[program].append(seconds)
             if min(len(t) for t in times.values()) >= self._trials:
                 best = {p: min(t[1:]) for p, t in times.items()}
-                self._decided[key] = PLAIN if best[PLAIN] < best[SHARED] else SHARED
+                lead = 1.0 - self._margins.pop(key, 0.0)
+                self._decided[key] = SHARED if best[SHARED] <= best[PLAIN] * lead else PLAIN
                 del self._times[key]
                 self._summarize(key[:2])
 
@@ -105,13 +111,15 @@ class ProgramChoice:
         plain: Callable[[], Any],
         settle: Callable[[], str | None] | None = None,
         shared_extra: float = 0.0,
+        margin: float = 0.0,
     ) -> Any:
         """Run ``key``'s program: its decision, else ``settle()``'s, else the next trial, timed
-        (``shared_extra`` seconds spent before the call count toward the shared program)."""
+        (``shared_extra`` seconds spent before the call count toward the shared program, which
+        must lead by the fraction ``margin``)."""
         program = self.decided(key) or (settle() if settle is not None else None)
         if program is not None:
             return plain() if program == PLAIN else shared()
-        program = self.next_trial(key)
+        program = self.next_trial(key, margin)
         start = now()
         result = plain() if program == PLAIN else shared()
         extra = shared_extra if program == SHARED else 0.0
