@@ -229,19 +229,25 @@ class CompiledModel(nn.Module):
         rows = leaves[first].shape[0] if first is not None and leaves[first].dim() else 0
         num_candidates = index.shape[0] if is_tensor(index) and index.dim() else 0
         key = bucket("shared", num_candidates, rows)
-
-        def plain():
-            # The plain program's CPU gathers of request rows check the index's range.
-            gathers = first is not None and not leaves[first].is_cuda
-            self._check_shared(leaves, index, check_range=not gathers)
-            return self._run_plain(leaves, index)
-
-        def shared():
+        program = choice.decided(key)
+        if program == PLAIN:  # a decided bucket is called directly: no closures per call
+            return self._shared_plain(leaves, index)
+        if program == SHARED:
             return self._run(args, kwargs, leaves, *self._check_shared(leaves, index))
-
         return choice.run(
-            key, shared, plain, lambda: self._settle_if_clear(key, num_candidates, rows)
+            key,
+            lambda: self._run(args, kwargs, leaves, *self._check_shared(leaves, index)),
+            lambda: self._shared_plain(leaves, index),
+            lambda: self._settle_if_clear(key, num_candidates, rows),
         )
+
+    def _shared_plain(self, leaves: dict, index: torch.Tensor):
+        """A shared-layout call run by the plain program, after the layout's checks."""
+        request_inputs = self.contract.request_inputs
+        # The plain program's CPU gathers of request rows check the index's range.
+        gathers = bool(request_inputs) and not leaves[request_inputs[0]].is_cuda
+        self._check_shared(leaves, index, check_range=not gathers)
+        return self._run_plain(leaves, index)
 
     def _dropin_choosing(self, args, kwargs, leaves):
         """A drop-in call under the program choice: the requests are found first (their number
@@ -453,6 +459,8 @@ class CompiledModel(nn.Module):
     # -- conventions ---------------------------------------------------------------------------
 
     def _batch_rows(self, leaves: dict, names: list[str]) -> int:
+        if len(names) == 1 and leaves[names[0]].dim():
+            return leaves[names[0]].shape[0]
         rows = [leaves[n].shape[0] if leaves[n].dim() else None for n in names]
         first = rows[0]
         if first is None or rows.count(first) != len(rows):

@@ -23,6 +23,12 @@ A drop-in call learns its number of requests only by finding them, which is the 
 shared program's cost the plain one avoids: the time to find them counts toward the shared
 program's trials only, and once every bucket of a row count chose the plain program (a
 *family*, :meth:`ProgramChoice.everywhere`), calls with that row count skip finding requests.
+A drop-in bucket that keeps the shared program makes every call of its row count find the
+requests first, whatever their number, so there a close result goes to the plain program: the
+shared one must lead by :data:`DROPIN_MARGIN`, more than the spread of the minimum of repeated
+trials on a shared machine, else a coin-toss win at one request count taxes all the others
+(measured: a GRU history model at 16 rows, whose one-request bucket went shared by 2-5 %, ran
+its four-request calls at 0.86-0.89 of eager instead of 1.04).
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ TRIALS = 6  # timed calls per program; the first of each is discarded (allocatio
 # count, can decide, and a trial is cheap.
 CLEAR_GAIN = 2.0
 CLEAR_SAVING = 1e7
-DROPIN_MARGIN = 0.05  # relative lead the shared program needs in a drop-in bucket
+DROPIN_MARGIN = 0.10  # relative lead the shared program needs in a drop-in bucket
 
 
 class ProgramChoice:
