@@ -26,7 +26,7 @@ Method, per model (one torch thread by default, ``torch.no_grad()``):
   ``g``) shrank by the FLOP ratio; a model beating it also shares non-GEMM (request) work.
 - glibc gives freed buffers back to the OS, depending on its history (which the profiler changes),
   and the op that first writes one pays the page faults (about 0.3 ms per MiB here): freed memory
-  is kept in the process (``mallopt``) unless ``--default-malloc``; faults per call are printed.
+  is kept in the process (``allocator.py``) unless ``--default-malloc``; faults per call are printed.
 
 Usage::
 
@@ -38,7 +38,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import ctypes.util
 import resource
 import statistics
 import sys
@@ -51,6 +50,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils import _pytree as pytree
 
 import rocs_compiler as rocs
+from allocator import retain_freed_memory
 from models_zoo import ZOO
 
 GEMM, LOOKUP, GATHER = "GEMM & attention", "embedding lookups", "gathers & indexing"
@@ -74,13 +74,6 @@ _OPS = {
 CATEGORY = {op: cat for cat, ops in _OPS.items() for op in ops.split()}
 REGIONS = ("rocs::request_region", "rocs::candidate_region")
 RTOL = ATOL = 1e-4
-
-
-def keep_freed_memory() -> bool:
-    """Stop glibc from returning freed memory to the OS (no page faults in steady state)."""
-    mallopt = getattr(ctypes.CDLL(ctypes.util.find_library("c") or None), "mallopt", None)
-    m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>; 32 MiB is the largest threshold
-    return bool(mallopt and mallopt(m_trim_threshold, 2**30) and mallopt(m_mmap_threshold, 2**25))
 
 
 def profile_calls(calls: dict, rounds: int) -> dict:
@@ -229,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     args.candidates = args.candidates or (16 if args.quick else 1024)
     args.calls = args.calls or (2 if args.quick else 20)
     torch.set_num_threads(args.threads)
-    kept = not args.default_malloc and keep_freed_memory()
+    kept = not args.default_malloc and retain_freed_memory()
     sections = [f"torch {torch.__version__}, {args.threads} thread(s), malloc: "
                 f"{'freed memory kept (mallopt)' if kept else 'default'}\n"]
     print(sections[0], flush=True)

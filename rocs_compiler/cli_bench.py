@@ -28,6 +28,9 @@ def bench_script() -> Optional[Path]:
 
 
 def _script_module(script: Path):
+    # As ``python benchmarks/speed.py`` runs it: its own directory importable (its helpers).
+    if str(script.parent) not in sys.path:
+        sys.path.insert(0, str(script.parent))
     spec = importlib.util.spec_from_file_location("rocs_bench_speed", script)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while it executes

@@ -160,3 +160,109 @@ def test_full_scatters_are_dropped_and_partial_ones_kept():
     for counts, shuffle in (([2, 3], True), ([1], False), ([4, 1, 2], True)):
         batch = IN_PLACE.batch(counts, seed=5, shuffle=shuffle)
         check_both_conventions(cm, model, batch, str(counts))
+
+
+class Triangle(nn.Module):
+    """DLRM's interaction: stacked request and candidate features, their pairwise dot products,
+    the strict lower triangle read with constant index vectors (``Z[:, li, lj]``)."""
+
+    def __init__(self, request_fields: int = 3, candidate_fields: int = 2, d: int = 8):
+        super().__init__()
+        fields = request_fields + candidate_fields
+        li, lj = torch.tril_indices(fields, fields, offset=-1)
+        self.register_buffer("li", li)
+        self.register_buffer("lj", lj)
+        self.register_buffer("pick", torch.tensor([2, 0, 1, 1]))
+        self.user = nn.Linear(4, request_fields * d)
+        self.item = nn.Linear(4, candidate_fields * d)
+        self.d = d
+
+    def forward(self, user, item):
+        u = self.user(user).view(user.shape[0], -1, self.d)
+        c = self.item(item).view(item.shape[0], -1, self.d)
+        t = torch.cat([u, c], 1)
+        z = torch.bmm(t, t.transpose(1, 2))
+        return torch.cat([z[:, self.li, self.lj], t[:, self.pick].flatten(1)], 1)
+
+
+TRIANGLE = Case("triangle", Triangle, ("user",), (("user", Spec((4,))), ("item", Spec((4,)))))
+
+
+def _targets(gm) -> list:
+    return [n.target for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def test_constant_indexing_runs_as_index_select_and_stays_exact():
+    aten = torch.ops.aten
+    model = TRIANGLE.build()
+    for options in ({}, {"defer": False, "ikbo": False}):
+        cm = TRIANGLE.compile(model, options=options)
+        for gm in (cm.graph_module, cm._plain.graph_module):
+            assert aten.index.Tensor not in _targets(gm), options
+        for counts in ([2, 3], [1], [4, 1, 2]):
+            batch = TRIANGLE.batch(counts, seed=5, shuffle=True)
+            check_both_conventions(cm, model, batch, str(counts))
+
+
+def test_constant_indexing_follows_an_updated_index_buffer():
+    model = TRIANGLE.build()
+    cm = TRIANGLE.compile(model)
+    batch = TRIANGLE.batch([2, 3], seed=2)
+    with torch.no_grad():
+        model.lj.copy_(torch.zeros_like(model.lj))  # every pair now reads column 0
+        check_both_conventions(cm, model, batch, "after the buffer changed")
+
+
+def test_negative_and_out_of_range_constant_indices_behave_as_indexing():
+    """Negative entries wrap as in eager; an index buffer later changed out of range fails the
+    call as eager does (``index_select``'s RuntimeError on the CPU where eager raises an
+    IndexError), never reading a neighbouring element; a boolean mask keeps advanced indexing."""
+    import pytest
+
+    aten = torch.ops.aten
+
+    class Picks(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("rows", torch.tensor([-1, 0, 2]))
+            self.register_buffer("cols", torch.tensor([0, -3, 1]))
+            self.register_buffer("mask", torch.tensor([True, False, True]))
+
+        def forward(self, user, item):
+            x = user.unsqueeze(2) * item.unsqueeze(1)  # [B, 3, 3]
+            return torch.cat([x[:, self.rows, self.cols], x[:, self.mask, 0]], 1)
+
+    case = Case("picks", Picks, ("user",), (("user", Spec((3,))), ("item", Spec((3,)))))
+    model = case.build()
+    cm = case.compile(model)
+    assert _targets(cm.graph_module).count(aten.index.Tensor) == 1  # the mask's
+    batch = case.batch([2, 1], seed=1)
+    check_both_conventions(cm, model, batch, "picks")
+    with torch.no_grad():
+        model.cols.copy_(torch.tensor([0, 3, 1]))  # 3 is past the end of dim 2
+        with pytest.raises(IndexError):
+            model(**batch.replicated())
+        with pytest.raises((IndexError, RuntimeError), match="out of"):
+            cm(**batch.replicated())
+        with pytest.raises((IndexError, RuntimeError), match="out of"):
+            cm(**batch.kwargs, candidate_to_request=batch.candidate_to_request)
+
+
+def test_a_transpose_of_a_transpose_is_its_source():
+    from rocs_compiler.passes.cleanup import drop_double_transposes
+
+    def f(x):
+        a = x.transpose(1, 2).transpose(-1, -2)  # a pair (dims in either spelling): x itself
+        b = x.transpose(0, 1).transpose(1, 2)  # not a pair
+        return a * b.transpose(0, 2), x.transpose(0, 2).transpose(2, 0)  # an output: kept
+
+    gm = torch.fx.experimental.proxy_tensor.make_fx(f)(torch.randn(3, 3, 3))
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            node.meta["val"] = torch.empty(3, 3, 3)
+    x = torch.randn(3, 3, 3)
+    want = f(x)
+    assert drop_double_transposes(gm) == 1
+    gm.recompile()
+    got = gm(x)
+    assert all(torch.equal(g, w) for g, w in zip(got, want))

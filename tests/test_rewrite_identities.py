@@ -264,3 +264,58 @@ def test_no_distribution_when_every_piece_would_read_a_candidate_operand():
     with torch.no_grad():
         want = model(u[index], c)
         torch.testing.assert_close(compiled(u=u, c=c, candidate_to_request=index), want)
+
+
+def test_the_candidate_rows_of_a_pairwise_interaction_read_the_request_stack_in_kernel():
+    """``bmm(T, T^T)`` with ``T = cat([U, C], 1)``: the candidate rows ``C @ [U^T | C^T]`` split
+    into ``C @ U^T`` (the in-kernel broadcast the request rows' ``U @ C^T`` already computes,
+    transposed: one op for both) and ``C @ C^T``, so the request stack is never gathered to
+    the candidates; a candidate operand with as many rows as the contracted dim stays whole."""
+
+    def body(m, u, c):
+        t = torch.cat([u.view(-1, 3, 8), c.view(-1, 2, 8)], 1)
+        return torch.bmm(t, t.transpose(1, 2)).flatten(1)
+
+    model = Net(body)
+    u, c = torch.randn(3, 24), torch.randn(7, 16)
+    index = torch.tensor([0, 0, 1, 2, 2, 2, 1])
+    compiled = rocs.compile(model.eval(), ["u"], example_kwargs={"u": u[[0, 0, 1]], "c": c[:3]})
+    targets = [n.target for n in compiled.graph_module.graph.nodes if n.op == "call_function"]
+    assert targets.count(torch.ops.rocs.broadcast_interaction.default) == 1
+    gathered = [
+        n.args[0].meta["val"].shape[1:]
+        for n in compiled.graph_module.graph.nodes
+        if n.target == torch.ops.aten.index_select.default
+    ]
+    assert gathered == [(3, 3)], gathered  # only the request-request block U @ U^T
+    with torch.no_grad():
+        want = model(u[index], c)
+        torch.testing.assert_close(compiled(u=u, c=c, candidate_to_request=index), want)
+        torch.testing.assert_close(compiled(u=u[index], c=c), want)
+
+
+def test_a_linear_over_history_positions_adds_the_request_half_in_the_gemm():
+    """``linear(cat([h, c expanded], 2))`` over a history ``h [B, L, D]`` (DIN's activation
+    unit): the request half ``h @ W_h^T`` runs once per request and ``broadcast_linear`` adds it
+    to each candidate's rows, row ``n L + l`` reading request row ``idx[n] L + l``."""
+
+    def body(m, u, c):
+        h = u.view(-1, 5, 4)
+        t = c.unsqueeze(1).expand(-1, 5, -1)
+        return m.lin(torch.cat([h, t, h * t], 2)).sum((1, 2))
+
+    model = Net(body, lin=nn.Linear(12, 6))
+    u, c = torch.randn(4, 20), torch.randn(9, 4)
+    index = torch.tensor([3, 0, 0, 1, 2, 2, 1, 3, 0])  # ragged, not grouped
+    compiled = rocs.compile(model.eval(), ["u"], example_kwargs={"u": u[[0, 0, 1]], "c": c[:3]})
+    linears = [
+        n for n in compiled.graph_module.graph.nodes
+        if n.target == torch.ops.rocs.broadcast_linear.default
+    ]
+    assert len(linears) == 1 and linears[0].args[3].meta["val"].shape[1:] == (6,)
+    with torch.no_grad():
+        want = model(u[index], c)
+        torch.testing.assert_close(compiled(u=u, c=c, candidate_to_request=index), want)
+        torch.testing.assert_close(compiled(u=u[index], c=c), want)
+        one = torch.zeros(9, dtype=torch.long)  # one request: every row reads request rows 0..L-1
+        torch.testing.assert_close(compiled(u=u[:1], c=c, candidate_to_request=one), model(u[one], c))

@@ -6,14 +6,22 @@ as a buffer, and the ``get_attr`` node that reads the buffer keeps the subgraph 
 (``graph_meta.FOLD``, a :class:`~rocs_compiler.folded.Fold`) so that the runtime can evaluate it
 again after a weight refresh; two pure nodes with the same op and the same arguments have the
 same value; ``slice(x, d, 0, end)`` with ``end`` at or past the size of dim ``d`` is ``x``
-(export spells ``x[:]`` over the batch dim this way), and the writes functionalization leaves
-that change nothing or everything are their result (``drop_identity_writes``); in a graph
-with value semantics ``clone(x)`` is ``x`` (what a dropout in eval mode becomes after functionalization, and eager
-returns its input there without copying), except as a graph output, where the copy keeps the
-output from aliasing an input; a pure node nobody uses can go. No decision here depends on a
-weight's value, only on shapes.
+(export spells ``x[:]`` over the batch dim this way), ``transpose(transpose(x, a, b), a, b)``
+is ``x`` (the in-kernel broadcasts transpose their operands into the layout they take), and the
+writes functionalization leaves that change nothing or everything are their result
+(``drop_identity_writes``); in a graph with value semantics ``clone(x)`` is ``x`` (what a dropout
+in eval mode becomes after functionalization, and eager returns its input there without
+copying), except as a graph output, where the copy keeps the output from aliasing an input; a
+pure node nobody uses can go. No decision here depends on a weight's value, only on shapes.
 
-One op form is chosen here too: for a 2-D constant ``W [m, k]`` and a batched ``x [N, ..., k, n]``,
+Two op forms are chosen here too. ``x[:, I, J]`` with constant index vectors (``aten.index``,
+the triangle of a pairwise interaction) is ``index_select(reshape(x, [B, -1]), 1, F)`` with the
+flat index ``F = I' * x.shape[2] + J'`` (``I'``, ``J'`` with negative entries wrapped, and ``F``
+pushed past the row for a pair out of range, so that ``index_select`` raises where indexing
+would): the same elements copied in the same order, by a kernel about 7x faster than advanced
+indexing on a CPU (115 vs 16 us for ``[1024, 8, 8]`` and 28 pairs); ``F`` is a weight-only
+subgraph, folded like any other. ``x[:, I]`` is ``index_select(x, 1, I')`` likewise. And for a
+2-D constant ``W [m, k]`` and a batched ``x [N, ..., k, n]``,
 ``matmul(W, x) == reshape(mm(reshape(x.mT, [-1, k]), W.T), [N, ..., n, m]).mT``. That is how
 ``matmul`` computes it when ``W`` requires grad, as a model's parameters do even under
 ``no_grad``: the batch folds into one ``mm``. The compiled graph's weights do not require grad, and
@@ -23,6 +31,7 @@ rewritten spelling is the very ``mm`` the original model ran.
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any
 
@@ -41,9 +50,11 @@ _FOLD_LIMIT_ELEMENTS = 1 << 24  # never fold a constant into something larger th
 
 
 def cleanup(gm: fx.GraphModule) -> fx.GraphModule:
+    constant_indexing_as_index_select(gm)  # first: its flat index folds into a constant
     fold_constants(gm)
     weight_first_matmuls_fold(gm)  # after folding: W.mT stays a view, as in the original's mm
     drop_full_slices(gm)
+    drop_double_transposes(gm)  # before CSE: x.mT.mT and x then read as one value
     drop_clones(gm)
     eliminate_common_subexpressions(gm)
     drop_identity_writes(gm)  # after CSE: a slice read twice is one node
@@ -122,6 +133,73 @@ def weight_first_matmuls_fold(gm: fx.GraphModule) -> int:
     return rewritten
 
 
+def constant_indexing_as_index_select(gm: fx.GraphModule) -> int:
+    """``index(x, [None, I_1, ..., I_k])`` with weight-only 1-D integer ``I_j`` of one length,
+    over every dim of ``x`` after the first (or ``k = 1``), those dims static: the
+    ``index_select`` of the module docstring. Returns the count."""
+    aten = torch.ops.aten
+    rewritten = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target != aten.index.Tensor or node.kwargs:
+            continue
+        x, indices = node.args
+        x_val = x.meta.get("val") if isinstance(x, fx.Node) else None
+        if not isinstance(x_val, torch.Tensor) or len(indices) < 2 or indices[0] is not None:
+            continue
+        if len(indices) != 2 and len(indices) != x_val.dim():
+            continue
+        sizes = list(x_val.shape[1:len(indices)])
+        if not all(isinstance(s, int) for s in sizes) or not all(
+            _constant_index_vector(i) for i in indices[1:]
+        ):
+            continue
+        if len({i.meta["val"].shape[0] for i in indices[1:]}) != 1:
+            continue
+        b = Builder(gm, node, detect_fake_mode([x_val]))
+        flat = _flat_index(b, indices[1:], sizes)
+        rows = x if len(indices) == 2 else b.call(aten.reshape.default, x, [-1, math.prod(sizes)])
+        out = b.call(aten.index_select.default, rows, 1, flat)
+        for new in b.created:
+            new.meta[PLACEMENT] = x.meta.get(PLACEMENT) if new in (rows, out) else Role.CONST
+        node.replace_all_uses_with(out)
+        gm.graph.erase_node(node)
+        rewritten += 1
+    return rewritten
+
+
+def _constant_index_vector(node: Any) -> bool:
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    return (
+        node.meta.get(PLACEMENT) == Role.CONST
+        and isinstance(val, torch.Tensor)
+        and val.dim() == 1
+        and val.dtype in (torch.int64, torch.int32)
+    ) if val is not None else False
+
+
+def _flat_index(b: Builder, indices: list[fx.Node], sizes: list[int]) -> fx.Node:
+    """``sum_j wrap(I_j) * stride_j``, plus the row length where some ``I_j`` is out of range."""
+    aten = torch.ops.aten
+    total = math.prod(sizes)
+    flat, stride = None, total
+    for index, size in zip(indices, sizes):
+        stride //= size
+        negative = b.call(aten.lt.Scalar, index, 0)
+        wrapped = b.call(aten.where.self, negative, b.call(aten.add.Tensor, index, size), index)
+        outside = b.call(
+            aten.logical_or.default,
+            b.call(aten.lt.Scalar, wrapped, 0),
+            b.call(aten.ge.Scalar, wrapped, size),
+        )
+        term = b.call(
+            aten.add.Tensor,
+            b.call(aten.mul.Tensor, wrapped, stride),
+            b.call(aten.mul.Tensor, outside, total),
+        )
+        flat = term if flat is None else b.call(aten.add.Tensor, flat, term)
+    return flat
+
+
 def _fold_limit(args: Any) -> int:
     """Fold anything no larger than its largest input (a masked weight, a slice), and small
     results of ops that expand; never materialize a large expansion."""
@@ -164,6 +242,30 @@ def drop_full_slices(gm: fx.GraphModule) -> int:
 
 
 _INT64_MAX = 2**63 - 1
+
+
+def drop_double_transposes(gm: fx.GraphModule) -> int:
+    """Replace ``transpose(transpose(x, a, b), a, b)`` (dims in either order) by ``x``, except
+    as a graph output (the model returns a view there, not its operand)."""
+    dropped = 0
+    transpose = torch.ops.aten.transpose.int
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target != transpose or node.kwargs:
+            continue
+        inner = node.args[0]
+        if not isinstance(inner, fx.Node) or inner.target != transpose or inner.kwargs:
+            continue
+        source = inner.args[0]
+        val = source.meta.get("val") if isinstance(source, fx.Node) else None
+        if not isinstance(val, torch.Tensor) or any(u.op == "output" for u in node.users):
+            continue
+        ndim = max(val.dim(), 1)
+        if {d % ndim for d in node.args[1:3]} != {d % ndim for d in inner.args[1:3]}:
+            continue
+        node.replace_all_uses_with(source)
+        gm.graph.erase_node(node)
+        dropped += 1
+    return dropped
 
 
 def drop_identity_writes(gm: fx.GraphModule) -> int:

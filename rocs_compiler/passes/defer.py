@@ -444,22 +444,39 @@ def _distribute_matmul(b: Builder, node: fx.Node) -> Optional[fx.Node]:
     The rows of ``left`` are the output's second-to-last dim, or its last one when ``right`` is
     a vector (``matmul`` drops the contracted vector dim); the columns of ``right`` are the
     output's last dim.
+
+    Against a candidate operand every product is per candidate, but a request piece's product
+    is an in-kernel broadcast (``ikbo``) where the concatenation needs the piece gathered to
+    every candidate first: ``C @ [U^T[idx] | C^T]`` becomes ``[C @ U^T[idx] | C @ C^T]``, the
+    bottom rows of a pairwise interaction over stacked request and candidate features. That
+    split is taken when the concatenated output is smaller than the concatenated operand
+    (``C``'s rows fewer than the contracted dim), so it moves less data than it saves.
     """
     left, right = node.args[0], node.args[1]
     out_ndim = node.meta["val"].dim()
     info = mixed_concat(left)
     if info is not None and info.ndim >= 2 and info.dim == info.ndim - 2:
-        if _candidate_operand(right):
+        if _candidate_operand(right) and not _broadcast_pays(info, val_of(right), -1):
             return None
         outs = [b.call(node.target, piece, right) for piece in info.pieces]
         return _cat_pieces(b, outs, out_ndim - (1 if val_of(right).dim() == 1 else 2))
     info = mixed_concat(right)
     if info is not None and info.ndim >= 2 and info.dim == info.ndim - 1:
-        if _candidate_operand(left):
+        if _candidate_operand(left) and not _broadcast_pays(info, val_of(left), -2):
             return None
         outs = [b.call(node.target, left, piece) for piece in info.pieces]
         return _cat_pieces(b, outs, out_ndim - 1)
     return None
+
+
+def _broadcast_pays(info: Concat, other: torch.Tensor, kept_dim: int) -> bool:
+    """Whether a matmul of the concatenation ``info`` with the candidate operand ``other``
+    should split: some piece is request-only, and ``other``'s kept dim (its rows on the left,
+    its columns on the right) is a size smaller than the contracted dim."""
+    if other.dim() < 2 or not any(role_of(p) == Role.REQUEST for p in info.pieces):
+        return False
+    kept, contracted = other.shape[kept_dim], other.shape[-1 if kept_dim == -2 else -2]
+    return isinstance(kept, int) and isinstance(contracted, int) and kept < contracted
 
 
 def defer_rewrites(float32_partials: bool = True) -> list[Rewrite]:

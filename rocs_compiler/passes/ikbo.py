@@ -6,7 +6,10 @@ of such a broadcast with a ``rocs::`` op that takes ``x`` at its natural ``[R, .
 ``idx``; the op's reference (``rocs_compiler.kernels.ROCS_OPS``) is exactly the replaced subgraph, so
 the identity each rule relies on is the definition of its op:
 
-- ``linear(c, W, b) + x[idx]`` -> ``broadcast_linear(c, W, b, x, idx)``;
+- ``linear(c, W, b) + x[idx]`` -> ``broadcast_linear(c, W, b, x, idx)``; for ``c [N, L, K]`` and
+  ``x [R, L, M]`` (a DIN activation unit over a history of static length L) the same op on the
+  rows: ``c`` as ``[N L, K]``, ``x`` as ``[R L, M]``, candidate row ``n L + l`` reading request
+  row ``idx[n] L + l``;
 - ``W @ E + x[idx]`` (matmul or the equivalent einsum) -> ``broadcast_linear_compression``;
 - ``sdpa(q, k[idx], v[idx], mask[idx])`` with a key-padding mask (bool ``[N, 1, 1, L]``, or the
   float mask ``[N, H, 1, L]`` that ``nn.MultiheadAttention`` builds, as ``key_bias``) ->
@@ -111,15 +114,39 @@ def _fuse_linear(ctx: _Context):
         if split is None:
             return None
         lin, source = split
-        if lin.target != aten.linear.default or _val(lin.args[0]).dim() != 2:
+        if lin.target != aten.linear.default:
             return None
-        weight = lin.args[1]
+        c, weight = lin.args[0], lin.args[1]
         bias = lin.args[2] if len(lin.args) > 2 else None
         if not _const(weight) or (bias is not None and not _const(bias)):
             return None
-        return b.call(rocs.broadcast_linear.default, lin.args[0], weight, bias, source, ctx.index)
+        if _val(c).dim() == 2:
+            return b.call(rocs.broadcast_linear.default, c, weight, bias, source, ctx.index)
+        length = _val(c).shape[1]
+        if _val(c).dim() != 3 or _val(source).dim() != 3 or not isinstance(length, int):
+            return None
+        k, m = _val(c).shape[2], _val(weight).shape[0]
+        rows = b.call(
+            rocs.broadcast_linear.default,
+            b.call(aten.reshape.default, c, [-1, k]),
+            weight,
+            bias,
+            b.call(aten.reshape.default, source, [-1, m]),
+            _row_index(b, ctx.index, length, weight),
+        )
+        return b.call(aten.reshape.default, rows, [-1, length, m])
 
     return apply
+
+
+def _row_index(b: Builder, index: fx.Node, length: int, like: fx.Node) -> fx.Node:
+    """``[N L]``: ``index[n] * L + l`` at row ``n L + l``. The offsets ``0..L-1`` are made from
+    the constant ``like`` (a weight), so that cleanup folds them into a buffer, which moves with
+    the model's device."""
+    ones = b.call(aten.new_ones.default, like, [length], dtype=torch.int64)
+    offsets = b.call(aten.sub.Tensor, b.call(aten.cumsum.default, ones, 0), 1)
+    first = b.call(aten.mul.Tensor, b.call(aten.unsqueeze.default, index, 1), length)
+    return b.call(aten.reshape.default, b.call(aten.add.Tensor, first, offsets), [-1])
 
 
 def _left_matmul(node: fx.Node) -> Optional[tuple[fx.Node, fx.Node]]:
