@@ -66,6 +66,30 @@ def test_dropin_calls_ask_for_the_margin(monkeypatch):
     assert margins == [("dropin", program_choice.DROPIN_MARGIN), ("shared", 0.0)]
 
 
+def test_once_a_row_count_shares_its_other_buckets_compare_without_a_margin(monkeypatch):
+    """Every call of the row count then finds requests: neither the margin nor the time to find
+    them favours a program."""
+    seen = []
+    real = ProgramChoice.run
+
+    def run(self, key, shared, plain, settle=None, shared_extra=0.0, margin=0.0):
+        seen.append((key, shared_extra, margin))
+        return real(self, key, shared, plain, settle, shared_extra, margin)
+
+    monkeypatch.setattr(ProgramChoice, "run", run)
+    model = USER_ITEM_MLP.build()
+    cm = USER_ITEM_MLP.compile(model)
+    two, six = USER_ITEM_MLP.batch([3, 3], seed=1), USER_ITEM_MLP.batch([1] * 6, seed=2)
+    with torch.no_grad():
+        cm(**two.replicated())  # 6 rows, 2 requests: the first trial, nothing shares yet
+        cm._choice.settle(bucket("dropin", 6, 2), SHARED)
+        cm(**six.replicated())  # 6 rows, 6 requests: another bucket of the row count
+    (first, extra_first, margin_first), (second, extra_second, margin_second) = seen
+    assert first == bucket("dropin", 6, 2) and second == bucket("dropin", 6, 6)
+    assert extra_first > 0 and margin_first == program_choice.DROPIN_MARGIN
+    assert extra_second == 0.0 and margin_second == 0.0
+
+
 def test_buckets_round_sizes_up_to_powers_of_two():
     assert bucket("shared", 9, 2) == bucket("shared", 15, 3) != bucket("shared", 16, 3)
     assert bucket("dropin", 1024) != bucket("shared", 1024, 0)

@@ -262,13 +262,21 @@ class CompiledModel(nn.Module):
         finding = now() - start
         num_requests = next(iter(requests.values())).shape[0] if requests else rows
         key = bucket("dropin", rows, num_requests)
+        program = choice.decided(key)
+        if program is not None:
+            return self._run_plain(leaves, None) if program == PLAIN else self._run(
+                args, kwargs, leaves, requests, index
+            )
+        # Finding requests is the shared program's cost only while no bucket of the row count
+        # shares; after that every call pays it (``runtime/program_choice.py``).
+        alone = not choice.shares_in(family)
         return choice.run(
             key,
             lambda: self._run(args, kwargs, leaves, requests, index),
             lambda: self._run_plain(leaves, None),
             lambda: self._settle_if_clear(key, rows, num_requests),
-            shared_extra=finding,
-            margin=DROPIN_MARGIN,
+            shared_extra=finding if alone else 0.0,
+            margin=DROPIN_MARGIN if alone else 0.0,
         )
 
     def _settle_if_clear(self, key: tuple, rows: int, num_requests: int) -> Optional[str]:

@@ -24,11 +24,15 @@ shared program's cost the plain one avoids: the time to find them counts toward 
 program's trials only, and once every bucket of a row count chose the plain program (a
 *family*, :meth:`ProgramChoice.everywhere`), calls with that row count skip finding requests.
 A drop-in bucket that keeps the shared program makes every call of its row count find the
-requests first, whatever their number, so there a close result goes to the plain program: the
-shared one must lead by :data:`DROPIN_MARGIN`, more than the spread of the minimum of repeated
-trials on a shared machine, else a coin-toss win at one request count taxes all the others
-(measured: a GRU history model at 16 rows, whose one-request bucket went shared by 2-5 %, ran
-its four-request calls at 0.86-0.89 of eager instead of 1.04).
+requests first, whatever their number, so while no bucket of the row count shares, a close
+result goes to the plain program: the shared one must lead by :data:`DROPIN_MARGIN`, more than
+the spread of the minimum of repeated trials on a shared machine, else a coin-toss win at one
+request count taxes all the others (measured: a GRU history model at 16 rows, whose
+one-request bucket went shared by 2-5 %, ran its four-request calls at 0.86-0.89 of eager
+instead of 1.04). Once one bucket shares, every call of the row count finds requests anyway:
+the other buckets then compare the programs as they will run, finding included in both, with
+no margin (a transformer history model at 16 rows, four requests: 1.3x with the shared
+program, 0.82-0.92 with the plain one after finding requests it no longer needed).
 """
 
 from __future__ import annotations
@@ -76,6 +80,10 @@ class ProgramChoice:
         """The program every bucket of ``family`` (a bucket's first two fields) chose, when they
         all chose the same one and none is still being measured; else None."""
         return self._families.get(family)
+
+    def shares_in(self, family: tuple) -> bool:
+        """Whether some decided bucket of ``family`` runs the shared program."""
+        return any(p == SHARED for k, p in list(self._decided.items()) if k[:2] == family)
 
     def next_trial(self, key: tuple, margin: float = 0.0) -> str:
         """The program the next call of an undecided bucket runs; the bucket keeps the shared
