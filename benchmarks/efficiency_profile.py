@@ -58,7 +58,8 @@ MOVE, ELEMENTWISE = "data movement", "elementwise & reductions"
 VIEWS, OUTSIDE = "views, allocation, scalar reads", "outside ATen"
 CATEGORIES = (GEMM, LOOKUP, GATHER, MOVE, ELEMENTWISE, VIEWS, OUTSIDE)
 _OPS = {
-    GEMM: "mm addmm bmm baddbmm addbmm matmul linear mv addmv dot einsum _mkl_linear mkldnn_linear"
+    GEMM: "mm addmm addmm_ bmm baddbmm baddbmm_ addbmm matmul linear mv addmv dot einsum _mkl_linear"
+    " mkldnn_linear"
     " _scaled_dot_product_flash_attention_for_cpu scaled_dot_product_attention"
     " _scaled_dot_product_attention_math convolution _convolution conv1d conv2d mkldnn_rnn_layer",
     LOOKUP: "embedding embedding_bag _embedding_bag _embedding_bag_forward_only",

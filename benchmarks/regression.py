@@ -21,7 +21,12 @@ torch thread counts the whole call and not the time the thread waited for a core
 value is the median over ``--rounds`` rounds; and glibc's malloc is told to keep freed memory
 (``allocator.py``; ``--malloc system`` leaves it as it is), so page faults on freshly mapped
 blocks, which make a large call's time bimodal from one process to the next in eager and
-compiled calls alike, do not decide a cell. Timing starts after warm-up calls in which the
+compiled calls alike, do not decide a cell; and the whole measurement runs ``--passes`` (3)
+times, each pass over every model with a fresh compile (so the program choice is measured again
+too), a cell's ratio being the median of its passes: interference on a shared machine comes in
+bursts of a second or two, long enough to move one cell of one pass by 10-40 % either way, and a
+median of three passes taken minutes apart is not moved by one burst. Every single pass below
+the threshold is listed after the table. Timing starts after warm-up calls in which the
 compiled model settles on its program for the cell (option ``autotune``: the shared program or
 the plain captured graph, whichever its first calls measured faster). Outputs are compared with
 eager before and after the warm-up (``allclose``, rtol = atol = 1e-4), so both programs are
@@ -172,39 +177,72 @@ def measure_case(case: Case, cells, rounds: int, sample_s: float, clock) -> dict
 # -- report ---------------------------------------------------------------------------------------
 
 
-def ratios(results: dict) -> list[tuple[str, int, int, str, float]]:
-    """(model, R, N, layout, eager time / compiled time) for every measured cell."""
+def combine(passes: list[dict]) -> dict:
+    """``{model: {(R, N): {"ratios": {layout: [eager / compiled per pass]}, "mismatch": [...]}}}``
+    from the per-pass results of :func:`measure_case`."""
+    combined: dict = {}
+    for results in passes:
+        for model, cells in results.items():
+            for cell, t in cells.items():
+                entry = combined.setdefault(model, {}).setdefault(
+                    cell, {"ratios": {layout: [] for layout in LAYOUTS}, "mismatch": set()}
+                )
+                for layout in LAYOUTS:
+                    entry["ratios"][layout].append(t["eager"] / t[layout])
+                entry["mismatch"].update(t["mismatch"])
+    return combined
+
+
+def ratios(combined: dict) -> list[tuple[str, int, int, str, float]]:
+    """(model, R, N, layout, median over passes of eager time / compiled time) per cell."""
     rows = []
-    for model, cells in results.items():
-        for (requests, candidates), t in cells.items():
+    for model, cells in combined.items():
+        for (requests, candidates), entry in cells.items():
             for layout in LAYOUTS:
-                rows.append((model, requests, candidates, layout, t["eager"] / t[layout]))
+                median = statistics.median(entry["ratios"][layout])
+                rows.append((model, requests, candidates, layout, median))
     return rows
 
 
-def markdown_table(results: dict, cells) -> str:
-    head = ["model"] + [f"R={r} N={n} {'shared' if l == 'shared' else 'drop-in'}" for r, n in cells for l in LAYOUTS]
+def markdown_table(combined: dict, cells) -> str:
+    head = ["model"] + [
+        f"R={r} N={n} {'shared' if layout == 'shared' else 'drop-in'}"
+        for r, n in cells
+        for layout in LAYOUTS
+    ]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
-    for model, measured in results.items():
+    for model, measured in combined.items():
         row = [model]
         for cell in cells:
-            t = measured[cell]
+            entry = measured[cell]
             for layout in LAYOUTS:
-                mark = "!" if layout in t["mismatch"] else ""
-                row.append(f"{t['eager'] / t[layout]:.2f}{mark}")
+                mark = "!" if layout in entry["mismatch"] else ""
+                row.append(f"{statistics.median(entry['ratios'][layout]):.2f}{mark}")
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
-def summary(results: dict, threshold: float) -> list[str]:
-    rows = ratios(results)
+def summary(combined: dict, threshold: float) -> list[str]:
+    rows = ratios(combined)
     lines = []
     below = sorted((r for r in rows if r[4] < threshold), key=lambda r: r[4])
     for model, requests, candidates, layout, ratio in below:
         lines.append(f"below {threshold}: {model} R={requests} N={candidates} {layout} {ratio:.2f}")
-    for model, cells in results.items():
-        for (requests, candidates), t in cells.items():
-            for layout in t["mismatch"]:
+    passes = max(len(e["ratios"][LAYOUTS[0]]) for cells in combined.values() for e in cells.values())
+    if passes > 1:  # every single measurement below the threshold, for the record
+        for model, cells in combined.items():
+            for (requests, candidates), entry in cells.items():
+                for layout in LAYOUTS:
+                    seen = entry["ratios"][layout]
+                    if min(seen) < threshold:
+                        values = ", ".join(f"{r:.2f}" for r in seen)
+                        lines.append(
+                            f"one pass below {threshold}: {model} R={requests} N={candidates} "
+                            f"{layout} ({values})"
+                        )
+    for model, cells in combined.items():
+        for (requests, candidates), entry in cells.items():
+            for layout in sorted(entry["mismatch"]):
                 lines.append(f"MISMATCH: {model} R={requests} N={candidates} {layout} differs from eager")
     model, requests, candidates, layout, ratio = min(rows, key=lambda r: r[4])
     lines.append(f"minimum ratio: {ratio:.2f} ({model}, R={requests}, N={candidates}, {layout})")
@@ -219,6 +257,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--models", nargs="+", help="model names (default: all)")
     parser.add_argument("--quick", action="store_true", help="tiny cells, 2 rounds (smoke run)")
     parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds per cell")
+    parser.add_argument(
+        "--passes", type=int, default=3, help="independent passes over all models; a cell's "
+        "ratio is the median of its passes",
+    )
     parser.add_argument("--sample-ms", type=float, default=5.0, help="minimum time per sample")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu", help="thread CPU or wall time")
@@ -230,7 +272,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     if args.quick:
-        args.rounds, args.sample_ms = 2, 0.0
+        args.rounds, args.sample_ms, args.passes = 2, 0.0, 1
     return args
 
 
@@ -247,13 +289,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     cells = QUICK_CELLS if args.quick else CELLS
     clock = time.thread_time if args.clock == "cpu" else time.perf_counter
-    results = {}
+    passes = []
     with torch.no_grad():
-        for name in names:
-            started = time.perf_counter()
-            results[name] = measure_case(cases[name], cells, args.rounds, args.sample_ms / 1e3, clock)
-            print(f"[regression] {name}: {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
-    text = "\n".join([markdown_table(results, cells), "", *summary(results, args.threshold)])
+        for number in range(1, args.passes + 1):
+            results = {}
+            for name in names:  # a fresh compile per pass: the program choice is measured again
+                started = time.perf_counter()
+                results[name] = measure_case(cases[name], cells, args.rounds, args.sample_ms / 1e3, clock)
+                took = time.perf_counter() - started
+                print(f"[regression] pass {number}/{args.passes} {name}: {took:.1f} s",
+                      file=sys.stderr, flush=True)  # fmt: skip
+            passes.append(results)
+    combined = combine(passes)
+    text = "\n".join([markdown_table(combined, cells), "", *summary(combined, args.threshold)])
     print(text)
     if args.markdown:
         with open(args.markdown, "w") as f:
