@@ -104,67 +104,61 @@ def fold_constants(gm: fx.GraphModule) -> int:
 def weight_first_matmuls_fold(gm: fx.GraphModule) -> int:
     """``matmul(W, x)`` -> the folded ``mm`` of the module docstring, for a 2-D constant ``W``
     and ``x`` of 3 or more dims whose dims besides the batch are static. Returns the count."""
+    return _rewrite_calls(gm, torch.ops.aten.matmul.default, _folded_mm)
+
+
+def _folded_mm(node: fx.Node) -> fx.Node | None:
     aten = torch.ops.aten
-    rewritten = 0
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target != aten.matmul.default or node.kwargs:
-            continue
-        weight, x = node.args
-        w_val, x_val = weight.meta.get("val"), x.meta.get("val")
-        if weight.meta.get(PLACEMENT) != Role.CONST or x.meta.get(PLACEMENT) == Role.CONST:
-            continue
-        if not isinstance(w_val, torch.Tensor) or not isinstance(x_val, torch.Tensor):
-            continue
-        inner = list(x_val.shape[1:])
-        if w_val.dim() != 2 or x_val.dim() < 3 or not all(isinstance(d, int) for d in inner):
-            continue
-        k, n, m = inner[-2], inner[-1], w_val.shape[0]
-        b = Builder(gm, node, detect_fake_mode([x_val]))
-        rows = b.call(aten.reshape.default, b.call(aten.transpose.int, x, -1, -2), [-1, k])
-        w_t = b.call(aten.t.default, weight)
-        product = b.call(aten.mm.default, rows, w_t)
-        grouped = b.call(aten.reshape.default, product, [-1, *inner[:-2], n, m])
-        out = b.call(aten.transpose.int, grouped, -1, -2)
-        for new in b.created:
-            new.meta[PLACEMENT] = Role.CONST if new is w_t else x.meta[PLACEMENT]
-        node.replace_all_uses_with(out)
-        gm.graph.erase_node(node)
-        rewritten += 1
-    return rewritten
+    weight, x = node.args
+    w_val, x_val = weight.meta.get("val"), x.meta.get("val")
+    if weight.meta.get(PLACEMENT) != Role.CONST or x.meta.get(PLACEMENT) == Role.CONST:
+        return None
+    if not isinstance(w_val, torch.Tensor) or not isinstance(x_val, torch.Tensor):
+        return None
+    inner = list(x_val.shape[1:])
+    if w_val.dim() != 2 or x_val.dim() < 3 or not all(isinstance(d, int) for d in inner):
+        return None
+    k, n, m = inner[-2], inner[-1], w_val.shape[0]
+    b = Builder(node.graph.owning_module, node, detect_fake_mode([x_val]))
+    rows = b.call(aten.reshape.default, b.call(aten.transpose.int, x, -1, -2), [-1, k])
+    w_t = b.call(aten.t.default, weight)
+    product = b.call(aten.mm.default, rows, w_t)
+    grouped = b.call(aten.reshape.default, product, [-1, *inner[:-2], n, m])
+    out = b.call(aten.transpose.int, grouped, -1, -2)
+    for new in b.created:
+        new.meta[PLACEMENT] = Role.CONST if new is w_t else x.meta[PLACEMENT]
+    return out
 
 
 def constant_indexing_as_index_select(gm: fx.GraphModule) -> int:
     """``index(x, [None, I_1, ..., I_k])`` with weight-only 1-D integer ``I_j`` of one length,
     over every dim of ``x`` after the first (or ``k = 1``), those dims static: the
     ``index_select`` of the module docstring. Returns the count."""
+    return _rewrite_calls(gm, torch.ops.aten.index.Tensor, _flat_index_select)
+
+
+def _flat_index_select(node: fx.Node) -> fx.Node | None:
     aten = torch.ops.aten
-    rewritten = 0
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target != aten.index.Tensor or node.kwargs:
-            continue
-        x, indices = node.args
-        x_val = x.meta.get("val") if isinstance(x, fx.Node) else None
-        if not isinstance(x_val, torch.Tensor) or len(indices) < 2 or indices[0] is not None:
-            continue
-        if len(indices) != 2 and len(indices) != x_val.dim():
-            continue
-        sizes = list(x_val.shape[1:len(indices)])
-        if not all(isinstance(s, int) for s in sizes) or not all(
-            _constant_index_vector(i) for i in indices[1:]
-        ):
-            continue
-        if len({i.meta["val"].shape[0] for i in indices[1:]}) != 1:
-            continue
-        b = Builder(gm, node, detect_fake_mode([x_val]))
-        flat = _flat_index(b, indices[1:], sizes)
-        rows = x if len(indices) == 2 else b.call(aten.reshape.default, x, [-1, math.prod(sizes)])
-        out = b.call(aten.index_select.default, rows, 1, flat)
-        for new in b.created:
-            new.meta[PLACEMENT] = x.meta.get(PLACEMENT) if new in (rows, out) else Role.CONST
-        node.replace_all_uses_with(out)
-        gm.graph.erase_node(node)
-        rewritten += 1
-    return rewritten
+    x, indices = node.args
+    x_val = x.meta.get("val") if isinstance(x, fx.Node) else None
+    if not isinstance(x_val, torch.Tensor) or len(indices) < 2 or indices[0] is not None:
+        return None
+    if len(indices) != 2 and len(indices) != x_val.dim():
+        return None
+    sizes = list(x_val.shape[1:len(indices)])
+    if not all(isinstance(s, int) for s in sizes) or not all(
+        _constant_index_vector(i) for i in indices[1:]
+    ):
+        return None
+    if len({i.meta["val"].shape[0] for i in indices[1:]}) != 1:
+        return None
+    b = Builder(node.graph.owning_module, node, detect_fake_mode([x_val]))
+    flat = _flat_index(b, indices[1:], sizes)
+    rows = x if len(indices) == 2 else b.call(aten.reshape.default, x, [-1, math.prod(sizes)])
+    out = b.call(aten.index_select.default, rows, 1, flat)
+    for new in b.created:
+        new.meta[PLACEMENT] = x.meta.get(PLACEMENT) if new in (rows, out) else Role.CONST
+    return out
 
 
 def _constant_index_vector(node: Any) -> bool:
@@ -247,25 +241,37 @@ _INT64_MAX = 2**63 - 1
 def drop_double_transposes(gm: fx.GraphModule) -> int:
     """Replace ``transpose(transpose(x, a, b), a, b)`` (dims in either order) by ``x``, except
     as a graph output (the model returns a view there, not its operand)."""
-    dropped = 0
-    transpose = torch.ops.aten.transpose.int
+    return _rewrite_calls(gm, torch.ops.aten.transpose.int, _double_transpose_source)
+
+
+def _double_transpose_source(node: fx.Node) -> fx.Node | None:
+    inner = node.args[0]
+    if not isinstance(inner, fx.Node) or inner.target != node.target or inner.kwargs:
+        return None
+    source = inner.args[0]
+    val = source.meta.get("val") if isinstance(source, fx.Node) else None
+    if not isinstance(val, torch.Tensor) or any(u.op == "output" for u in node.users):
+        return None
+    ndim = max(val.dim(), 1)
+    if {d % ndim for d in node.args[1:3]} != {d % ndim for d in inner.args[1:3]}:
+        return None
+    return source
+
+
+def _rewrite_calls(gm: fx.GraphModule, target: Any, rewrite) -> int:
+    """Replace each call of ``target`` without keyword arguments by ``rewrite(node)``, where
+    that gives a node (None: the call stays). Returns the count."""
+    count = 0
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target != transpose or node.kwargs:
+        if node.op != "call_function" or node.target != target or node.kwargs:
             continue
-        inner = node.args[0]
-        if not isinstance(inner, fx.Node) or inner.target != transpose or inner.kwargs:
+        new = rewrite(node)
+        if new is None:
             continue
-        source = inner.args[0]
-        val = source.meta.get("val") if isinstance(source, fx.Node) else None
-        if not isinstance(val, torch.Tensor) or any(u.op == "output" for u in node.users):
-            continue
-        ndim = max(val.dim(), 1)
-        if {d % ndim for d in node.args[1:3]} != {d % ndim for d in inner.args[1:3]}:
-            continue
-        node.replace_all_uses_with(source)
+        node.replace_all_uses_with(new)
         gm.graph.erase_node(node)
-        dropped += 1
-    return dropped
+        count += 1
+    return count
 
 
 def drop_identity_writes(gm: fx.GraphModule) -> int:
