@@ -104,22 +104,27 @@ def main(argv=None) -> int:
     if "deepctr" in args.libraries:
         from models_zoo.deepctr_models import MODELS
 
-        print(f"DeepCTR-Torch, {shape}\n")
-        print("| model | eager | rocs drop-in | rocs indexed | drop-in vs eager | "
-              "indexed vs eager | ideal (FLOPs) | exact |")  # fmt: skip
-        print("|---|---|---|---|---|---|---|---|")
+        _table(f"DeepCTR-Torch, {shape}", ["rocs drop-in", "rocs indexed"])
         for name in _chosen(args.models, MODELS):
             print(measure(name, args.requests, args.candidates, args.repeats), flush=True)
     if "torchrec" in args.libraries:
         from models_zoo.torchrec_models import MODELS
 
-        print(f"\nTorchRec, {shape}\n")
-        print("| model | eager | eager, TorchRec shared KJT | rocs drop-in | rocs indexed | "
-              "drop-in vs eager | indexed vs eager | ideal (FLOPs) | exact |")  # fmt: skip
-        print("|---|---|---|---|---|---|---|---|---|")
+        variants = ["eager, TorchRec shared KJT", "rocs drop-in", "rocs indexed"]
+        _table(f"\nTorchRec, {shape}", variants)
         for name in _chosen(args.models, MODELS):
             print(measure_torchrec(name, args.requests, args.candidates, args.repeats), flush=True)
     return 0
+
+
+
+def _table(title: str, variants: list[str]) -> None:
+    """Print ``title`` and the head of a table: model, eager, ``variants``, ratios, exactness."""
+    columns = ["model", "eager", *variants, "drop-in vs eager", "indexed vs eager",
+               "ideal (FLOPs)", "exact"]  # fmt: skip
+    print(f"{title}\n")
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
 
 
 if __name__ == "__main__":
