@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rocs_compiler.layers import CrossAttention, DCABlock
+from rocs_compiler.transforms.layers import CrossAttention, DCABlock
 from rocs_compiler.transforms import register_dca_family
 from rocs_compiler.transforms.glm import expect_type, refuse
 

@@ -6,14 +6,20 @@ equal the original model's for every batch.
 """
 
 from .api import compile
-from .backend import backend, shared_call
+from .backend.door import backend, shared_call
 from .export import aoti_package, export, load, save
 from .errors import CompileError, InputError, OptionsError
-from .index_contract import trusted_index
+from .kernels.index_contract import trusted_index
 from .options import Options
-from .roles import Role
+from .ir.roles import Role
 from .runtime import CompiledModel
-from .layers import DCABlock, GLMFactorizationMachine, GLMLinear, GLMLinearCompression, GroupLayerNorm
+from .transforms.layers import (
+    DCABlock,
+    GLMFactorizationMachine,
+    GLMLinear,
+    GLMLinearCompression,
+    GroupLayerNorm,
+)
 from .transforms import apply_dca, apply_glm
 
 __all__ = [

@@ -7,7 +7,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from torch import nn
 
-from . import column_lanes, kjt_lanes
+from .formats import columns as column_lanes, kjt as kjt_lanes
 from .errors import CompileError
 from .options import Options
 from .pipeline import compile_graph
@@ -73,7 +73,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     captured = result.captured
     contract = _contract(captured)
     def report_builder(num_candidates: int, num_requests: int):
-        from .report import build_report
+        from .report.build import build_report
 
         return build_report(result, num_candidates, num_requests, model)
 
@@ -105,7 +105,7 @@ def _contract(described) -> InputContract:
 
 
 def _eager_fallback(model, request_inputs, example_args, example_kwargs, err, unbatched) -> CompiledModel:
-    from .capture import describe_example
+    from .capture.trace import describe_example
 
     warnings.warn(f"rocs: compilation failed, the model will run eagerly: {err}", stacklevel=3)
     call = describe_example(model, example_args, example_kwargs, request_inputs, unbatched)

@@ -38,8 +38,8 @@ from torch.export import Dim, ExportedProgram
 # ``import rocs_compiler``.
 from . import kernels as _kernels  # noqa: F401
 from .errors import CompileError, InputError
-from .graph_meta import INDEX_NAME, PLACEMENT
-from .roles import Role
+from .ir.graph_meta import INDEX_NAME, PLACEMENT
+from .ir.roles import Role
 
 __all__ = ["aoti_package", "export", "load", "save"]
 
@@ -56,7 +56,7 @@ class _SharedLayoutProgram(nn.Module):
     def _run(self, args: tuple, kwargs: dict):
         from torch.fx import traceback as fx_traceback
 
-        from .inputs import bind_inputs, named_leaves
+        from .formats.leaves import bind_inputs, named_leaves
 
         leaves = named_leaves(bind_inputs(inspect.signature(self.forward), args, kwargs))
         index = leaves.pop(INDEX_NAME)
@@ -112,7 +112,7 @@ def _synthetic_example(compiled, num_requests: int = 2, num_candidates: int = 3)
 
 
 def _flat_example(compiled, example: Any) -> dict:
-    from .inputs import named_leaves
+    from .formats.leaves import named_leaves
 
     if example is None:
         return _synthetic_example(compiled)
@@ -141,8 +141,8 @@ def export(compiled, example: Optional[Any] = None) -> ExportedProgram:
             ``models_zoo.Batch``); by default zero-valued inputs with R = 2, N = 3 are used,
             which is enough because the graph has no data-dependent control flow.
     """
-    from .column_lanes import ColumnLanes
-    from .kjt_lanes import KJTLanes
+    from .formats.columns import ColumnLanes
+    from .formats.kjt import KJTLanes
 
     if isinstance(compiled, (ColumnLanes, KJTLanes)) and compiled.compiled is not None:
         # Its inputs are the pieces: a packed input's columns (X.0:12, X.12:30, ...), or a

@@ -12,8 +12,8 @@ from typing import Any, Mapping, Sequence
 
 from torch import fx, nn
 
-from .analysis import Analysis, analyze
-from .capture import CapturedGraph, capture
+from .analysis.driver import Analysis, analyze
+from .capture.trace import CapturedGraph, capture
 from .options import Options
 from .passes.share import share
 from .progress import stage
@@ -36,7 +36,7 @@ class PipelineResult:
     def costs(self) -> dict:
         """FLOPs per node of the logical graph (computed on first use)."""
         if self._costs is None:
-            from .flops import node_costs
+            from .analysis.flops import node_costs
 
             self._costs = node_costs(self.logical_graph, self.captured.batch_symbol)
         return self._costs
@@ -45,7 +45,7 @@ class PipelineResult:
     def captured_costs(self) -> dict:
         """FLOPs per node of :attr:`captured_graph` (computed on first use)."""
         if self._captured_costs is None:
-            from .flops import node_costs
+            from .analysis.flops import node_costs
 
             graph = self.captured_graph
             self._captured_costs = (
@@ -67,9 +67,9 @@ def plain_graph(result: PipelineResult) -> fx.GraphModule:
     """The captured graph, unshared, cleaned up as the shared graph is: every node that reads an
     input placed per candidate (on replicated inputs each candidate is its own request), every
     other one constant (``runtime/plain.py`` runs it)."""
-    from .graph_meta import PLACEMENT
+    from .ir.graph_meta import PLACEMENT
     from .passes.cleanup import cleanup
-    from .roles import Role
+    from .ir.roles import Role
 
     gm = _snapshot(result.captured_graph)
     reads_input: dict[fx.Node, bool] = {}
@@ -84,7 +84,7 @@ def plain_graph(result: PipelineResult) -> fx.GraphModule:
 
 def _debug_print(stage: str, gm: fx.GraphModule) -> None:
     if os.environ.get("ROCS_PRINT_GRAPHS"):
-        from .graph_text import graph_table
+        from .report.graph_text import graph_table
 
         # stderr, so that machine-readable output on stdout (``--format json``) stays intact.
         print(f"==== rocs: after {stage} ====", file=sys.stderr)
@@ -126,7 +126,7 @@ def compile_graph(
             counts.update(fired)
             analysis = analyze(gm, request_placeholders, symbol)
         _debug_print("defer", gm)
-    from .verify import verify_roles
+    from .passes.verify import verify_roles
 
     verify_roles(gm)
 
@@ -150,7 +150,7 @@ def compile_graph(
     with stage("cleanup"):
         shared = cleanup(shared)
     _debug_print("cleanup", shared)
-    from .verify import verify_shared
+    from .passes.verify import verify_shared
 
     verify_shared(shared)
     return PipelineResult(captured, analysis, gm, shared, counts, as_written)

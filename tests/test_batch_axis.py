@@ -13,7 +13,7 @@ from torch._dynamo.source import ConstantSource
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-from rocs_compiler.batch_axis import BatchAxis, gather_rows, output_axis, reshape_axis
+from rocs_compiler.analysis.batch_axis import BatchAxis, gather_rows, output_axis, reshape_axis
 
 INDEX = torch.tensor([2, 0, 0, 1])
 

@@ -289,9 +289,9 @@ def test_glm_on_the_dca_model_reads_the_history_stack_as_request_lanes():
 def test_lane_taints_are_sound_through_the_dca_encoder():
     """Non-interference: every element the lane analysis calls request-only (attention rows,
     ``any`` reductions of the masks included) is bit-identical when the candidate inputs change."""
-    from rocs_compiler.analysis import analyze
-    from rocs_compiler.capture import capture
-    from rocs_compiler.lanes import run_taints
+    from rocs_compiler.analysis.driver import analyze
+    from rocs_compiler.capture.trace import capture
+    from rocs_compiler.analysis.segments import run_taints
 
     _, dca, _, _ = _compiled(True)
     example = _example()

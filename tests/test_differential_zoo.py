@@ -26,7 +26,7 @@ from models_for_tests import (
 from torch.utils import _pytree as pytree
 
 from models_zoo import ZOO, Batch
-from rocs_compiler.roles import Role
+from rocs_compiler.ir.roles import Role
 
 # (counts per request, shuffle the candidate order)
 BATCHES = {

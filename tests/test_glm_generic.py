@@ -16,10 +16,10 @@ from models_for_tests import assert_outputs_match
 from torch import nn
 
 import rocs_compiler as rocs
-from rocs_compiler.capture import capture
-from rocs_compiler.analysis import analyze
-from rocs_compiler.lanes import lane_ranges, request_columns, run_taints
-from rocs_compiler.layers import GLMLinear, GroupLayerNorm
+from rocs_compiler.capture.trace import capture
+from rocs_compiler.analysis.driver import analyze
+from rocs_compiler.analysis.segments import lane_ranges, request_columns, run_taints
+from rocs_compiler.transforms.layers import GLMLinear, GroupLayerNorm
 from models_zoo.user_models import Ranker
 
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import rocs_compiler as rocs
-from rocs_compiler.index_contract import IndexRangeError, IndexTypeError
+from rocs_compiler.kernels.index_contract import IndexRangeError, IndexTypeError
 from rocs_compiler.runtime.program_choice import TRIALS
 
 BAD = [

@@ -1,4 +1,4 @@
-"""Pooling padded rows (``rocs_compiler/kjt_pooling.py``) equals ``nn.EmbeddingBag`` on the
+"""Pooling padded rows (``rocs_compiler/formats/kjt_pooling.py``) equals ``nn.EmbeddingBag`` on the
 jagged rows, and a padded width marked dynamic stays symbolic through capture.
 
 The oracle is ``torch.nn.functional.embedding_bag`` with offsets (what TorchRec's
@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import rocs_compiler as rocs
-from rocs_compiler.kjt_pooling import PaddedKey, pool
+from rocs_compiler.formats.kjt_pooling import PaddedKey, pool
 
 
 def _jagged(lengths, seed):

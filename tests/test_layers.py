@@ -16,7 +16,7 @@ from models_for_tests import Spec, check_both_conventions, draw_batch
 from torch import nn
 
 import rocs_compiler as rocs
-from rocs_compiler.layers import (
+from rocs_compiler.transforms.layers import (
     DCABlock,
     GLMFactorizationMachine,
     GLMLinear,

@@ -15,7 +15,7 @@ from torch.nn.utils import parametrize
 
 import rocs_compiler as rocs
 from models_zoo.batch import Batch, request_index
-from rocs_compiler.layers import GLMLinear
+from rocs_compiler.transforms.layers import GLMLinear
 
 REQ, CAND, HIDDEN_REQ, HIDDEN_CAND = 6, 5, 8, 7
 DIMS = [(REQ, CAND), (HIDDEN_REQ, HIDDEN_CAND), (HIDDEN_REQ, HIDDEN_CAND), (2, 1)]

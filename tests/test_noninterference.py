@@ -46,12 +46,12 @@ from models_zoo.history_encoders import (
     SelfAndTargetAttention,
 )
 from models_zoo.batch import get_leaf, set_leaf
-from rocs_compiler.analysis import analyze
-from rocs_compiler.batch_axis import BatchAxis, gather_rows
-from rocs_compiler.graph_meta import BATCH_AXIS, ROLE
+from rocs_compiler.analysis.driver import analyze
+from rocs_compiler.analysis.batch_axis import BatchAxis, gather_rows
+from rocs_compiler.ir.graph_meta import BATCH_AXIS, ROLE
 from rocs_compiler.options import Options
 from rocs_compiler.pipeline import compile_graph
-from rocs_compiler.roles import Role
+from rocs_compiler.ir.roles import Role
 
 COUNTS = [3, 1, 4, 2]  # R = 4, N = 10
 GATHER = torch.tensor([7, 0, 0, 9, 3, 3, 3])  # a different number of rows, repeats, any order

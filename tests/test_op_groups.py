@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import rocs_compiler as rocs
-from rocs_compiler import op_groups, role_rules
+from rocs_compiler.analysis import op_groups, role_rules
 from rocs_compiler.kernels.pointwise_program import PRIMITIVES
 
 aten = torch.ops.aten

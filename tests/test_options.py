@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import rocs_compiler as rocs
-from rocs_compiler import cli
+from rocs_compiler.cli import main as cli
 from rocs_compiler.options import BackendOptions
 
 D = 4

@@ -14,8 +14,8 @@ from models_for_tests import D, VIEW_FROM_CANDIDATE_SIZE, zoo_compiled, zoo_mode
 from torch import nn
 
 import rocs_compiler as rocs
-from rocs_compiler.render.html import measured_note
-from rocs_compiler.render.view import view_from_pipeline
+from rocs_compiler.report.render.html import measured_note
+from rocs_compiler.report.render.view import view_from_pipeline
 
 
 def _edges(view, **flags):

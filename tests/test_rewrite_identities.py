@@ -22,14 +22,14 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 import rocs_compiler as rocs
-from rocs_compiler.analysis import analyze, infer_node
-from rocs_compiler.capture import capture
+from rocs_compiler.analysis.driver import analyze, infer_node
+from rocs_compiler.capture.trace import capture
 from rocs_compiler.errors import CompileError
-from rocs_compiler.graph_meta import ROLE
+from rocs_compiler.ir.graph_meta import ROLE
 from rocs_compiler.passes.defer import defer_rewrites
 from rocs_compiler.passes.engine import Rewrite, rewrite_to_fixpoint
 from rocs_compiler.passes.normalize import normalize_rewrites
-from rocs_compiler.verify import verify_roles
+from rocs_compiler.passes.verify import verify_roles
 
 
 def all_rewrites():

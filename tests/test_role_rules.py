@@ -38,13 +38,13 @@ from models_for_tests import (
 from torch import fx, nn
 
 import rocs_compiler as rocs
-from rocs_compiler.analysis import analyze
-from rocs_compiler.batch_axis import BatchAxis
-from rocs_compiler.graph_meta import BATCH_AXIS
-from rocs_compiler.capture import capture
-from rocs_compiler.op_groups import is_mutating, is_random
-from rocs_compiler.role_rules import lookup
-from rocs_compiler.roles import Role
+from rocs_compiler.analysis.driver import analyze
+from rocs_compiler.analysis.batch_axis import BatchAxis
+from rocs_compiler.ir.graph_meta import BATCH_AXIS
+from rocs_compiler.capture.trace import capture
+from rocs_compiler.analysis.op_groups import is_mutating, is_random
+from rocs_compiler.analysis.role_rules import lookup
+from rocs_compiler.ir.roles import Role
 
 aten = torch.ops.aten
 

@@ -19,7 +19,7 @@ from torch import nn
 import rocs_compiler as rocs
 from models_zoo import ZOO
 from models_zoo import backbones as bb
-from rocs_compiler.layers import GLMLinear, GLMLinearCompression
+from rocs_compiler.transforms.layers import GLMLinear, GLMLinearCompression
 from rocs_compiler.transforms import register_glm_family
 from rocs_compiler.transforms.glm import Lanes, glm_sequential
 from rocs_compiler.transforms.registry import GLM_FAMILIES

@@ -16,7 +16,7 @@ from torch import nn
 
 import rocs_compiler as rocs
 from models_zoo import ZOO
-from rocs_compiler.layers import GLMLinear, GLMLinearCompression
+from rocs_compiler.transforms.layers import GLMLinear, GLMLinearCompression
 
 torch.set_num_threads(1)
 
@@ -240,7 +240,7 @@ def test_a_compiled_model_moved_to_another_dtype_keeps_following_its_original():
 
 
 def test_every_folded_constant_equals_its_recipe():
-    from rocs_compiler.graph_meta import FOLD
+    from rocs_compiler.ir.graph_meta import FOLD
 
     for name in ("dcnv2", "wukong"):
         _, _, cm = _zoo(name, True)

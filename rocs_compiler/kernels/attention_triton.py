@@ -27,17 +27,9 @@ import torch
 import triton
 import triton.language as tl
 
-from rocs_compiler.kernels.common import (
-    check_contiguous,
-    check_launch_device,
-    check_launch_dtypes,
-)
+from rocs_compiler.kernels.common import check_contiguous, check_launch_device, check_launch_dtypes
 from rocs_compiler.kernels.attention import default_scale
-from rocs_compiler.kernels.triton_utils import (
-    autotune_configs,
-    input_precision,
-    next_pow2_at_least,
-)
+from rocs_compiler.kernels.triton_utils import autotune_configs, input_precision, next_pow2_at_least
 
 
 def _prune_configs(configs, named_args, **kwargs):

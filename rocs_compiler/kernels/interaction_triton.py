@@ -19,16 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from rocs_compiler.kernels.common import (
-    check_contiguous,
-    check_launch_device,
-    check_launch_dtypes,
-)
-from rocs_compiler.kernels.triton_utils import (
-    autotune_configs,
-    input_precision,
-    next_pow2_at_least,
-)
+from rocs_compiler.kernels.common import check_contiguous, check_launch_device, check_launch_dtypes
+from rocs_compiler.kernels.triton_utils import autotune_configs, input_precision, next_pow2_at_least
 
 
 def _interaction_configs():

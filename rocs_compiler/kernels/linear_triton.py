@@ -27,11 +27,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from rocs_compiler.kernels.common import (
-    check_contiguous,
-    check_launch_device,
-    check_launch_dtypes,
-)
+from rocs_compiler.kernels.common import check_contiguous, check_launch_device, check_launch_dtypes
 from rocs_compiler.kernels.triton_utils import autotune_configs, input_precision
 
 

@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch.utils.flop_counter import register_flop_formula
 
-from ..index_contract import check_candidate_to_request
+from .index_contract import check_candidate_to_request
 from .common import debug_checks, use_triton
 
 

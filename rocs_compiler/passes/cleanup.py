@@ -3,7 +3,7 @@
 Identities: a node whose inputs are all weights (no input reaches it) has the same value on every
 call *as long as the weights do not change*, so it is evaluated once at compile time and stored
 as a buffer, and the ``get_attr`` node that reads the buffer keeps the subgraph as its recipe
-(``graph_meta.FOLD``, a :class:`~rocs_compiler.folded.Fold`) so that the runtime can evaluate it
+(``graph_meta.FOLD``, a :class:`~rocs_compiler.ir.folded.Fold`) so that the runtime can evaluate it
 again after a weight refresh; two pure nodes with the same op and the same arguments have the
 same value; ``slice(x, d, 0, end)`` with ``end`` at or past the size of dim ``d`` is ``x``
 (export spells ``x[:]`` over the batch dim this way), ``transpose(transpose(x, a, b), a, b)``
@@ -40,10 +40,10 @@ from torch import fx
 from torch._guards import detect_fake_mode
 from torch.utils import _pytree as pytree
 
-from ..folded import Fold
-from ..graph_meta import FOLD, PLACEMENT
-from ..op_groups import is_mutating, is_random
-from ..roles import Role
+from ..ir.folded import Fold
+from ..ir.graph_meta import FOLD, PLACEMENT
+from ..analysis.op_groups import is_mutating, is_random
+from ..ir.roles import Role
 from .engine import Builder
 
 _FOLD_LIMIT_ELEMENTS = 1 << 24  # never fold a constant into something larger than this

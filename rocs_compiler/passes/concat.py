@@ -8,8 +8,8 @@ from typing import Any, Optional
 import torch
 from torch import fx
 
-from ..graph_meta import ROLE
-from ..roles import Role
+from ..ir.graph_meta import ROLE
+from ..ir.roles import Role
 
 aten = torch.ops.aten
 

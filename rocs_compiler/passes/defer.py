@@ -39,10 +39,10 @@ import sympy
 import torch
 from torch import fx
 
-from .. import op_groups
-from ..symbolic import same_size
-from ..analysis import infer_node
-from ..roles import Role
+from ..analysis import op_groups
+from ..ir.symbolic import same_size
+from ..analysis.driver import infer_node
+from ..ir.roles import Role
 from .concat import Concat, mixed_concat, role_of, val_of
 from .engine import Builder, Rewrite, rewrite_to_fixpoint
 from .normalize import normalize_rewrites

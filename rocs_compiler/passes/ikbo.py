@@ -38,9 +38,9 @@ from torch._guards import detect_fake_mode
 from .. import kernels  # noqa: F401 - registers the rocs:: ops
 from ..kernels import pointwise_program as program_ast
 from .engine import Builder, Rewrite, rewrite_to_fixpoint
-from ..batch_axis import LEADING
-from ..graph_meta import BROADCAST, INDEX_NAME, PLACEMENT
-from ..roles import Role
+from ..analysis.batch_axis import LEADING
+from ..ir.graph_meta import BROADCAST, INDEX_NAME, PLACEMENT
+from ..ir.roles import Role
 
 aten = torch.ops.aten
 rocs = torch.ops.rocs

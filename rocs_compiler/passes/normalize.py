@@ -31,7 +31,7 @@ from typing import Optional
 import torch
 from torch import fx
 
-from ..symbolic import same_size
+from ..ir.symbolic import same_size
 from .concat import as_concat, role_of, val_of
 from .engine import Builder, Rewrite
 

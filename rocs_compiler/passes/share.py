@@ -26,11 +26,11 @@ import sympy
 import torch
 from torch import fx
 
-from ..batch_axis import BatchAxis, row_dim, split_shape
+from ..analysis.batch_axis import BatchAxis, row_dim, split_shape
 from ..errors import CompileError
-from ..graph_meta import BATCH_AXIS, BROADCAST, INDEX_NAME, PLACEMENT, ROLE
-from ..roles import Role
-from ..symbolic import emit_expr, expr_of
+from ..ir.graph_meta import BATCH_AXIS, BROADCAST, INDEX_NAME, PLACEMENT, ROLE
+from ..ir.roles import Role
+from ..ir.symbolic import emit_expr, expr_of
 
 aten = torch.ops.aten
 

@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch._ops import OpOverload
 
-from .. import op_groups
+from ..analysis import op_groups
 
 _MODULES = (torch._C._VariableFunctions, torch._C._nn, torch._C.TensorBase)
 

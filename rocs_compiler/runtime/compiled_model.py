@@ -23,19 +23,26 @@ from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from ..errors import InputError
-from ..graph_meta import PLACEMENT
-from ..index_contract import check_candidate_to_request, check_index_range, index_trusted
+from ..ir.graph_meta import PLACEMENT
+from ..kernels.index_contract import check_candidate_to_request, check_index_range, index_trusted
 from ..kernels.request_groups import note_uniform
-from ..roles import Role
+from ..ir.roles import Role
 from . import no_backward
-from .input_specs import InputSpecs
+from .input_checks import InputSpecs
 from .plain import PlainProgram, constant_output_positions
 from .program_choice import (
-    CLEAR_GAIN, CLEAR_SAVING, DROPIN_MARGIN, PLAIN, SHARED, ProgramChoice, bucket, now,
+    CLEAR_GAIN,
+    CLEAR_SAVING,
+    DROPIN_MARGIN,
+    PLAIN,
+    SHARED,
+    ProgramChoice,
+    bucket,
+    now,
 )
 from .request_detection import detect_requests, rows_consistent
 from .weights import WeightRefresh
-from ..inputs import GRAPH_OUTPUT, bind_inputs, is_tensor, named_leaves, replace_leaves
+from ..formats.leaves import GRAPH_OUTPUT, bind_inputs, is_tensor, named_leaves, replace_leaves
 
 
 class InputContract:
@@ -202,7 +209,7 @@ class CompiledModel(nn.Module):
 
     def report(self, num_candidates: int = 1024, num_requests: int = 1):
         """Structured report: roles, FLOPs per request / per candidate, fallbacks, ideal speedup."""
-        from ..report import Report
+        from ..report.build import Report
 
         if self._report_builder is None:
             return Report.for_fallback(self._fallback_reason or "eager fallback")

@@ -40,9 +40,9 @@ from typing import Any, Callable, Optional
 import torch
 from torch import fx
 
-from rocs_compiler.graph_meta import PLACEMENT
+from rocs_compiler.ir.graph_meta import PLACEMENT
 from rocs_compiler.kernels import ROCS_OPS
-from rocs_compiler.roles import Role
+from rocs_compiler.ir.roles import Role
 from rocs_compiler.runtime.bindings import fast_callable
 from rocs_compiler.runtime.inplace import inplace_plan
 

@@ -33,7 +33,7 @@ from typing import Any, Optional
 import torch
 from torch import fx
 
-from .. import op_groups
+from ..analysis import op_groups
 
 
 def inplace_plan(

@@ -62,7 +62,7 @@ def weights_read_by_outputs(gm: fx.GraphModule) -> Optional[list[frozenset[str]]
     constants expanded to the weights of their recipes; None when ``gm`` is no FX graph."""
     if not isinstance(gm, fx.GraphModule):
         return None
-    from ..graph_meta import FOLD
+    from ..ir.graph_meta import FOLD
 
     reads: dict[fx.Node, frozenset[str]] = {}
     for node in gm.graph.nodes:

@@ -21,8 +21,8 @@ from typing import Callable, Mapping, Optional
 import torch
 from torch import fx, nn
 
-from ..graph_meta import PLACEMENT
-from ..roles import Role
+from ..ir.graph_meta import PLACEMENT
+from ..ir.roles import Role
 from .direct import direct_program
 from .weights import WeightRefresh
 

@@ -44,8 +44,8 @@ from torch import fx, nn
 from torch.nn.modules import module as _module
 
 from ..errors import CompileError
-from ..folded import Fold
-from ..graph_meta import FOLD
+from ..ir.folded import Fold
+from ..ir.graph_meta import FOLD
 
 
 class _Registrations:

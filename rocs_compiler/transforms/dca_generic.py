@@ -7,7 +7,7 @@ module, same parameters and names, whose history positions attend only to histor
 
 Where the history ends is read from the model's lineage: the model is captured with the
 compiler's own capture and role analysis on an example batch, and the lane analysis
-(:mod:`rocs_compiler.lanes`) marks, per element of the sequence the module reads, whether it
+(:mod:`rocs_compiler.analysis.segments`) marks, per element of the sequence the module reads, whether it
 depends on a candidate input. The request-only positions along the sequence axis must be the
 first ``L`` (the history) with at least one candidate position after them; then ``L`` is the
 history length. A module whose every position is request-only (a history encoder) is already
@@ -30,9 +30,9 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from ..analysis import analyze
-from ..capture import capture, describe_example
-from ..lanes import run_taints
+from ..analysis.driver import analyze
+from ..capture.trace import capture, describe_example
+from ..analysis.segments import run_taints
 from .dca_torch import (
     DCAMultiheadAttention,
     DCATransformerEncoder,

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..layers import nonempty_key_mask
+from .layers import nonempty_key_mask
 
 __all__ = [
     "DCAMultiheadAttention",

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..layers import GLMLinear, GroupLayerNorm
+from .layers import GLMLinear, GroupLayerNorm
 from .glm_blocks import RequestFixedGate
 from .registry import GLM_FAMILIES
 

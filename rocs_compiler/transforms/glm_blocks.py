@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from ..layers import GLMFactorizationMachine, GLMLinearCompression
+from .layers import GLMFactorizationMachine, GLMLinearCompression
 
 __all__ = ["GLMWukongLayer", "RequestFixedGate"]
 

@@ -1,7 +1,7 @@
 """``apply_glm`` on any model: GLM masks placed where the lanes say.
 
 The model is captured with the compiler's own capture and role analysis, and the lane analysis
-(:mod:`rocs_compiler.lanes`) finds, on the example batch, which last-dim columns of every value
+(:mod:`rocs_compiler.analysis.segments`) finds, on the example batch, which last-dim columns of every value
 depend on request inputs only. Walking the graph in order, every ``nn.Linear`` whose input mixes
 request and candidate lanes becomes a :class:`~rocs_compiler.layers.GLMLinear` whose request
 outputs read the request columns only, and every such ``nn.LayerNorm`` a
@@ -33,13 +33,13 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from ..analysis import analyze, source_module
-from ..capture import capture, describe_example
-from ..graph_meta import ROLE
-from ..lanes import Ranges, lane_ranges, request_columns, run_taints
-from ..layers import GLMLinear, GroupLayerNorm
-from ..op_groups import TRAILING_NORMS, is_elementwise, packet
-from ..roles import Role
+from ..analysis.driver import analyze, source_module
+from ..capture.trace import capture, describe_example
+from ..ir.graph_meta import ROLE
+from ..analysis.segments import Ranges, lane_ranges, request_columns, run_taints
+from .layers import GLMLinear, GroupLayerNorm
+from ..analysis.op_groups import TRAILING_NORMS, is_elementwise, packet
+from ..ir.roles import Role
 
 __all__ = ["GLMReport", "apply_glm_generic", "infer_example_kwargs"]
 

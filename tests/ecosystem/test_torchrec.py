@@ -25,7 +25,7 @@ pytest.importorskip(
 )
 from models_zoo import torchrec_models as zoo
 from rocs_compiler.integrations import torchrec as rocs_torchrec
-from rocs_compiler.kjt_lanes import KJTSplit
+from rocs_compiler.formats.kjt import KJTSplit
 from rocs_compiler.runtime.request_detection import detect_requests
 
 

@@ -35,7 +35,7 @@ if DEVICE == "cuda" and not torch.cuda.is_available():
 from ikbo_testing import make_index, random_mask  # noqa: E402
 
 import rocs_compiler.kernels as cg  # noqa: E402
-from rocs_compiler.kernels import (  # noqa: E402
+from rocs_compiler.kernels import (
     attention_triton,
     interaction_triton,
     linear_triton,

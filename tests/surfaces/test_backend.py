@@ -21,7 +21,7 @@ from torch.utils import _pytree as pytree
 
 import rocs_compiler as rocs
 from models_zoo import get_entry, names, request_index
-from rocs_compiler.runtime.lowering import Lowered
+from rocs_compiler.backend.lowering import Lowered
 
 RAGGED = [([3, 1, 5], True), ([7], False), ([2, 9, 1, 1], True)]
 

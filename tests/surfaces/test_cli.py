@@ -15,8 +15,8 @@ from html.parser import HTMLParser
 
 import pytest
 
-from rocs_compiler import cli, cli_bench
-from rocs_compiler.render import dot as dot_module
+from rocs_compiler.cli import main as cli, bench as cli_bench
+from rocs_compiler.report.render import dot as dot_module
 
 HAS_DOT = shutil.which("dot") is not None
 

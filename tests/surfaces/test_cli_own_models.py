@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import rocs_compiler as rocs
-from rocs_compiler import cli
-from rocs_compiler.input_specs import parse_spec, spec_batch
+from rocs_compiler.cli import main as cli
+from rocs_compiler.cli.input_specs import parse_spec, spec_batch
 from rocs_compiler.progress import listening, stage
 
 MODEL_FILE = textwrap.dedent(

@@ -1,0 +1,1 @@
+"""The ``rocs`` command line (``main.py``): inspect, zoo, bench, measure."""

@@ -1,0 +1,108 @@
+"""``rocs inspect --measure``: time the original model against the shared-layout call.
+
+Sizes are candidates per request, like ``--candidates`` everywhere in the CLI: at size ``n`` and
+``R`` requests the batch has ``R`` requests of ``n`` candidates each (``N = R * n`` rows).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, NamedTuple, Sequence
+
+from ..progress import stage
+
+MEASURE_CANDIDATES = (16, 64, 256, 1024)
+
+
+class Measured(NamedTuple):
+    per_request: int  # candidates per request
+    num_candidates: int  # N, candidates in the batch
+    speedup: float  # eager time / shared-layout time
+
+
+class _TiledBatch(NamedTuple):
+    """A batch in both layouts: ``kwargs`` (shared) and ``replicated()`` (the original call)."""
+
+    kwargs: Any
+    candidate_to_request: Any
+    replicated_kwargs: Any
+
+    def replicated(self) -> Any:
+        return self.replicated_kwargs
+
+
+def _tiled_batch(target, counts: Sequence[int]) -> _TiledBatch:
+    """A batch built from the example rows (for factories without make_batch)."""
+    import torch
+    from torch.utils import _pytree as pytree
+
+    from .input_specs import request_index
+    from ..formats.leaves import named_leaves
+
+    example = target.example_kwargs
+    flat, spec = pytree.tree_flatten(example)
+    names = list(named_leaves(example))
+    rows = max(v.shape[0] for v in flat if isinstance(v, torch.Tensor) and v.dim())
+    index = request_index(counts)
+    num_requests, num_candidates = len(counts), sum(counts)
+    shared, replicated = [], []
+    for name, value in zip(names, flat):
+        if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == rows:
+            request = any(name == r or name.startswith(r + ".") for r in target.request_inputs)
+            count = num_requests if request else num_candidates
+            value = value.index_select(0, torch.arange(count) % rows)
+            shared.append(value)
+            replicated.append(value.index_select(0, index) if request else value)
+        else:
+            shared.append(value)
+            replicated.append(value)
+    return _TiledBatch(
+        pytree.tree_unflatten(shared, spec), index, pytree.tree_unflatten(replicated, spec)
+    )
+
+
+def _time_pair(first: Callable[[], Any], second: Callable[[], Any], budget: float = 0.5):
+    """Best times of two calls, run alternately so that load on a shared machine hits both alike.
+
+    The minimum over repeats is the least noisy estimate of a call's own cost.
+    """
+    first(), second()  # warm-up
+    best = [float("inf"), float("inf")]
+    spent, rounds = 0.0, 0
+    while rounds < 5 or (spent < budget and rounds < 200):
+        for i, fn in enumerate((first, second)):
+            start = time.perf_counter()
+            fn()
+            elapsed = time.perf_counter() - start
+            best[i] = min(best[i], elapsed)
+            spent += elapsed
+        rounds += 1
+    return best[0], best[1]
+
+
+def sizes_up_to(per_request: int) -> list[int]:
+    """The measured candidates-per-request sizes: the standard ones up to ``per_request``."""
+    return sorted({n for n in MEASURE_CANDIDATES if n <= per_request} | {per_request})
+
+
+def measure(target, compiled, num_requests: int, sizes: Sequence[int]) -> list[Measured]:
+    """Measured speedup of the shared-layout call over the original model, per size."""
+    import torch
+
+    make = target.make_batch or (lambda counts: _tiled_batch(target, counts))
+    points = []
+    with torch.no_grad():
+        first = make([1] * num_requests)
+        with stage("codegen (first call)"):
+            compiled(**first.kwargs, candidate_to_request=first.candidate_to_request)
+        for n in sizes:
+            batch = make([n] * num_requests)
+            replicated = batch.replicated()
+            shared, index = batch.kwargs, batch.candidate_to_request
+            with stage(f"measure {n} candidates/request"):
+                eager, rocs_time = _time_pair(
+                    lambda kw=replicated: target.model(**kw),
+                    lambda kw=shared, idx=index: compiled(**kw, candidate_to_request=idx),
+                )
+            points.append(Measured(n, n * num_requests, eager / rocs_time))
+    return points

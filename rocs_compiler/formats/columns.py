@@ -1,0 +1,240 @@
+"""Request features that are column ranges of one input: ``"X[:, 0:12]"``.
+
+Libraries such as DeepCTR-Torch pack every feature of a row into one float tensor ``X`` and
+slice it inside ``forward`` (``X[:, start:end]``, from ``model.feature_index``); the request side
+is a set of column ranges. A request name of the form ``"<argument>[:, a:b]"`` names such a
+range (several may name ranges of one argument).
+
+Identity: ``X == cat([X[:, p0], X[:, p1], ...], dim=1)`` for the pieces ``p0, p1, ...`` that
+cover its columns in order. The model is compiled as a wrapper that takes ``X`` as a dict of
+its pieces (``X.0:12`` request-side, ``X.12:30`` candidate-side) and concatenates them before
+calling the model; the model's own slices of that concatenation become slices of the pieces
+(normalization's ``slice_of_cat``), so a request feature's work runs once per request. The
+compiled model is called with ``X`` whole: :class:`ColumnLanes` splits it into views.
+
+Call layouts: drop-in as usual (requests are found among equal request columns); with
+``candidate_to_request`` the split argument has one row per candidate (its candidate columns
+need them), and its request columns are read once per request after checking that they agree
+within each request (``CompiledModel.call_replicated``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import torch
+from torch import nn
+
+from ..errors import InputError
+from .leaves import bind_inputs, rebuild_call
+
+_COLUMNS = re.compile(
+    r"^(?P<leaf>[A-Za-z_]\w*)\[\s*:\s*,\s*(?P<start>\d+)\s*:\s*(?P<stop>\d+)\s*\]$"
+)
+
+
+@dataclass(frozen=True)
+class ColumnSplit:
+    """An argument whose columns ``request`` (sorted, disjoint ``(start, stop)`` ranges) are
+    request-side."""
+
+    argument: str
+    width: int
+    request: tuple[tuple[int, int], ...]
+
+    def pieces(self) -> list[tuple[str, int, int, bool]]:
+        """``(key, start, stop, request-side)`` for ranges covering every column in order."""
+        out, at = [], 0
+        for start, stop in self.request:
+            if at < start:
+                out.append((f"{at}:{start}", at, start, False))
+            out.append((f"{start}:{stop}", start, stop, True))
+            at = stop
+        if at < self.width:
+            out.append((f"{at}:{self.width}", at, self.width, False))
+        return out
+
+    def request_names(self) -> list[str]:
+        return [f"{self.argument}.{key}" for key, _, _, req in self.pieces() if req]
+
+    def split(self, value: Any) -> dict[str, torch.Tensor]:
+        if not isinstance(value, torch.Tensor) or value.dim() < 2 or value.shape[1] != self.width:
+            shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+            raise InputError(
+                f"input {self.argument!r} must be a tensor with {self.width} columns (dim 1), "
+                f"as at compile time; got {shape}"
+            )
+        return {key: value[:, start:stop] for key, start, stop, _ in self.pieces()}
+
+
+def parse(request_inputs: Sequence[str]) -> tuple[dict[str, list[tuple[int, int]]], list[str]]:
+    """(column ranges by argument, the other request names)."""
+    ranges: dict[str, list[tuple[int, int]]] = {}
+    plain = []
+    for name in request_inputs:
+        match = _COLUMNS.match(name.strip())
+        if match is None:
+            if "[" in name:
+                raise InputError(
+                    f"cannot read the request input {name!r}: a column range is written "
+                    "'<argument>[:, start:stop]', e.g. 'X[:, 0:12]'; a key of a "
+                    "KeyedJaggedTensor argument '<argument>[<key>]'"
+                )
+            plain.append(name)
+            continue
+        start, stop = int(match["start"]), int(match["stop"])
+        if stop <= start:
+            raise InputError(f"request input {name!r}: the column range is empty")
+        ranges.setdefault(match["leaf"], []).append((start, stop))
+    return ranges, plain
+
+
+def splits_for(
+    signature: inspect.Signature, bound: Mapping[str, Any], ranges: Mapping[str, list]
+) -> list[ColumnSplit]:
+    """Check the ranges against the example and describe each split argument."""
+    out = []
+    for argument, spans in ranges.items():
+        if argument not in signature.parameters:
+            raise InputError(
+                f"unknown input name {argument!r} in a column range; the model's forward takes: "
+                + ", ".join(p for p in signature.parameters)
+            )
+        value = bound.get(argument)
+        if not isinstance(value, torch.Tensor) or value.dim() != 2:
+            shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+            raise InputError(
+                f"column ranges need a 2-D tensor [rows, columns]; {argument!r} is {shape}"
+            )
+        spans = sorted(spans)
+        width = value.shape[1]
+        for (a, b), (c, _) in zip(spans, spans[1:]):
+            if c < b:
+                raise InputError(f"column ranges of {argument!r} overlap: {a}:{b} and {c}:...")
+        if spans[-1][1] > width:
+            raise InputError(
+                f"column range {spans[-1][0]}:{spans[-1][1]} of {argument!r} is past its "
+                f"{width} columns"
+            )
+        out.append(ColumnSplit(argument, width, tuple(_merge(spans))))
+    return out
+
+
+def _merge(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    merged: list[tuple[int, int]] = []
+    for start, stop in spans:
+        if merged and merged[-1][1] == start:
+            merged[-1] = (merged[-1][0], stop)
+        else:
+            merged.append((start, stop))
+    return merged
+
+
+class PiecesModel(nn.Module):
+    """``model`` taking each split argument as its pieces, put back together by the
+    subclass's ``assemble(split, pieces)`` before the model runs (column ranges here, KJT keys
+    in ``kjt_lanes.py``)."""
+
+    assemble: Callable[[Any, Any], Any]
+
+    def __init__(self, model: nn.Module, splits: list):
+        super().__init__()
+        self.model = model
+        self.splits = splits
+
+    def forward(self, *args, **kwargs):
+        signature = inspect.signature(self.model.forward)
+        bound = bind_inputs(signature, args, kwargs)
+        for split in self.splits:
+            bound[split.argument] = self.assemble(split, bound[split.argument])
+        args, kwargs = rebuild_call(signature, bound)
+        return self.model(*args, **kwargs)
+
+
+class _Pieces(PiecesModel):
+    """``model`` taking each split argument as a dict of column pieces (concatenated back)."""
+
+    def assemble(self, split: ColumnSplit, pieces: dict) -> torch.Tensor:
+        return torch.cat([pieces[key] for key, *_ in split.pieces()], dim=1)
+
+
+def pieces_model(model: nn.Module, splits: list[ColumnSplit]) -> nn.Module:
+    """A :class:`_Pieces` whose ``forward`` has ``model.forward``'s signature."""
+    return with_signature(_Pieces, model, "Columns", splits)
+
+
+def with_signature(base: type, model: nn.Module, suffix: str, *args) -> nn.Module:
+    """``base(model, *args)`` (a wrapper module whose ``forward(*args, **kwargs)`` calls
+    ``model``), given ``model.forward``'s signature: capture binds the example by it."""
+    signature = inspect.signature(model.forward)
+    cls = type(f"{type(model).__name__}{suffix}", (base,), {})
+
+    def forward(self, *args, **kwargs):
+        return base.forward(self, *args, **kwargs)
+
+    self_param = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    parameters = [self_param, *signature.parameters.values()]
+    forward.__signature__ = signature.replace(parameters=parameters)
+    cls.forward = forward
+    wrapper = cls(model, *args)
+    wrapper.training = model.training  # the model's own mode, checked by capture
+    return wrapper
+
+
+def to_pieces(
+    signature: inspect.Signature, splits: list[ColumnSplit], args: tuple, kwargs: Mapping[str, Any]
+) -> tuple[tuple, dict]:
+    """The call with every split argument replaced by its dict of column views."""
+    bound = bind_inputs(signature, args, dict(kwargs))
+    for split in splits:
+        bound[split.argument] = split.split(bound[split.argument])
+    return rebuild_call(signature, bound)
+
+
+class ColumnLanes(nn.Module):
+    """A compiled model whose request inputs include column ranges; called like the original."""
+
+    def __init__(
+        self, compiled: nn.Module, signature: inspect.Signature, splits: list[ColumnSplit]
+    ):
+        super().__init__()
+        self.compiled = compiled
+        self.signature = signature
+        self.splits = splits
+
+    def forward(self, *args, candidate_to_request: Optional[torch.Tensor] = None, **kwargs):
+        args, kwargs = to_pieces(self.signature, self.splits, args, kwargs)
+        if candidate_to_request is None:
+            return self.compiled(*args, **kwargs)
+        return self.compiled.call_replicated(
+            *args, candidate_to_request=candidate_to_request, **kwargs
+        )
+
+    def call_replicated(self, *args, candidate_to_request: torch.Tensor, **kwargs):
+        return self(*args, candidate_to_request=candidate_to_request, **kwargs)
+
+    @property
+    def contract(self):
+        """The compiled pieces program's input contract (its inputs are the column pieces)."""
+        return self.compiled.contract
+
+    def report(self, *args, **kwargs):
+        return self.compiled.report(*args, **kwargs)
+
+    def refresh_weights(self) -> None:
+        self.compiled.refresh_weights()
+
+
+def compile_columns(compile_fn, model, ranges, plain, example_args, example_kwargs, **kwargs):
+    """``rocs.compile`` for request inputs that include column ranges (``compile_fn`` is
+    ``rocs.compile`` itself, applied to the pieces model)."""
+    signature = inspect.signature(model.forward)
+    bound = bind_inputs(signature, tuple(example_args), dict(example_kwargs))
+    splits = splits_for(signature, bound, ranges)
+    names = plain + [name for split in splits for name in split.request_names()]
+    args, call_kwargs = to_pieces(signature, splits, tuple(example_args), dict(example_kwargs))
+    inner = compile_fn(pieces_model(model, splits), names, args, call_kwargs, **kwargs)
+    return ColumnLanes(inner, signature, splits)

@@ -1,0 +1,130 @@
+"""Naming the leaves of a model's inputs.
+
+Every tensor a model receives is named by its argument and the keys that lead to it:
+``user_ids`` for a plain argument, ``features.user_age`` inside a dict, ``history.0`` inside a
+list. Capture and the runtime both go through :func:`named_leaves`, so a name means the same
+leaf whether the input came positionally, by keyword, or nested.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+from typing import Any, Iterable, Mapping
+
+import torch
+from torch.utils import _pytree as pytree
+
+from ..errors import InputError
+
+
+def bind_inputs(signature: inspect.Signature, args: tuple, kwargs: Mapping[str, Any]) -> dict:
+    """Arguments by parameter name, as the model would see them."""
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError as err:
+        raise InputError(f"inputs do not match the model's forward{signature}: {err}") from None
+    bound.apply_defaults()  # a defaulted argument is compared like a given one
+    return dict(bound.arguments)
+
+
+def register_dataclasses(values: Iterable[Any]) -> None:
+    """Make batch objects that are dataclasses pytree nodes, so that their tensor fields are
+    leaves named by field (``batch.user_ids``) for capture and the runtime alike. NamedTuples,
+    dicts and lists are nodes already. The registration is global, as ``torch.export`` needs;
+    it happens once, when the example is described at compile time, so calls only flatten."""
+    for value in values:
+        cls = type(value)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            if cls not in pytree.SUPPORTED_NODES:
+                pytree.register_dataclass(cls)
+            register_dataclasses(getattr(value, f.name) for f in dataclasses.fields(value))
+        elif isinstance(value, (list, tuple)):
+            register_dataclasses(value)
+        elif isinstance(value, Mapping):
+            register_dataclasses(value.values())
+
+
+def _key_name(key: Any) -> str:
+    for attr in ("key", "idx", "name"):
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)
+
+
+def named_leaves(bound: Mapping[str, Any]) -> dict[str, Any]:
+    """Flatten bound arguments into ``{dotted name: leaf}`` in a stable order."""
+    if all(isinstance(v, torch.Tensor) for v in bound.values()):
+        return dict(bound)  # tensors are leaves: the common flat call needs no tree walk
+    leaves, _ = pytree.tree_flatten_with_path(dict(bound))
+    return {".".join(_key_name(k) for k in path): leaf for path, leaf in leaves}
+
+
+def rebuild_call(signature: inspect.Signature, bound: Mapping[str, Any]) -> tuple[tuple, dict]:
+    """Positional and keyword arguments that reproduce ``bound``."""
+    call = inspect.BoundArguments(signature, dict(bound))
+    return call.args, call.kwargs
+
+
+def match_names(requested: Iterable[str], available: Iterable[str]) -> dict[str, list[str]]:
+    """Map each requested name to the leaves it covers (a name may cover a whole dict).
+
+    Raises :class:`InputError` for a name that matches no leaf, listing the valid names.
+    """
+    available = list(available)
+    out = {}
+    for name in requested:
+        hits = [leaf for leaf in available if leaf == name or leaf.startswith(name + ".")]
+        if not hits:
+            raise InputError(
+                f"unknown input name {name!r}; the model's tensor inputs are: "
+                + ", ".join(available)
+            )
+        out[name] = hits
+    return out
+
+
+def is_tensor(value: Any) -> bool:
+    return isinstance(value, torch.Tensor)
+
+
+class _GraphOutput:
+    def __repr__(self) -> str:
+        return "<graph output>"
+
+
+GRAPH_OUTPUT = _GraphOutput()  # marks an output leaf that the graph computes
+
+
+def is_graph_leaf(value: Any) -> bool:
+    """Output leaves the captured graph computes: tensors and numbers (which may be batch sizes
+    or arithmetic on them)."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, (torch.Tensor, int, float, torch.SymInt, torch.SymFloat))
+
+
+def replace_leaves(
+    signature: inspect.Signature, args: tuple, kwargs: Mapping[str, Any], values: Mapping[str, Any]
+) -> tuple[tuple, dict]:
+    """The call ``(args, kwargs)`` with the named leaves replaced by ``values``."""
+    bound = bind_inputs(signature, args, kwargs)
+    flat, spec = pytree.tree_flatten_with_path(bound)
+    leaves = []
+    for path, leaf in flat:
+        name = ".".join(_key_name(k) for k in path)
+        leaves.append(values.get(name, leaf))
+    return rebuild_call(signature, pytree.tree_unflatten(leaves, spec))
+
+
+def fresh_identifier(name: str, taken: set[str]) -> str:
+    """``name`` as a Python identifier not in ``taken`` (which it is added to)."""
+    base = re.sub(r"\W", "_", name)
+    if not base or base[0].isdigit():
+        base = "_" + base
+    out, i = base, 1
+    while out in taken:
+        out, i = f"{base}_{i}", i + 1
+    taken.add(out)
+    return out

@@ -1,0 +1,112 @@
+"""The contract of ``candidate_to_request``, checked in one place.
+
+``candidate_to_request`` is a ``torch.Tensor`` of dtype int64 and shape ``[N]`` whose values lie
+in ``[0, R)``: entry n is the request row of candidate n. The runtime checks it once per call
+before the compiled graph runs; a ``rocs::`` op called on its own checks it in its body; the
+compiled program's direct op calls and the Triton launchers rely on those checks. Each failure
+has one message and one exception type, which is both an :class:`InputError` and the builtin
+error Python code expects for it (``TypeError`` for the type, ``IndexError`` for the range).
+
+A serving caller that builds the index itself may skip the checks that read its values (the range
+and, for R = N, the permutation check; on CUDA each is a device sync) with
+``with rocs.trusted_index(): ...``; the type, dtype, shape and device checks still run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from typing import Any, Iterator, Optional
+
+import torch
+
+from ..errors import InputError
+from ..ir.graph_meta import INDEX_NAME
+
+
+_SMALL = 64  # indexes up to this length are range-checked in Python
+_TRUSTED = contextvars.ContextVar("rocs_trusted_index", default=False)
+
+
+@contextlib.contextmanager
+def trusted_index() -> Iterator[None]:
+    """Within this context, compiled models take ``candidate_to_request`` values on trust.
+
+    For serving code that builds the index itself. A value outside ``[0, R)`` is then not
+    reported as :class:`IndexRangeError`: an op may fail on it, compute garbage or, on CUDA,
+    read out of bounds. The setting is per thread (and asyncio task).
+    """
+    token = _TRUSTED.set(True)
+    try:
+        yield
+    finally:
+        _TRUSTED.reset(token)
+
+
+def index_trusted() -> bool:
+    """True inside :func:`trusted_index`."""
+    return _TRUSTED.get()
+
+
+class IndexTypeError(InputError, TypeError):
+    """``candidate_to_request`` is not an int64 tensor."""
+
+
+class IndexRangeError(InputError, IndexError):
+    """A value of ``candidate_to_request`` is not a request row."""
+
+
+def check_candidate_to_request(
+    index: Any,
+    num_candidates: Optional[int],
+    num_requests: Optional[int],
+    *,
+    device: Optional[torch.device] = None,
+    where: str = "",
+    check_range: bool = True,
+) -> None:
+    """Raise unless ``index`` is int64 ``[num_candidates]`` on ``device`` with values in
+    ``[0, num_requests)``.
+
+    ``num_candidates=None`` accepts any length and ``device=None`` any device; ``num_requests=None``
+    or ``check_range=False`` skips the range check (it reads the values: a device sync on CUDA).
+    """
+    prefix = f"{where}: " if where else ""
+    if not isinstance(index, torch.Tensor):
+        raise IndexTypeError(
+            f"{prefix}{INDEX_NAME} must be a torch.Tensor (int64 [N]), got {type(index).__name__}"
+        )
+    if index.dtype != torch.int64:
+        raise IndexTypeError(f"{prefix}{INDEX_NAME} must have dtype torch.int64, got {index.dtype}")
+    if index.dim() != 1:
+        raise InputError(f"{prefix}{INDEX_NAME} must be 1-D [N], got shape {tuple(index.shape)}")
+    if device is not None and index.device != device:
+        raise InputError(f"{prefix}{INDEX_NAME} is on {index.device} but the inputs are on {device}")
+    if num_candidates is not None and index.shape[0] != num_candidates:
+        raise InputError(
+            f"{prefix}{INDEX_NAME} has {index.shape[0]} entries but the candidate inputs have "
+            f"{num_candidates} rows"
+        )
+    if check_range and num_requests is not None:
+        check_index_range(index, num_requests, where=where)
+
+
+def check_index_range(index: torch.Tensor, num_requests: int, *, where: str = "") -> None:
+    """Raise unless every value of the int64 ``[N]`` ``index`` lies in ``[0, num_requests)``."""
+    num_candidates = index.shape[0]
+    if num_candidates == 0:
+        return
+    if not index.is_cuda:
+        if num_candidates <= _SMALL:  # reading a few values beats a reduction and two reads
+            values = index.tolist()
+            low, high = min(values), max(values)
+        else:
+            low, high = (v.item() for v in torch.aminmax(index))
+    else:
+        low, high = torch.stack(torch.aminmax(index)).tolist()  # one device sync
+    if low < 0 or high >= num_requests:
+        prefix = f"{where}: " if where else ""
+        raise IndexRangeError(
+            f"{prefix}{INDEX_NAME} values must lie in [0, {num_requests}) (R = rows of the "
+            f"request inputs); got values in [{low}, {high}]"
+        )

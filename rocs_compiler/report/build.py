@@ -1,0 +1,253 @@
+"""Reports: what runs per request, per candidate, and why.
+
+The cost model counts FLOPs on the logical graph (after *defer*, before *share*), where every
+node still has the batch size: ``F_req`` is the per-row cost of REQUEST nodes and ``F_cand`` of
+CANDIDATE nodes. The original model costs ``(F_req + F_cand) * N``; the compiled one
+``F_req * R + F_cand * N``; their ratio is the ideal speedup.
+
+A report of a compiled model also draws itself: :meth:`Report.to_html` writes one
+self-contained page (the graph as written and after rewrites, switchable, with zoom, search,
+module grouping and a detail panel per node), and notebooks show that page
+(:meth:`Report._repr_html_`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from ..analysis.driver import Fallback, op_name, source_module
+from ..ir.graph_meta import ROLE
+from .modules import ModuleRow, module_rows, parameter_counts
+from ..ir.roles import Role
+
+
+@dataclass
+class NodeReport:
+    name: str
+    op: str
+    module: str
+    role: str
+    flops: float  # per request (REQUEST), per candidate (CANDIDATE), once (CONST)
+    broadcast: bool  # a REQUEST value that candidate computation reads
+    shape: str  # with the batch symbol named: "[B, 13]"
+
+
+@dataclass
+class Report:
+    nodes: list[NodeReport]
+    fallbacks: list[Fallback]
+    request_flops: float
+    candidate_flops: float
+    const_flops: float
+    num_candidates: int
+    num_requests: int
+    pass_counts: dict[str, int] = field(default_factory=dict)
+    fused_ops: list[str] = field(default_factory=list)
+    route: str = ""
+    note: str = ""
+    modules: list[ModuleRow] = field(default_factory=list)
+    # The pipeline result the report describes, for drawings (not part of the data).
+    _pipeline: Any = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def for_fallback(cls, reason: str) -> "Report":
+        return cls([], [], 0.0, 0.0, 0.0, 0, 0, note=f"eager fallback: {reason}")
+
+    @property
+    def totals(self) -> dict[str, float]:
+        return {
+            "request_flops": self.request_flops,
+            "candidate_flops": self.candidate_flops,
+            "const_flops": self.const_flops,
+        }
+
+    @property
+    def request_share(self) -> float:
+        total = self.request_flops + self.candidate_flops
+        return self.request_flops / total if total else 0.0
+
+    def ideal_speedup(self, num_candidates: int | None = None, num_requests: int | None = None) -> float:
+        n = self.num_candidates if num_candidates is None else num_candidates
+        r = self.num_requests if num_requests is None else num_requests
+        before = (self.request_flops + self.candidate_flops) * n
+        after = self.request_flops * r + self.candidate_flops * n
+        return before / after if after else 1.0
+
+    def amortized_flops(self, num_candidates: int) -> float:
+        """FLOPs per candidate when one request scores ``num_candidates`` candidates."""
+        return self.candidate_flops + self.request_flops / max(num_candidates, 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "nodes": [asdict(n) for n in self.nodes],
+            "fallbacks": [asdict(f) for f in self.fallbacks],
+            "totals": self.totals,
+            "request_share": self.request_share,
+            "num_candidates": self.num_candidates,
+            "num_requests": self.num_requests,
+            "ideal_speedup": self.ideal_speedup(),
+            "pass_counts": dict(self.pass_counts),
+            "fused_ops": list(self.fused_ops),
+            "route": self.route,
+            "note": self.note,
+            "modules": [asdict(m) for m in self.modules],
+        }
+
+    def to_json(self, **kwargs) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    def summary(self) -> str:
+        n, r = self.num_candidates, self.num_requests
+        per = f" ({n / r:g} per request)" if r > 1 else ""
+        lines = [
+            f"FLOPs per request  : {_fmt(self.request_flops)}",
+            f"FLOPs per candidate: {_fmt(self.candidate_flops)}",
+            f"request share      : {self.request_share:.1%}",
+            f"ideal speedup      : {self.ideal_speedup():.2f}x at N={n} candidates{per}, "
+            f"R={r} requests",
+        ]
+        if self.pass_counts:
+            fired = ", ".join(f"{k}={v}" for k, v in sorted(self.pass_counts.items()) if v)
+            lines.append(f"rewrites fired     : {fired or 'none'}")
+        if self.fused_ops:
+            lines.append(f"fused ops          : {', '.join(self.fused_ops)}")
+        if self.fallbacks:
+            lines.append(f"per-candidate fallbacks ({len(self.fallbacks)}):")
+            for fb in self.fallbacks:
+                where = f" in {fb.module}" if fb.module else ""
+                lines.append(f"  {fb.node} ({fb.op}){where}: {fb.reason}")
+        if self.note:
+            lines.append(self.note)
+        return "\n".join(lines)
+
+    def to_text(self, max_rows: int | None = None) -> str:
+        header = f"{'node':<30} {'op':<38} {'role':<9} {'FLOPs':>10}  {'module'}"
+        rows = [header, "-" * len(header)]
+        nodes = self.nodes if max_rows is None else self.nodes[:max_rows]
+        for node in nodes:
+            unit = {"REQUEST": "/req", "CANDIDATE": "/cand", "CONST": ""}[node.role]
+            mark = " *" if node.broadcast else ""
+            flops = f"{_fmt(node.flops)}{unit}" if node.flops else "-"
+            rows.append(
+                f"{node.name[:30]:<30} {node.op[:38]:<38} {node.role:<9} {flops:>10}  "
+                f"{node.module}{mark}"
+            )
+        if max_rows is not None and len(self.nodes) > max_rows:
+            rows.append(f"... {len(self.nodes) - max_rows} more nodes")
+        rows.append("(* = request value broadcast to candidates)")
+        return "\n".join(rows) + "\n\n" + self.summary()
+
+    def __str__(self) -> str:
+        return self.to_text()
+
+    def views(self) -> list:
+        """Drawings of the graph: as written (captured) and after rewrites; none without a
+        compiled model behind the report."""
+        if self._pipeline is None:
+            return []
+        from .render.view import view_from_pipeline
+
+        return [
+            view_from_pipeline(self._pipeline, graph="captured"),
+            view_from_pipeline(self._pipeline, graph="logical"),
+        ]
+
+    def to_html(
+        self,
+        path: Optional[str | Path] = None,
+        title: str = "compiled model",
+        measured: Sequence[tuple[int, float]] = (),
+        views: Optional[list] = None,
+    ) -> str:
+        """The report as one self-contained HTML page; written to ``path`` when given.
+
+        ``measured`` adds measured speedups ``(N, speedup)`` next to the ideal ones.
+        """
+        from .render import html_page, speedup_svg
+
+        views = self.views() if views is None else views
+        plot = speedup_svg(self.request_flops, self.candidate_flops, self.num_requests, measured)
+        page = html_page(
+            title, views, self, plot, self.num_candidates, self.num_requests, measured
+        )
+        if path is not None:
+            Path(path).write_text(page)
+        return page
+
+    def _repr_html_(self) -> str:
+        """Notebooks: the page in an isolated frame (its script and styles stay inside)."""
+        import html
+
+        page = self.to_html()
+        return (
+            f'<iframe srcdoc="{html.escape(page, quote=True)}" '
+            'style="width: 100%; height: 820px; border: 1px solid #ddd"></iframe>'
+        )
+
+
+def _fmt(flops: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(flops) >= scale:
+            return f"{flops / scale:.2f}{unit}"
+    return f"{flops:.0f}"
+
+
+def build_report(
+    result, num_candidates: int = 1024, num_requests: int = 1, model: Any = None
+) -> Report:
+    """Report for a :class:`~rocs_compiler.pipeline.PipelineResult`; ``model`` (the original
+    ``nn.Module``) gives the parameter counts of the per-module table."""
+    from .render.view import shape_text
+
+    gm = result.logical_graph
+    costs = result.costs
+    names = {result.captured.batch_symbol: "B"}
+    nodes, per_role = [], {Role.CONST: 0.0, Role.REQUEST: 0.0, Role.CANDIDATE: 0.0}
+    for node in gm.graph.nodes:
+        if node.op not in ("call_function", "placeholder"):
+            continue
+        role = node.meta[ROLE]
+        cost = costs.get(node.name)
+        flops = 0.0
+        if cost is not None:
+            if role == Role.CONST:
+                flops = cost.fixed
+                per_role[Role.CONST] += cost.fixed
+            else:
+                flops = cost.per_row
+                per_role[role] += cost.per_row
+                per_role[Role.CONST] += cost.fixed
+        broadcast = role == Role.REQUEST and any(
+            u.op == "output" or u.meta.get(ROLE) == Role.CANDIDATE for u in node.users
+        )
+        nodes.append(
+            NodeReport(
+                node.name,
+                op_name(node.target) if node.op == "call_function" else "input",
+                source_module(node),
+                role.name,
+                flops,
+                broadcast,
+                shape_text(node.meta.get("val"), names),
+            )
+        )
+    fused = sorted(
+        {str(n.target) for n in result.shared_graph.graph.nodes if getattr(n.target, "namespace", "") == "rocs"}
+    )
+    return Report(
+        nodes,
+        list(result.analysis.fallbacks),
+        per_role[Role.REQUEST],
+        per_role[Role.CANDIDATE],
+        per_role[Role.CONST],
+        num_candidates,
+        num_requests,
+        dict(result.pass_counts),
+        fused,
+        result.captured.route,
+        modules=module_rows(nodes, parameter_counts(model) if model is not None else {}),
+        _pipeline=result,
+    )
