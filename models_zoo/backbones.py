@@ -12,7 +12,7 @@ candidate fields are the item id, the item fields and the mean of the multi-hot 
 embeddings. The interaction parts reuse the zoo's building blocks (``CrossLayer``, ``MLP``,
 ``FeatureGate``, ``InteractionAggregation``, ``WukongLayer``, ``SDPAEncoderLayer``) and keep
 the attribute names of the zoo models, so the zoo's ``apply_glm`` and ``apply_dca`` conversions
-(:mod:`.glm_families`, :mod:`.dca_families`) handle both alike.
+(:mod:`.glm_conversions`, :mod:`.dca_conversions`) handle both alike.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ class FeatureEmbedding(nn.Module):
 class DCNv2Net(nn.Module):
     """DCNv2 (stacked): x0 = cat(request fields, candidate fields), cross layers, deep MLP."""
 
-    __rocs_families__ = "models_zoo.glm_families"
+    __rocs_conversions__ = "models_zoo.glm_conversions"
 
     def __init__(
         self,
@@ -136,7 +136,7 @@ class DCNv2Net(nn.Module):
 class FinalMLPNet(nn.Module):
     """FinalMLP: stream 1 gated by the request fields, stream 2 by the candidate fields."""
 
-    __rocs_families__ = "models_zoo.glm_families"
+    __rocs_conversions__ = "models_zoo.glm_conversions"
 
     def __init__(
         self,
@@ -171,7 +171,7 @@ class FinalMLPNet(nn.Module):
 class WukongNet(nn.Module):
     """Wukong: FMB + LCB layers over the stacked fields [B, F, D], then an MLP head."""
 
-    __rocs_families__ = "models_zoo.glm_families"
+    __rocs_conversions__ = "models_zoo.glm_conversions"
 
     def __init__(
         self,
@@ -206,7 +206,7 @@ class SequenceNet(nn.Module):
     final state.
     """
 
-    __rocs_families__ = "models_zoo.dca_families"
+    __rocs_conversions__ = "models_zoo.dca_conversions"
 
     def __init__(
         self,

@@ -75,7 +75,7 @@ class MHAEncoderLayer(nn.Module):
 
 class BST(nn.Module):
     # apply_dca's conversion; a module of its own so the zoo imports without rocs_compiler
-    __rocs_families__ = "models_zoo.dca_families"
+    __rocs_conversions__ = "models_zoo.dca_conversions"
 
     def __init__(
         self,

@@ -43,7 +43,7 @@ class CrossLayer(nn.Module):
 
 class DCNv2(nn.Module):
     # apply_glm's conversion; a module of its own so the zoo imports without rocs_compiler
-    __rocs_families__ = "models_zoo.glm_families"
+    __rocs_conversions__ = "models_zoo.glm_conversions"
 
     def __init__(
         self,

@@ -57,7 +57,7 @@ class HSTULayer(nn.Module):
 
 class HSTU(nn.Module):
     # apply_dca's conversion; a module of its own so the zoo imports without rocs_compiler
-    __rocs_families__ = "models_zoo.dca_families"
+    __rocs_conversions__ = "models_zoo.dca_conversions"
 
     def __init__(
         self, dim: int = 48, heads: int = 2, num_layers: int = 2, head: Sequence[int] = (128,)

@@ -57,7 +57,7 @@ class WukongLayer(nn.Module):
 
 class Wukong(nn.Module):
     # apply_glm's conversion; a module of its own so the zoo imports without rocs_compiler
-    __rocs_families__ = "models_zoo.glm_families"
+    __rocs_conversions__ = "models_zoo.glm_conversions"
 
     def __init__(
         self,

@@ -7,11 +7,14 @@ from typing import Any, Mapping, Optional, Sequence
 
 from torch import nn
 
-from .formats import columns as column_lanes, kjt as kjt_lanes
+from .capture.trace import describe_example
 from .errors import CompileError
+from .formats.base import Prepared
+from .formats.select import prepare
 from .options import Options
-from .pipeline import compile_graph
+from .pipeline import compile_graph, plain_graph
 from .runtime import CompiledModel, InputContract
+from .runtime.plain import PlainProgram
 
 
 def compile(  # noqa: A001 - mirrors torch.compile
@@ -41,52 +44,40 @@ def compile(  # noqa: A001 - mirrors torch.compile
             call), needed only when their dim 0 equals the example's batch size.
     """
     options = Options.from_mapping(options, where="rocs.compile")
-    if isinstance(request_inputs, str):
-        request_inputs = [request_inputs]
-    if kjt_lanes.takes_kjt(model, example_inputs, example_kwargs or {}):
-        return kjt_lanes.compile_kjt(
-            compile, model, request_inputs, example_inputs, example_kwargs or {},
-            fallback=fallback, options=options, unbatched_inputs=unbatched_inputs,
-        )  # fmt: skip
-    ranges, plain = column_lanes.parse(request_inputs)
-    if ranges:
-        return column_lanes.compile_columns(
-            compile, model, ranges, plain, example_inputs, example_kwargs or {},
-            fallback=fallback, options=options, unbatched_inputs=unbatched_inputs,
-        )  # fmt: skip
     if fallback not in ("error", "eager"):
         raise ValueError(f"fallback must be 'error' or 'eager', got {fallback!r}")
-    example_kwargs = dict(example_kwargs or {})
+    if isinstance(request_inputs, str):
+        request_inputs = [request_inputs]
     if isinstance(unbatched_inputs, str):
         unbatched_inputs = [unbatched_inputs]
     unbatched = list(unbatched_inputs)
+    prepared = prepare(model, request_inputs, example_inputs, example_kwargs or {})
     try:
+        if prepared.failure is not None:
+            raise prepared.failure
         result = compile_graph(
-            model, list(request_inputs), tuple(example_inputs), example_kwargs, options, unbatched
-        )
+            prepared.model, prepared.request_inputs, prepared.args, prepared.kwargs, options,
+            unbatched,
+        )  # fmt: skip
     except CompileError as err:
         if fallback == "error":
             raise
-        return _eager_fallback(
-            model, list(request_inputs), tuple(example_inputs), example_kwargs, err, unbatched
-        )
+        return _eager_fallback(model, prepared, err, unbatched)
     captured = result.captured
-    contract = _contract(captured)
+    plain = None
+    if options.autotune:
+        plain = PlainProgram(plain_graph(result), prepared.model, captured.param_names)
+
     def report_builder(num_candidates: int, num_requests: int):
         from .report.build import build_report
 
-        return build_report(result, num_candidates, num_requests, model)
+        return build_report(result, num_candidates, num_requests, prepared.model)
 
-    plain = None
-    if options.autotune:
-        from .pipeline import plain_graph
-        from .runtime.plain import PlainProgram
-
-        plain = PlainProgram(plain_graph(result), model, captured.param_names)
     compiled = CompiledModel(
-        result.shared_graph, contract, captured.placeholder_of, report_builder, model,
-        weight_names=captured.param_names, plain=plain,
-    )
+        result.shared_graph, _contract(captured), captured.placeholder_of, report_builder, model,
+        weight_names=captured.param_names, plain=plain, unit_flops=result.unit_flops,
+        input_format=prepared.format, weights_from=prepared.model,
+    )  # fmt: skip
     compiled.pipeline_result = result  # logical and shared graphs, for inspection tools
     return compiled
 
@@ -104,9 +95,23 @@ def _contract(described) -> InputContract:
     )
 
 
-def _eager_fallback(model, request_inputs, example_args, example_kwargs, err, unbatched) -> CompiledModel:
-    from .capture.trace import describe_example
-
+def _eager_fallback(model, prepared: Prepared, err: CompileError, unbatched) -> CompiledModel:
+    """The original model behind the compiled model's interface, warning once."""
     warnings.warn(f"rocs: compilation failed, the model will run eagerly: {err}", stacklevel=3)
-    call = describe_example(model, example_args, example_kwargs, request_inputs, unbatched)
-    return CompiledModel(None, _contract(call), {}, None, model, fallback_reason=str(err).splitlines()[0])
+    reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+    contract = None
+    if not prepared.format.converts:
+        call = describe_example(
+            model, prepared.args, prepared.kwargs, prepared.request_inputs, unbatched
+        )
+        contract = _contract(call)
+
+    def report_builder(num_candidates: int, num_requests: int):
+        from .report.build import Report
+
+        return Report.for_fallback(reason)
+
+    return CompiledModel(
+        None, contract, {}, report_builder, model, fallback_reason=reason,
+        input_format=prepared.format,
+    )  # fmt: skip

@@ -39,6 +39,7 @@ from torch.export import Dim, ExportedProgram
 from . import kernels as _kernels  # noqa: F401
 from .errors import CompileError, InputError
 from .ir.graph_meta import INDEX_NAME, PLACEMENT
+from .formats.leaves import nest
 from .ir.roles import Role
 
 __all__ = ["aoti_package", "export", "load", "save"]
@@ -87,14 +88,7 @@ def _program_module(compiled) -> _SharedLayoutProgram:
 
 def _nest(flat: Mapping[str, Any]) -> dict:
     """``{"features.user_age": x}`` -> ``{"features": {"user_age": x}}``."""
-    out: dict = {}
-    for name, value in flat.items():
-        *path, last = name.split(".")
-        node = out
-        for key in path:
-            node = node.setdefault(key, {})
-        node[last] = value
-    return out
+    return nest({tuple(name.split(".")): value for name, value in flat.items()})
 
 
 def _synthetic_example(compiled, num_requests: int = 2, num_candidates: int = 3) -> dict:
@@ -102,7 +96,7 @@ def _synthetic_example(compiled, num_requests: int = 2, num_candidates: int = 3)
     placeholders = {n.name: n for n in compiled.graph_module.graph.nodes if n.op == "placeholder"}
     flat = {}
     for name in compiled.contract.input_names:
-        node = placeholders[compiled._placeholder_of[name]]
+        node = placeholders[compiled.placeholder_of[name]]
         val = node.meta["val"]
         rows = {Role.REQUEST: num_requests, Role.CANDIDATE: num_candidates}.get(node.meta.get(PLACEMENT))
         shape = [rows if i == 0 and rows is not None else int(s) for i, s in enumerate(val.shape)]
@@ -141,15 +135,8 @@ def export(compiled, example: Optional[Any] = None) -> ExportedProgram:
             ``models_zoo.Batch``); by default zero-valued inputs with R = 2, N = 3 are used,
             which is enough because the graph has no data-dependent control flow.
     """
-    from .formats.columns import ColumnLanes
-    from .formats.kjt import KJTLanes
-
-    if isinstance(compiled, (ColumnLanes, KJTLanes)) and compiled.compiled is not None:
-        # Its inputs are the pieces: a packed input's columns (X.0:12, X.12:30, ...), or a
-        # KeyedJaggedTensor's keys as padded rows (sparse_features.user_id.ids, ...).
-        compiled = compiled.compiled
     if getattr(compiled, "graph_module", None) is None:
-        reason = getattr(compiled, "_fallback_reason", None) or "not a rocs CompiledModel"
+        reason = getattr(compiled, "fallback_reason", None) or "not a rocs CompiledModel"
         raise CompileError(f"nothing to export: the model runs eagerly ({reason})")
     flat = _flat_example(compiled, example)
     module = _program_module(compiled)
@@ -159,7 +146,7 @@ def export(compiled, example: Optional[Any] = None) -> ExportedProgram:
     dims = {INDEX_NAME: {0: num_candidates}}
     placeholders = {n.name: n for n in compiled.graph_module.graph.nodes if n.op == "placeholder"}
     for name in compiled.contract.input_names:
-        val = placeholders[compiled._placeholder_of[name]].meta["val"]
+        val = placeholders[compiled.placeholder_of[name]].meta["val"]
         # Other dims that were symbolic at compile time (a padded length) stay dynamic.
         spec = {i: Dim.DYNAMIC for i, s in enumerate(val.shape) if i and not isinstance(s, int)}
         if batched.get(name):

@@ -1,6 +1,8 @@
 """The compilation pipeline as one readable function.
 
-capture -> analyze -> defer (re-analyzes) -> cost -> share -> ikbo -> cleanup -> verify.
+capture -> analyze -> normalize + defer (one rewrite set; re-analyzes) -> verify roles -> share
+-> ikbo -> cleanup -> verify the shared graph. FLOPs per node are counted on first use
+(:attr:`PipelineResult.costs`), for reports and the runtime's program choice.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from torch import fx, nn
 
 from .analysis.driver import Analysis, analyze
 from .capture.trace import CapturedGraph, capture
+from .ir.graph_meta import ROLE
+from .ir.roles import Role
 from .options import Options
 from .passes.share import share
 from .progress import stage
@@ -40,6 +44,18 @@ class PipelineResult:
 
             self._costs = node_costs(self.logical_graph, self.captured.batch_symbol)
         return self._costs
+
+    def unit_flops(self) -> tuple[float, float]:
+        """(FLOPs per request, FLOPs per candidate) of the logical graph: what the runtime's
+        program choice weighs the two programs by."""
+        per_role = {Role.REQUEST: 0.0, Role.CANDIDATE: 0.0}
+        costs = self.costs
+        for node in self.logical_graph.graph.nodes:
+            cost = costs.get(node.name)
+            role = node.meta.get(ROLE)
+            if cost is not None and role in per_role:
+                per_role[role] += cost.per_row
+        return per_role[Role.REQUEST], per_role[Role.CANDIDATE]
 
     @property
     def captured_costs(self) -> dict:
@@ -69,7 +85,6 @@ def plain_graph(result: PipelineResult) -> fx.GraphModule:
     other one constant (``runtime/plain.py`` runs it)."""
     from .ir.graph_meta import PLACEMENT
     from .passes.cleanup import cleanup
-    from .ir.roles import Role
 
     gm = _snapshot(result.captured_graph)
     reads_input: dict[fx.Node, bool] = {}

@@ -7,7 +7,7 @@ from models_for_tests import Case, Spec, check_both_conventions
 from torch import nn
 
 import rocs_compiler as rocs
-from rocs_compiler.kernels.request_groups import group_by_request
+from rocs_compiler.kernels.request_groups import call_groups, group_by_request
 
 
 class Slices(nn.Module):
@@ -41,16 +41,39 @@ def test_full_slices_are_dropped_and_partial_ones_kept():
         check_both_conventions(cm, model, SLICES.batch(counts, seed=3, shuffle=shuffle), str(counts))
 
 
-def test_grouping_is_reused_for_one_index_and_redone_after_a_change():
+def test_grouping_is_reused_within_one_call_and_never_across_calls():
     idx = torch.tensor([1, 0, 1, 2, 0])
-    first = group_by_request(idx, 3)
-    assert group_by_request(idx, 3) is first
-    idx[0] = 2  # in place: the version counter moves on
-    regrouped = group_by_request(idx, 3)
-    assert regrouped is not first
+    with call_groups(idx):
+        first = group_by_request(idx, 3)
+        assert group_by_request(idx, 3) is first  # every op of one call shares the grouping
+        assert group_by_request(idx.clone(), 3) is not first  # another tensor: grouped anew
+    assert group_by_request(idx, 3) is not first  # outside the call nothing is kept
+    idx[0] = 2
+    with call_groups(idx):
+        regrouped = group_by_request(idx, 3)
     rows = {int(r): g.candidates[i].tolist() for g in regrouped for i, r in enumerate(g.requests)}
     assert rows == {0: [1, 4], 1: [2], 2: [0, 3]}
-    assert group_by_request(idx.clone(), 3) is not regrouped
+
+
+def test_calls_on_two_threads_never_see_each_others_grouping():
+    import threading
+
+    seen = {}
+
+    def call(name, idx, num_requests):
+        with call_groups(idx):
+            barrier.wait()
+            seen[name] = group_by_request(idx, num_requests)
+
+    barrier = threading.Barrier(2)
+    a, b = torch.tensor([0, 0, 1]), torch.tensor([1, 0, 0, 0])
+    threads = [threading.Thread(target=call, args=(n, i, 2)) for n, i in (("a", a), ("b", b))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(g.count for g in seen["a"]) == [1, 2]
+    assert sorted(g.count for g in seen["b"]) == [1, 3]
 
 
 class ColumnVectorMix(torch.nn.Module):

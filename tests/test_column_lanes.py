@@ -64,7 +64,7 @@ def test_request_columns_run_once_per_request_in_both_layouts():
 
 def test_adjacent_ranges_merge_and_names_are_checked():
     _, compiled = _compiled(("X[:, 0:1]", "X[:,1:4]"))
-    assert [s.request for s in compiled.splits] == [((0, 4),)]
+    assert [s.request for s in compiled.input_format.splits] == [((0, 4),)]
     for bad, message in [
         ("X[0:4]", "column range is written"),
         ("Y[:, 0:2]", "unknown input name 'Y'"),

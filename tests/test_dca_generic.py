@@ -1,4 +1,4 @@
-"""``apply_dca`` on models that are not registered families: torch's encoder modules.
+"""``apply_dca`` on models that are not registered conversions: torch's encoder modules.
 
 Oracles that do not know the transform: the original module run on the whole sequence with a
 block attention mask (history rows may not see candidate columns) equals the DCA form; history

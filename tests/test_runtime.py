@@ -580,8 +580,8 @@ def test_a_uniform_grouping_hint_gives_the_grouping_of_the_values():
     from rocs_compiler.kernels import request_groups
 
     index = torch.arange(3).repeat_interleave(4)
-    request_groups.note_uniform(index, 3)
-    (hinted,) = request_groups.group_by_request(index, 3)
+    with request_groups.call_groups(index, uniform=3):
+        (hinted,) = request_groups.group_by_request(index, 3)
     (computed,) = request_groups._group_by_request(index.clone(), 3)
     assert hinted.count == computed.count == 4 and hinted.contiguous and computed.contiguous
     assert torch.equal(hinted.candidates, computed.candidates)

@@ -20,9 +20,9 @@ import rocs_compiler as rocs
 from models_zoo import ZOO
 from models_zoo import backbones as bb
 from rocs_compiler.transforms.layers import GLMLinear, GLMLinearCompression
-from rocs_compiler.transforms import register_glm_family
+from rocs_compiler.transforms import register_glm_model
 from rocs_compiler.transforms.glm import Lanes, glm_sequential
-from rocs_compiler.transforms.registry import GLM_FAMILIES
+from rocs_compiler.transforms.registry import GLM_CONVERSIONS
 
 torch.set_num_threads(1)
 
@@ -179,7 +179,7 @@ def test_training_a_glm_model_keeps_masks():
 
 
 def test_apply_glm_asks_unregistered_models_for_examples():
-    # No family: the generic path captures the model, which needs an example batch.
+    # No conversion: the generic path captures the model, which needs an example batch.
     with pytest.raises(ValueError, match="DLRM.*example_kwargs"):
         rocs.apply_glm(ZOO["dlrm"].build(), ZOO["dlrm"].request_inputs)
 
@@ -210,7 +210,7 @@ def test_apply_dca_refuses_unknown_models_and_layers():
 
 
 # ---------------------------------------------------------------------------------------------
-# Registering a family
+# Registering a conversion
 
 
 class _UserRanker(nn.Module):
@@ -230,20 +230,20 @@ def _register_user_ranker() -> None:
     def convert(model: nn.Module, groups: tuple[int, int], lanes: Lanes) -> None:
         model.mlp, _ = glm_sequential(model.mlp, groups, lanes, "mlp", output=True)
 
-    register_glm_family(
+    register_glm_model(
         _UserRanker, request_inputs="user", groups=lambda m: (4, 4), convert=convert
     )
 
 
 @pytest.fixture
-def user_family():
+def user_conversion():
     """``_UserRanker`` registered for the test only."""
     _register_user_ranker()
     yield
-    del GLM_FAMILIES.families[_UserRanker]
+    del GLM_CONVERSIONS.conversions[_UserRanker]
 
 
-def test_registered_user_family_converts_with_subclasses(user_family):
+def test_registered_user_conversion_converts_with_subclasses(user_conversion):
     class SubRanker(_UserRanker):
         pass
 
@@ -265,7 +265,7 @@ def test_registered_user_family_converts_with_subclasses(user_family):
         _register_user_ranker()
 
 
-def test_backbone_family_module_loads_on_first_use(user_family):
-    # A backbone names its family module in __rocs_families__; converting one loads it.
+def test_backbone_conversion_module_loads_on_first_use(user_conversion):
+    # A backbone names its conversion module in __rocs_conversions__; converting one loads it.
     glm = rocs.apply_glm(bb.DCNv2Net(SCHEMA, **SMALL[bb.DCNv2Net]), bb.REQUEST_INPUTS)
-    assert not hasattr(glm, "rocs_glm_report")  # converted by its family, not the generic path
+    assert not hasattr(glm, "rocs_glm_report")  # converted by its conversion, not the generic path

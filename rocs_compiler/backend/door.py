@@ -43,10 +43,10 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import torch
 from torch import fx, nn
 
-from .dynamo_graph import Slot, classify, dotted, graph_model, nest
+from .dynamo_graph import Slot, classify, dotted, graph_model
 from ..kernels.index_contract import check_candidate_to_request
 from ..errors import CompileError, InputError
-from ..formats.leaves import bind_inputs, is_tensor, named_leaves, replace_leaves
+from ..formats.leaves import bind_inputs, covers, is_tensor, named_leaves, nest, replace_leaves
 from ..options import BackendOptions
 from ..runtime import CompiledModel
 from .lowering import Lowered, lower_plain
@@ -277,7 +277,7 @@ def _static_rows(placeholders: list[fx.Node], slots: list[Slot]) -> Optional[int
 def _covers(request: str, leaf: str) -> bool:
     if "[" in request:  # a column range names columns of its argument (``column_lanes.py``)
         request = request.split("[", 1)[0].strip()
-    return leaf == request or leaf.startswith(request + ".")
+    return covers(request, leaf)
 
 
 def _unknown_request_names(requested: list[str], present: list[str]) -> tuple[Optional[str], bool]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
 import torch
 from torch import fx, nn
@@ -124,17 +124,6 @@ def _state_name(source, label: str) -> str:
 
 def dotted(path: tuple) -> str:
     return ".".join(str(k) for k in path)
-
-
-def nest(values: Mapping[tuple, Any]) -> dict:
-    """Nested dicts from {(argument, key, ...): value}."""
-    out: dict = {}
-    for path, value in values.items():
-        node = out
-        for key in path[:-1]:
-            node = node.setdefault(key, {})
-        node[path[-1]] = value
-    return out
 
 
 # -- the dynamo graph as a model ------------------------------------------------------------------

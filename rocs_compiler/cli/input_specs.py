@@ -28,6 +28,7 @@ from typing import Optional, Sequence
 import torch
 
 from ..errors import TargetError
+from ..formats.leaves import covers
 
 EXAMPLE_COUNTS = (3, 1, 5)
 DEFAULT_ID_BOUND = 2
@@ -119,14 +120,14 @@ def check_requests(specs: Sequence[InputSpec], request_inputs: Sequence[str]) ->
     """Every request name must cover at least one spec (a name or a dict argument)."""
     names = [s.name for s in specs]
     for request in request_inputs:
-        if not any(n == request or n.startswith(request + ".") for n in names):
+        if not any(covers(request, n) for n in names):
             raise TargetError(
                 f"--request {request}: no --input by that name (inputs: {', '.join(names)})"
             )
 
 
 def _is_request(name: str, request_inputs: Sequence[str]) -> bool:
-    return any(name == r or name.startswith(r + ".") for r in request_inputs)
+    return any(covers(r, name) for r in request_inputs)
 
 
 def _set(tree: dict, dotted: str, value: torch.Tensor) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, NamedTuple, Sequence
 
+from ..formats.leaves import covers
 from ..progress import stage
 
 MEASURE_CANDIDATES = (16, 64, 256, 1024)
@@ -48,7 +49,7 @@ def _tiled_batch(target, counts: Sequence[int]) -> _TiledBatch:
     shared, replicated = [], []
     for name, value in zip(names, flat):
         if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == rows:
-            request = any(name == r or name.startswith(r + ".") for r in target.request_inputs)
+            request = any(covers(r, name) for r in target.request_inputs)
             count = num_requests if request else num_candidates
             value = value.index_select(0, torch.arange(count) % rows)
             shared.append(value)

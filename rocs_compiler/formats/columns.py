@@ -10,12 +10,7 @@ cover its columns in order. The model is compiled as a wrapper that takes ``X`` 
 its pieces (``X.0:12`` request-side, ``X.12:30`` candidate-side) and concatenates them before
 calling the model; the model's own slices of that concatenation become slices of the pieces
 (normalization's ``slice_of_cat``), so a request feature's work runs once per request. The
-compiled model is called with ``X`` whole: :class:`ColumnLanes` splits it into views.
-
-Call layouts: drop-in as usual (requests are found among equal request columns); with
-``candidate_to_request`` the split argument has one row per candidate (its candidate columns
-need them), and its request columns are read once per request after checking that they agree
-within each request (``CompiledModel.call_replicated``).
+compiled model is called with ``X`` whole: :class:`ColumnFormat` splits it into views.
 """
 
 from __future__ import annotations
@@ -23,12 +18,13 @@ from __future__ import annotations
 import inspect
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import nn
 
 from ..errors import InputError
+from .base import DROPIN, REPLICATED, SHARED, InputFormat, Prepared, ProgramCall
 from .leaves import bind_inputs, rebuild_call
 
 _COLUMNS = re.compile(
@@ -194,47 +190,43 @@ def to_pieces(
     return rebuild_call(signature, bound)
 
 
-class ColumnLanes(nn.Module):
-    """A compiled model whose request inputs include column ranges; called like the original."""
+class ColumnFormat(InputFormat):
+    """Column ranges of packed arguments: the program takes each split argument as a dict of
+    its column views (``X.0:12`` request-side, ``X.12:30`` candidate-side).
 
-    def __init__(
-        self, compiled: nn.Module, signature: inspect.Signature, splits: list[ColumnSplit]
-    ):
-        super().__init__()
-        self.compiled = compiled
-        self.signature = signature
+    Layouts: drop-in as usual; with ``candidate_to_request`` a split argument has one row per
+    candidate (its candidate columns need them), so its request columns are replicated leaves
+    of a shared-layout call (checked constant within each request, read once per request),
+    while the other request inputs have one row per request."""
+
+    converts = True
+    name = "column ranges"
+
+    def __init__(self, signature: inspect.Signature, splits: list[ColumnSplit], request_names):
+        super().__init__(signature, request_names)
         self.splits = splits
-
-    def forward(self, *args, candidate_to_request: Optional[torch.Tensor] = None, **kwargs):
-        args, kwargs = to_pieces(self.signature, self.splits, args, kwargs)
-        if candidate_to_request is None:
-            return self.compiled(*args, **kwargs)
-        return self.compiled.call_replicated(
-            *args, candidate_to_request=candidate_to_request, **kwargs
+        self._replicated = frozenset(
+            name for split in splits for name in split.request_names()
         )
 
-    def call_replicated(self, *args, candidate_to_request: torch.Tensor, **kwargs):
-        return self(*args, candidate_to_request=candidate_to_request, **kwargs)
-
-    @property
-    def contract(self):
-        """The compiled pieces program's input contract (its inputs are the column pieces)."""
-        return self.compiled.contract
-
-    def report(self, *args, **kwargs):
-        return self.compiled.report(*args, **kwargs)
-
-    def refresh_weights(self) -> None:
-        self.compiled.refresh_weights()
+    def program_call(self, args, kwargs, index, replicated):
+        args, kwargs = to_pieces(self.signature, self.splits, args, kwargs)
+        if index is None:
+            return ProgramCall(args, kwargs, None, DROPIN)
+        if replicated:
+            return ProgramCall(args, kwargs, index, REPLICATED)
+        return ProgramCall(args, kwargs, index, SHARED, self._replicated)
 
 
-def compile_columns(compile_fn, model, ranges, plain, example_args, example_kwargs, **kwargs):
-    """``rocs.compile`` for request inputs that include column ranges (``compile_fn`` is
-    ``rocs.compile`` itself, applied to the pieces model)."""
+def prepare_columns(
+    model: nn.Module, ranges: Mapping[str, list], plain: list[str], example_args, example_kwargs
+) -> Prepared:
+    """The pieces model, its request leaves and example call for request column ranges."""
     signature = inspect.signature(model.forward)
     bound = bind_inputs(signature, tuple(example_args), dict(example_kwargs))
     splits = splits_for(signature, bound, ranges)
     names = plain + [name for split in splits for name in split.request_names()]
-    args, call_kwargs = to_pieces(signature, splits, tuple(example_args), dict(example_kwargs))
-    inner = compile_fn(pieces_model(model, splits), names, args, call_kwargs, **kwargs)
-    return ColumnLanes(inner, signature, splits)
+    args, kwargs = to_pieces(signature, splits, tuple(example_args), dict(example_kwargs))
+    return Prepared(
+        pieces_model(model, splits), names, args, kwargs, ColumnFormat(signature, splits, plain)
+    )

@@ -10,7 +10,7 @@ split by request. The model is compiled as a wrapper (as for column ranges,
 ``sparse_features.user_id.ids`` ``[B, W]`` (row i holds ``values`` of row i, then zeros up to
 ``W``, the longest row of the call: a dynamic dim), ``sparse_features.user_id.lengths`` ``[B]``,
 and ``.weights`` ``[B, W]`` for a weighted KJT. The wrapper hands the model a
-:class:`~.kjt_pooling.PaddedKJT`, which its ``EmbeddingBagCollection`` modules pool and its
+:class:`~.kjt_padded.PaddedKJT`, which its ``EmbeddingBagCollection`` modules pool and its
 ``EmbeddingCollection`` modules look up (``kjt_pooling.py`` and ``kjt_sequences.py`` state those
 identities). A request key's pieces are request inputs, so its
 lookups, and everything computed only from them, run once per request.
@@ -19,7 +19,7 @@ Identity: a key's jagged row i is ``ids[i, :lengths[i]]`` (with ``weights[i, :le
 and the padding is a function of the row alone, so two equal jagged rows give equal padded rows:
 drop-in calls find requests among consecutive equal rows exactly as for dense inputs.
 
-Call layouts, named by the call (:class:`KJTLanes`):
+Call layouts, named by the call (:class:`KJTFormat`):
 
 * drop-in, ``cm(dense, kjt)``: every key has one row per candidate;
 * shared, ``cm(dense, kjt, candidate_to_request=idx)`` with a KJT whose request keys have R rows
@@ -35,7 +35,6 @@ from __future__ import annotations
 import inspect
 import re
 import sys
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,10 +42,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from .columns import PiecesModel
 from ..errors import CompileError, InputError
-from .leaves import bind_inputs, named_leaves, rebuild_call, replace_leaves
-from ..runtime.program_choice import ProgramChoice, bucket
+from .base import (
+    DROPIN, REPLICATED, SHARED, InputFormat, OriginalProgram, Prepared, ProgramCall,
+)
+from .columns import PiecesModel, with_signature
+from .kjt_lookups import with_padded_lookups
+from .kjt_padded import PaddedKey, PaddedKJT
+from .kjt_rows import replicated_kjt
+from .leaves import bind_inputs, covers, named_leaves, rebuild_call
 
 _KEY = re.compile(r"^(?P<argument>[A-Za-z_]\w*)\[(?P<key>.+)\]$")
 
@@ -215,7 +219,7 @@ def check_names(bound: Mapping[str, Any], splits: list[KJTSplit], names: list[st
     others = {n: v for n, v in bound.items() if n not in kjts}
     leaves = [n for n, v in named_leaves(others).items() if isinstance(v, torch.Tensor)]
     for name in names:
-        if "[" in name or any(leaf == name or leaf.startswith(name + ".") for leaf in leaves):
+        if "[" in name or any(covers(name, leaf) for leaf in leaves):
             continue  # a column range (checked by column_lanes) or a tensor input
         head, _, key = name.partition(".")
         owners = [s.argument for s in splits if name in s.keys]
@@ -242,8 +246,6 @@ class _Pieces(PiecesModel):
     """``model`` taking each KJT argument as its pieces (handed over as a PaddedKJT)."""
 
     def assemble(self, split: KJTSplit, pieces: dict) -> Any:
-        from .kjt_pooling import PaddedKey, PaddedKJT
-
         return PaddedKJT(
             {key: PaddedKey(p["ids"], p["lengths"], p.get("weights")) for key, p in pieces.items()}
         )
@@ -251,8 +253,6 @@ class _Pieces(PiecesModel):
 
 def pieces_model(model: nn.Module, splits: list[KJTSplit]) -> nn.Module:
     """A :class:`_Pieces` whose ``forward`` has ``model.forward``'s signature."""
-    from .columns import with_signature
-
     return with_signature(_Pieces, model, "KJT", splits)
 
 
@@ -265,131 +265,73 @@ def _marked(pieces: dict[str, dict[str, torch.Tensor]]) -> dict:
     return pieces
 
 
-class KJTLanes(nn.Module):
-    """A compiled model whose inputs include ``KeyedJaggedTensor``\\ s; called like the original.
+class KJTFormat(InputFormat):
+    """``KeyedJaggedTensor`` arguments: the program takes each as its keys' padded pieces.
 
-    ``compiled`` is None for an eager fallback (the original model runs)."""
+    The call names its layout (module docstring). Where the original model can take the
+    user's call as it is (a drop-in call; a shared-layout KJT with TorchRec's inverse indices
+    when every lookup is an ``EmbeddingBagCollection``, which reads them), it is offered to the
+    program choice as the plain program: converting a KJT into padded pieces costs more than
+    sharing saves on a model with little request-side work."""
 
-    def __init__(
-        self,
-        compiled: nn.Module | None,
-        original: nn.Module,
-        signature: inspect.Signature,
-        splits: list[KJTSplit],
-        request_names: Sequence[str] = (),
-        fallback_reason: str | None = None,
-    ):
-        super().__init__()
-        self.compiled = compiled
-        self.signature = signature
+    converts = True
+    name = "KeyedJaggedTensor keys"
+
+    def __init__(self, signature, splits: list[KJTSplit], request_names, pools_only: bool):
+        super().__init__(signature, request_names)
         self.splits = splits
-        self._request_names = list(request_names)  # the other request inputs, for the fallback
-        self._fallback_reason = fallback_reason
-        object.__setattr__(self, "_original", original)  # not a submodule: the user's model
-        # Drop-in calls choose between the pieces program and the original model itself, per
-        # batch size (``runtime/program_choice.py``): converting a KJT into padded pieces costs
-        # more than sharing saves on a model with little request-side work.
-        autotune = getattr(compiled, "_choice", None) is not None
-        object.__setattr__(self, "_choice", ProgramChoice() if autotune else None)
-        # Only EmbeddingBagCollections read a KJT's inverse indices (EmbeddingCollections do
-        # not): the original model takes a shared-layout KJT only when it has no other lookup.
-        self._pools_only = not _has_embedding_collection(original)
+        self._pools_only = pools_only
 
-    @property
-    def is_fallback(self) -> bool:
-        return self.compiled is None
-
-    def forward(self, *args, candidate_to_request: torch.Tensor | None = None, **kwargs):
+    def program_call(self, args, kwargs, index, replicated):
         bound = bind_inputs(self.signature, args, kwargs)
-        choose = self._choice is not None and candidate_to_request is None
-        if choose and not torch.is_grad_enabled() and not torch.compiler.is_compiling():
-            if self._replicated(bound):
-                return self._dropin_choosing(args, kwargs, bound)
-        given = candidate_to_request
-        if given is None:
-            candidate_to_request = inverse = self._inverse_indices(bound)
-        else:
-            inverse = self._inverse_indices_if_any(bound) if self._may_run_original() else None
-        shared = self._layout(bound, candidate_to_request)
-        if self.compiled is None:
-            return self._eager(bound, candidate_to_request, shared)
-        if shared and inverse is not None and self._may_run_original():
-            if given is None or torch.equal(given, inverse):
-                return self._shared_choosing(args, kwargs, bound, inverse)
-        return self._pieces_call(bound, candidate_to_request, shared)
-
-    def _may_run_original(self) -> bool:
-        """True when a shared-layout call may run the original model on its KJT instead: under
-        the program choice, outside autograd and tracing, with only EmbeddingBagCollections."""
-        return (
-            self._choice is not None
-            and self._pools_only
-            and not torch.is_grad_enabled()
-            and not torch.compiler.is_compiling()
-        )
-
-    def _inverse_indices_if_any(self, bound: dict) -> torch.Tensor | None:
-        """The grouping the KJTs' inverse indices state, or None when they state none or
-        none that holds (the call's own ``candidate_to_request`` is then checked as before)."""
-        try:
-            return self._inverse_indices(bound)
-        except InputError:
-            return None
-
-    def _shared_choosing(self, args: tuple, kwargs: dict, bound: dict, index: torch.Tensor):
-        """A shared-layout call whose KJTs carry TorchRec's inverse indices: the pieces program,
-        or the original model, which reads the same KJT through its inverse indices (its
-        ``EmbeddingBagCollection`` expands each request row to its candidates), whichever this
-        size's first calls measured faster."""
-        split = self.splits[0]
-        rows = split.rows(bound[split.argument])
-        num_requests = max((rows[k] for k in split.request), default=0)
-        key = bucket("shared", index.shape[0], num_requests)
-        return self._choice.run(
-            key,
-            lambda: self._pieces_call(bound, index, True),
-            lambda: self._original(*args, **kwargs),
-        )
-
-    def _replicated(self, bound: dict) -> bool:
-        """True when every split argument is a KJT with one row per candidate in every key."""
-        return all(
-            is_kjt(kjt) and not kjt.variable_stride_per_key()
-            for kjt in (bound.get(split.argument) for split in self.splits)
-        )
-
-    def _dropin_choosing(self, args: tuple, kwargs: dict, bound: dict):
-        """A drop-in call: the pieces program, or the original model on the original call,
-        whichever this batch size's first calls measured faster (both exact: the second is
-        the model itself)."""
-        key = bucket("dropin", bound[self.splits[0].argument].stride())
-
-        def pieces():
-            self._layout(bound, None)
-            return self._pieces_call(bound, None, False)
-
-        # The original model checks its own call.
-        return self._choice.run(key, pieces, lambda: self._original(*args, **kwargs))
-
-    def program_choices(self) -> dict[tuple, str]:
-        """Per drop-in batch size bucket, ``"shared"`` (the pieces program) or ``"plain"`` (the
-        original model), for the buckets decided so far."""
-        return {} if self._choice is None else self._choice.decisions()
-
-    def _pieces_call(self, bound: dict, candidate_to_request, shared: bool):
+        if index is None:
+            index = self._inverse_indices(bound)
+        shared = self._layout(bound, index)
         for split in self.splits:
             bound[split.argument] = split.pieces(bound[split.argument])
         args, kwargs = rebuild_call(self.signature, bound)
-        if candidate_to_request is None:
-            return self.compiled(*args, **kwargs)
-        if shared:
-            return self.compiled(*args, candidate_to_request=candidate_to_request, **kwargs)
-        return self.compiled.call_replicated(
-            *args, candidate_to_request=candidate_to_request, **kwargs
-        )
+        if index is None:
+            return ProgramCall(args, kwargs, None, DROPIN)
+        return ProgramCall(args, kwargs, index, SHARED if shared else REPLICATED)
 
-    def call_replicated(self, *args, candidate_to_request: torch.Tensor, **kwargs):
-        return self(*args, candidate_to_request=candidate_to_request, **kwargs)
+    def original_program(self, original, args, kwargs, index):
+        bound = bind_inputs(self.signature, args, kwargs)
+        kjts = [bound.get(split.argument) for split in self.splits]
+        if not all(is_kjt(kjt) for kjt in kjts):
+            return None  # the program call reports the wrong input
+        if index is None and not any(kjt.variable_stride_per_key() for kjt in kjts):
+            return OriginalProgram(DROPIN, kjts[0].stride(), 0, lambda: original(*args, **kwargs))
+        if not self._pools_only or not all(kjt.variable_stride_per_key() for kjt in kjts):
+            return None
+        try:
+            inverse = self._inverse_indices(bound)
+        except InputError:
+            return None  # the program call reports it
+        if inverse is None or (index is not None and not torch.equal(index, inverse)):
+            return None
+        split = self.splits[0]
+        rows = split.rows(bound[split.argument])
+        num_requests = max((rows[k] for k in split.request), default=0)
+
+        def run():
+            # The KJTs' request keys are expanded by the model's own lookups (inverse indices);
+            # the other request inputs are gathered to the candidates as the model takes them.
+            call_args, call_kwargs = self.replicate_plain_leaves(args, kwargs, inverse)
+            return original(*call_args, **call_kwargs)
+
+        return OriginalProgram(SHARED, inverse.shape[0], num_requests, run)
+
+    def run_original(self, original, args, kwargs, index):
+        bound = bind_inputs(self.signature, args, kwargs)
+        if index is None:
+            index = self._inverse_indices(bound)
+        shared = self._layout(bound, index)
+        if index is not None and shared:
+            for split in self.splits:
+                bound[split.argument] = replicated_kjt(bound[split.argument], index, split.request)
+            args, kwargs = rebuild_call(self.signature, bound)
+            args, kwargs = self.replicate_plain_leaves(args, kwargs, index)
+        return original(*args, **kwargs)
 
     def _inverse_indices(self, bound: dict) -> torch.Tensor | None:
         """``candidate_to_request`` of a shared-layout KJT that carries TorchRec's inverse
@@ -462,63 +404,21 @@ class KJTLanes(nn.Module):
             )
         return bool(layouts) and layouts.pop()
 
-    def _eager(self, bound: dict, index: torch.Tensor | None, shared: bool):
-        """The original model on the replicated batch (the eager fallback)."""
-        from ..integrations.torchrec import replicated_kjt
 
-        if index is not None and shared:
-            for split in self.splits:
-                bound[split.argument] = replicated_kjt(bound[split.argument], index, split.request)
-            args, kwargs = rebuild_call(self.signature, bound)
-            leaves = named_leaves({n: v for n, v in bound.items() if not is_kjt(v)})
-            gathered = {
-                n: v.index_select(0, index)
-                for n, v in leaves.items()
-                if isinstance(v, torch.Tensor)
-                and any(n == r or n.startswith(r + ".") for r in self._request_names)
-            }
-            args, kwargs = replace_leaves(self.signature, args, kwargs, gathered)
-        else:
-            args, kwargs = rebuild_call(self.signature, bound)
-        with torch.no_grad():
-            return self._original(*args, **kwargs)
-
-    def report(self, *args, **kwargs):
-        if self.compiled is None:
-            from ..report.build import Report
-
-            return Report.for_fallback(self._fallback_reason or "eager fallback")
-        return self.compiled.report(*args, **kwargs)
-
-    def refresh_weights(self) -> None:
-        if self.compiled is not None:
-            self.compiled.refresh_weights()
-
-
-def compile_kjt(
-    compile_fn, model, request_inputs, example_args, example_kwargs, *, fallback="error", **kwargs
-):
-    """``rocs.compile`` for a model taking ``KeyedJaggedTensor``\\ s (``compile_fn`` is
-    ``rocs.compile`` itself, applied to the pieces model)."""
-    if fallback not in ("error", "eager"):
-        raise ValueError(f"fallback must be 'error' or 'eager', got {fallback!r}")
+def prepare_kjt(model, request_inputs, example_args, example_kwargs) -> Prepared:
+    """The pieces model, its request leaves and example call for a model taking
+    ``KeyedJaggedTensor``\\ s (its collections read padded pieces, ``kjt_lookups.py``)."""
     signature = inspect.signature(model.forward)
     bound = bind_inputs(signature, tuple(example_args), dict(example_kwargs))
     splits, rest = splits_for(bound, request_inputs)
     check_names(bound, splits, rest)
     names = rest + [name for split in splits for name in split.request_names()]
+    input_format = KJTFormat(signature, splits, rest, not _has_embedding_collection(model))
     try:
-        from .kjt_pooling import with_padded_lookups
-
         wrapper = pieces_model(with_padded_lookups(model), splits)
-        for split in splits:
-            bound[split.argument] = _marked(split.pieces(bound[split.argument], _EXAMPLE_WIDTH))
-        args, call_kwargs = rebuild_call(signature, bound)
-        inner = compile_fn(wrapper, names, args, call_kwargs, fallback="error", **kwargs)
     except CompileError as err:
-        if fallback == "error":
-            raise
-        warnings.warn(f"rocs: compilation failed, the model will run eagerly: {err}", stacklevel=3)
-        reason = str(err).splitlines()[0]
-        return KJTLanes(None, model, signature, splits, rest, fallback_reason=reason)
-    return KJTLanes(inner, model, signature, splits, rest)
+        return Prepared(model, names, (), {}, input_format, failure=err)
+    for split in splits:
+        bound[split.argument] = _marked(split.pieces(bound[split.argument], _EXAMPLE_WIDTH))
+    args, kwargs = rebuild_call(signature, bound)
+    return Prepared(wrapper, names, args, kwargs, input_format)

@@ -18,62 +18,17 @@ which is what ``nn.EmbeddingBag`` computes for the bag (an empty bag pools to ze
 order of the additions. Masking selects (``where``), so a padded id's row never enters the sum,
 even when it holds an infinity or a NaN.
 
-:func:`with_padded_lookups` returns the model with its ``EmbeddingBagCollection`` modules
-taking :class:`PaddedKJT`, and its ``EmbeddingCollection`` modules too (``kjt_sequences.py``);
-the modules on the way are shallow copies, parameters and buffers the model's own, so weight
-updates are seen.
+``kjt_lookups.py`` puts :class:`PaddedEmbeddingBagCollection` in place of the model's
+collections.
 """
 
 from __future__ import annotations
-
-import copy
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from ..errors import CompileError
-
-
-@dataclass
-class PaddedKey:
-    """One key's rows: ids ``[B, W]`` (anything past a row's length), lengths ``[B]``, and
-    weights ``[B, W]`` or None."""
-
-    ids: torch.Tensor
-    lengths: torch.Tensor
-    weights: torch.Tensor | None = None
-
-
-class PaddedKJT:
-    """Stands in for a ``KeyedJaggedTensor`` inside the compiled model: its keys as padded rows.
-
-    Only the collections of :func:`with_padded_lookups` read it; any other use of the KJT in
-    the model's forward is refused with the attribute it asked for.
-    """
-
-    def __init__(self, keys: dict[str, PaddedKey]):
-        self._keys = keys
-
-    def keys(self) -> list[str]:
-        return list(self._keys)
-
-    def key(self, name: str) -> PaddedKey:
-        if name not in self._keys:
-            raise CompileError(
-                f"the model looks up the feature {name!r}, which its KeyedJaggedTensor input "
-                f"does not have (its keys: {', '.join(self._keys)})"
-            )
-        return self._keys[name]
-
-    def __getattr__(self, name: str):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        raise CompileError(
-            f"the model reads its KeyedJaggedTensor input other than through an "
-            f"EmbeddingBagCollection (it asked for .{name}); rocs compiles KeyedJaggedTensor "
-            "inputs whose keys torchrec's EmbeddingBagCollection or EmbeddingCollection look up"
-        )
+from .kjt_padded import PaddedKey, PaddedKJT
 
 
 def pool(table: torch.Tensor, key: PaddedKey, mode: str, weighted: bool) -> torch.Tensor:
@@ -139,59 +94,3 @@ class PaddedEmbeddingBagCollection(nn.Module):
                 dims.append(config.embedding_dim)
         names = [n for table in get_embedding_names_by_table(configs) for n in table]
         return KeyedTensor(keys=names, values=torch.cat(pooled, dim=1), length_per_key=dims)
-
-
-def _collections(model: nn.Module) -> dict[str, type]:
-    """The paths of ``model``'s TorchRec collections, each with the module that replaces it."""
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
-
-    from .kjt_sequences import PaddedEmbeddingCollection
-
-    replaced = {
-        EmbeddingBagCollection: PaddedEmbeddingBagCollection,
-        EmbeddingCollection: PaddedEmbeddingCollection,
-    }
-    return {
-        path: replaced[type(module)]
-        for path, module in model.named_modules()
-        if type(module) in replaced
-    }
-
-
-def with_padded_lookups(model: nn.Module) -> nn.Module:
-    """``model`` with every ``EmbeddingBagCollection`` and ``EmbeddingCollection`` taking
-    :class:`PaddedKJT` as well.
-
-    The modules from the root to each collection are shallow copies with their own child
-    tables; everything else, parameters and buffers included, is the model's own.
-    """
-    collections = _collections(model)
-    if not collections:
-        raise CompileError(
-            "the model takes a KeyedJaggedTensor but has no torchrec EmbeddingBagCollection or "
-            "EmbeddingCollection to look its keys up; rocs compiles KeyedJaggedTensor inputs "
-            "read by those"
-        )
-    if "" in collections:
-        return collections[""](model)
-    root = _copy_module(model)
-    copies = {id(root)}
-    for path, padded in collections.items():
-        *parents, leaf = path.split(".")
-        parent = root
-        for name in parents:
-            child = parent._modules[name]
-            if id(child) not in copies:
-                child = _copy_module(child)
-                copies.add(id(child))
-                parent._modules[name] = child
-            parent = child
-        parent._modules[leaf] = padded(parent._modules[leaf])
-    return root
-
-
-def _copy_module(module: nn.Module) -> nn.Module:
-    """A shallow copy with its own table of children (parameters and buffers shared)."""
-    out = copy.copy(module)
-    out._modules = dict(module._modules)
-    return out

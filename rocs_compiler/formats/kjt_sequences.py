@@ -2,7 +2,7 @@
 
 ``EmbeddingCollection`` returns each key's embeddings as a ``JaggedTensor`` (one row of ``D`` per
 id); sequence models read it back as dense rows with ``to_padded_dense(desired_length,
-padding_value)``. Over :class:`~.kjt_pooling.PaddedKJT` the collection returns
+padding_value)``. Over :class:`~.kjt_padded.PaddedKJT` the collection returns
 :class:`PaddedEmbeddings` instead: the embeddings of the padded ids ``[B, W, D]`` with the rows'
 lengths, and ``to_padded_dense`` is computed from them row by row.
 
@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from ..errors import CompileError
-from .kjt_pooling import PaddedKey, PaddedKJT
+from .kjt_padded import PaddedKey, PaddedKJT
 
 
 class PaddedEmbeddings:

@@ -67,6 +67,23 @@ def rebuild_call(signature: inspect.Signature, bound: Mapping[str, Any]) -> tupl
     return call.args, call.kwargs
 
 
+def covers(name: str, leaf: str) -> bool:
+    """True when the input name ``name`` names the leaf ``leaf``: the leaf itself, or a dict,
+    list or dataclass holding it (``features`` covers ``features.user_age``)."""
+    return leaf == name or leaf.startswith(name + ".")
+
+
+def nest(values: Mapping[tuple, Any]) -> dict:
+    """Nested dicts from ``{(argument, key, ...): value}``."""
+    out: dict = {}
+    for path, value in values.items():
+        node = out
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value
+    return out
+
+
 def match_names(requested: Iterable[str], available: Iterable[str]) -> dict[str, list[str]]:
     """Map each requested name to the leaves it covers (a name may cover a whole dict).
 
@@ -75,7 +92,7 @@ def match_names(requested: Iterable[str], available: Iterable[str]) -> dict[str,
     available = list(available)
     out = {}
     for name in requested:
-        hits = [leaf for leaf in available if leaf == name or leaf.startswith(name + ".")]
+        hits = [leaf for leaf in available if covers(name, leaf)]
         if not hits:
             raise InputError(
                 f"unknown input name {name!r}; the model's tensor inputs are: "

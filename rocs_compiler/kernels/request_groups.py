@@ -13,6 +13,9 @@ distinct count (at most about ``sqrt(2 N)`` of them).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Optional
 
@@ -54,45 +57,48 @@ class RequestGroup:
             out.index_copy_(0, self.candidates.reshape(-1), flat)
 
 
-# The groups of the most recent index: every op of one graph call receives the same
-# ``candidate_to_request`` tensor, so the grouping is computed once per call, not once per op.
-# The entry holds the tensor itself, so ``is`` cannot match a new tensor at a recycled address,
-# and its version counter, so an in-place change of the index is noticed.
-_last: Optional[tuple] = None
-# An index its maker knows to be grouped into equal-sized requests (drop-in request detection).
-_uniform: Optional[tuple] = None
+class _CallGroups:
+    """The groupings computed during one call of a compiled graph: every op of the call
+    receives the same ``candidate_to_request`` tensor, so it is grouped once per call, not once
+    per op. ``uniform`` is the number of requests when the caller knows the index is
+    ``arange(uniform)`` with each entry repeated equally often (drop-in request detection)."""
+
+    __slots__ = ("index", "uniform", "groups")
+
+    def __init__(self, index: torch.Tensor, uniform: Optional[int]):
+        self.index, self.uniform, self.groups = index, uniform, {}
 
 
-def note_uniform(idx: torch.Tensor, num_requests: int) -> None:
-    """Record that ``idx`` is ``arange(num_requests)`` with each entry repeated equally often,
-    as its maker knows, so grouping it needs no pass over its values. An inference tensor has
-    no version counter; the hint is still sound for an index its maker holds alone."""
-    global _uniform
-    _uniform = (idx, _version_of(idx), num_requests)
+# Per call, never across calls: set by the runtime around one run of a graph, per thread and
+# per task (a context variable), so concurrent calls never see each other's groups.
+_CALL: ContextVar[Optional[_CallGroups]] = ContextVar("rocs_call_groups", default=None)
+
+
+@contextmanager
+def call_groups(index: Optional[torch.Tensor], uniform: Optional[int] = None) -> Iterator[None]:
+    """Within the block, ``group_by_request(index, ...)`` is computed once and reused; with
+    ``uniform`` (the caller's knowledge that requests are equal-sized and contiguous) it needs
+    no pass over the index's values."""
+    token = _CALL.set(_CallGroups(index, uniform) if index is not None else None)
+    try:
+        yield
+    finally:
+        _CALL.reset(token)
 
 
 def group_by_request(idx: torch.Tensor, num_requests: int) -> list[RequestGroup]:
     """Bucket candidates by request, requests by candidate count; ``idx`` is int64 [N]."""
-    global _last
-    version = _version_of(idx)
-    cached = _last
-    if cached is not None and version is not None:
-        if cached[0] is idx and cached[1] == version and cached[2] == num_requests:
-            return cached[3]
-    uniform = _uniform
-    if uniform is not None and uniform[0] is idx and uniform[1] == version and uniform[2] == num_requests:
-        groups = _uniform_groups(idx, num_requests)
-    else:
-        groups = _group_by_request(idx, num_requests)
-    if version is not None:
-        _last = (idx, version, num_requests, groups)
+    scope = _CALL.get()
+    if scope is None or scope.index is not idx:
+        return _group_by_request(idx, num_requests)
+    groups = scope.groups.get(num_requests)
+    if groups is None:
+        if scope.uniform == num_requests:
+            groups = _uniform_groups(idx, num_requests)
+        else:
+            groups = _group_by_request(idx, num_requests)
+        scope.groups[num_requests] = groups
     return groups
-
-
-def _version_of(idx: torch.Tensor) -> Optional[int]:
-    if idx.is_inference():  # inference tensors have no version counter: never cached
-        return None
-    return idx._version
 
 
 def _group_by_request(idx: torch.Tensor, num_requests: int) -> list[RequestGroup]:

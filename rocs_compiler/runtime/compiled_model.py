@@ -25,7 +25,8 @@ from torch.utils import _pytree as pytree
 from ..errors import InputError
 from ..ir.graph_meta import PLACEMENT
 from ..kernels.index_contract import check_candidate_to_request, check_index_range, index_trusted
-from ..kernels.request_groups import note_uniform
+from ..formats.base import REPLICATED, InputFormat, ProgramCall
+from ..kernels.request_groups import call_groups
 from ..ir.roles import Role
 from . import no_backward
 from .input_checks import InputSpecs
@@ -170,20 +171,28 @@ class CompiledModel(nn.Module):
         fallback_reason: Optional[str] = None,
         weight_names: Optional[Mapping[str, str]] = None,
         plain: Optional[PlainProgram] = None,
+        unit_flops: Optional[Callable[[], tuple[float, float]]] = None,
+        input_format: Optional[InputFormat] = None,
+        weights_from: Optional[nn.Module] = None,
     ):
         super().__init__()
         self.graph_module = graph_module
         self.contract = contract
-        self._placeholder_of = dict(placeholder_of)
+        self.placeholder_of = dict(placeholder_of)
         self._report_builder = report_builder
-        self._fallback_reason = fallback_reason
+        self.fallback_reason = fallback_reason
+        self._unit_flops_of = unit_flops
+        if input_format is None:
+            input_format = InputFormat(contract.signature, contract.request_inputs)
+        self.input_format = input_format
         self._warned = False
         self._constant_outputs = constant_output_positions(graph_module)
         # A graph that computes nothing per request gains nothing from finding the requests of a
         # drop-in call: every candidate is taken as its own request (R = N, an identity index).
         self._request_work = _has_request_work(graph_module)
         self._weights_read = no_backward.weights_read_by_outputs(graph_module)
-        self._input_specs = InputSpecs.of_graph(graph_module, placeholder_of, contract.batched)
+        batched = contract.batched if contract is not None else {}
+        self._input_specs = InputSpecs.of_graph(graph_module, placeholder_of, batched)
         # Not a submodule either: a view of graph_module's tensors, rebuilt when they move or
         # when a weight refresh replaced one of them (a new ``_weights.epoch``).
         object.__setattr__(self, "_runner", None)
@@ -195,36 +204,78 @@ class CompiledModel(nn.Module):
         object.__setattr__(self, "_plain", plain)
         object.__setattr__(self, "_choice", ProgramChoice() if plain is not None else None)
         object.__setattr__(self, "_unit_flops", None)  # (per request, per candidate), on first use
-        self._request_set = frozenset(contract.request_inputs)
+        self._request_set = frozenset(contract.request_inputs if contract is not None else ())
         weights = None
         if isinstance(graph_module, fx.GraphModule) and original is not None and weight_names:
-            weights = WeightRefresh(graph_module, original, weight_names)
+            weights = WeightRefresh(graph_module, weights_from or original, weight_names)
         object.__setattr__(self, "_weights", weights)
         # Not a submodule: the compiled graph holds aliases of its weights and follows them.
         object.__setattr__(self, "_original", original)
+        object.__setattr__(self, "_weights_from", weights_from)
 
     @property
     def is_fallback(self) -> bool:
         return self.graph_module is None
 
     def report(self, num_candidates: int = 1024, num_requests: int = 1):
-        """Structured report: roles, FLOPs per request / per candidate, fallbacks, ideal speedup."""
-        from ..report.build import Report
-
+        """Structured report: roles, FLOPs per request / per candidate, fallbacks, ideal speedup
+        (built by the door that compiled the model; the runtime knows no report)."""
         if self._report_builder is None:
-            return Report.for_fallback(self._fallback_reason or "eager fallback")
+            raise RuntimeError("this compiled model was built without a report")
         return self._report_builder(num_candidates, num_requests)
 
     def forward(self, *args, candidate_to_request: Optional[torch.Tensor] = None, **kwargs):
+        if self.input_format.converts:
+            return self._forward_format(args, kwargs, candidate_to_request, replicated=False)
+        return self._forward_leaves(args, kwargs, candidate_to_request, self._choosing())
+
+    def _choosing(self) -> bool:
+        """True when this call runs under the program choice (outside autograd and tracing)."""
+        return (
+            self._choice is not None
+            and not torch.is_grad_enabled()
+            and not torch.compiler.is_compiling()
+        )
+
+    def _forward_format(self, args: tuple, kwargs: dict, index, replicated: bool):
+        """A call through a converting input format (``formats/``): the original model, when the
+        format offers it and this call's bucket chose it, else the program on the converted
+        call."""
+        input_format = self.input_format
+        if self.graph_module is None:
+            return self._run_original(args, kwargs, None if replicated else index)
+        choosing = self._choosing()
+        if choosing and not replicated:
+            original = input_format.original_program(self._original, args, kwargs, index)
+            if original is not None:
+                key = bucket(f"{original.layout}-original", original.rows, original.requests)
+                return self._choice.run(
+                    key,
+                    lambda: self._program_call(
+                        input_format.program_call(args, kwargs, index, False), False
+                    ),
+                    original.run,
+                )
+        call = input_format.program_call(args, kwargs, index, replicated)
+        return self._program_call(call, choosing)
+
+    def _program_call(self, call: ProgramCall, choosing: bool):
+        if call.layout == REPLICATED:
+            return self._call_replicated(call.args, call.kwargs, call.index, choosing)
+        return self._forward_leaves(call.args, call.kwargs, call.index, choosing, call.replicated)
+
+    def _forward_leaves(self, args, kwargs, index, choosing: bool, replicated=frozenset()):
         leaves = self.contract.leaves(args, kwargs)
-        if self._choice is not None and not torch.is_grad_enabled():
-            if not torch.compiler.is_compiling():
-                return self._forward_choosing(args, kwargs, leaves, candidate_to_request)
-        if candidate_to_request is None:
-            requests, index = self._group(leaves)
+        if replicated and index is not None:
+            leaves = self._reduce_leaves(leaves, index, replicated)
+        if choosing:
+            return self._forward_choosing(args, kwargs, leaves, index)
+        uniform = None
+        if index is None:
+            requests, index, uniform = self._group(leaves)
         else:
-            requests, index = self._check_shared(leaves, candidate_to_request)
-        return self._run(args, kwargs, leaves, requests, index)
+            requests, index = self._check_shared(leaves, index)
+        return self._run(args, kwargs, leaves, requests, index, uniform)
 
     def _forward_choosing(self, args, kwargs, leaves, index):
         """``forward`` running the shared or the plain program, whichever this call's bucket
@@ -265,21 +316,21 @@ class CompiledModel(nn.Module):
         if choice.everywhere(family) == PLAIN:
             return self._run_plain(leaves, None)
         start = now()
-        requests, index = self._group(leaves)
+        requests, index, uniform = self._group(leaves)
         finding = now() - start
         num_requests = next(iter(requests.values())).shape[0] if requests else rows
         key = bucket("dropin", rows, num_requests)
         program = choice.decided(key)
         if program is not None:
             return self._run_plain(leaves, None) if program == PLAIN else self._run(
-                args, kwargs, leaves, requests, index
+                args, kwargs, leaves, requests, index, uniform
             )
         # Finding requests is the shared program's cost only while no bucket of the row count
         # shares; after that every call pays it (``runtime/program_choice.py``).
         alone = not choice.shares_in(family)
         return choice.run(
             key,
-            lambda: self._run(args, kwargs, leaves, requests, index),
+            lambda: self._run(args, kwargs, leaves, requests, index, uniform),
             lambda: self._run_plain(leaves, None),
             lambda: self._settle_if_clear(key, rows, num_requests),
             shared_extra=finding if alone else 0.0,
@@ -301,15 +352,14 @@ class CompiledModel(nn.Module):
         return SHARED
 
     def _flops_per_unit(self) -> tuple[float, float]:
-        """(FLOPs per request, FLOPs per candidate) from the report; (0, 0), which settles
-        nothing, when there is none or it cannot be built (FLOPs of a data-dependent graph)."""
-        if self._report_builder is None:
+        """(FLOPs per request, FLOPs per candidate), as the pipeline counted them; (0, 0), which
+        settles nothing, when it gave none or cannot count them (a data-dependent graph)."""
+        if self._unit_flops_of is None:
             return 0.0, 0.0
         try:
-            report = self._report_builder(1024, 1)
+            return self._unit_flops_of()
         except Exception:  # noqa: BLE001 - the prior is optional: without it buckets are measured
             return 0.0, 0.0
-        return report.request_flops, report.candidate_flops
 
     def _run_plain(self, leaves: dict, index: Optional[torch.Tensor]):
         """The plain program on replicated inputs (gathered with ``index`` in the shared layout)."""
@@ -338,10 +388,15 @@ class CompiledModel(nn.Module):
         """The original call (request inputs replicated, one row per candidate) with the
         grouping given: ``candidate_to_request[n]`` is candidate n's request. Raises
         :class:`InputError` when a request input varies within a request."""
+        if self.input_format.converts:
+            return self._forward_format(args, kwargs, candidate_to_request, replicated=True)
+        return self._call_replicated(args, kwargs, candidate_to_request, self._choosing())
+
+    def _call_replicated(self, args, kwargs, candidate_to_request, choosing: bool):
         leaves = self.contract.leaves(args, kwargs)
         requests, index = self._check_replicated(leaves, candidate_to_request)
         choice = self._choice
-        if choice is None or torch.is_grad_enabled() or torch.compiler.is_compiling():
+        if not choosing:
             return self._run(args, kwargs, leaves, requests, index)
         first = next(iter(requests.values()), None)
         num_requests = first.shape[0] if first is not None else 0
@@ -353,15 +408,18 @@ class CompiledModel(nn.Module):
             lambda: self._settle_if_clear(key, index.shape[0], num_requests),
         )
 
-    def _run(self, args, kwargs, leaves, requests, index):
+    def _run(self, args, kwargs, leaves, requests, index, uniform: Optional[int] = None):
         """Run the graph on ``leaves`` with the request inputs replaced by ``requests``
-        (``requests is leaves`` in the shared layout)."""
+        (``requests is leaves`` in the shared layout); ``uniform`` is the number of requests when
+        they are known to be equal-sized and contiguous (the kernels then group without a pass
+        over ``index``)."""
         if self._input_specs is not None:
             self._input_specs.check(leaves)
         grad_mode = torch.is_grad_enabled()
         if not grad_mode and self.graph_module is not None:
             # The common serving call (no_grad or inference mode): no autograd context to enter.
-            outputs = self._graph_runner()(*self._graph_inputs(leaves, requests), index)
+            with call_groups(index, uniform):
+                outputs = self._graph_runner()(*self._graph_inputs(leaves, requests), index)
             if self._constant_outputs:
                 outputs = self._clone_constants(outputs)
             return self.contract.outputs(outputs)
@@ -377,7 +435,7 @@ class CompiledModel(nn.Module):
             with torch.no_grad():
                 result = self._run_eager(args, kwargs, requests, index)
             return self._refuse_backward_eager(result) if grad_mode else result
-        with torch.no_grad():
+        with torch.no_grad(), call_groups(index, uniform):
             inputs = self._graph_inputs(leaves, requests)
             outputs = self._clone_constants(self._graph_runner()(*inputs, index))
         if self._weights is not None:
@@ -423,8 +481,9 @@ class CompiledModel(nn.Module):
         (e.g. the graph lowered by Inductor): a module taking the graph module's inputs, whose
         ``graph`` attribute is the FX graph it computes."""
         compiled = CompiledModel(
-            graph, self.contract, self._placeholder_of, self._report_builder, self._original
-        )
+            graph, self.contract, self.placeholder_of, self._report_builder, self._original,
+            unit_flops=self._unit_flops_of, input_format=self.input_format,
+        )  # fmt: skip
         object.__setattr__(compiled, "_weights", self._weights)  # the same graph module's weights
         compiled._weights_read = self._weights_read
         compiled._input_specs = self._input_specs
@@ -492,19 +551,16 @@ class CompiledModel(nn.Module):
         rows = self._batch_rows(leaves, contract.batched_inputs)
         if not self._request_work:
             device = leaves[contract.batched_inputs[0]].device
-            index = torch.arange(rows, device=device)
-            note_uniform(index, rows)
-            return leaves, index
+            return leaves, torch.arange(rows, device=device), rows
         found = detect_requests([leaves[n] for n in contract.request_inputs], rows)
         counts = found.counts
         if counts and counts.count(counts[0]) == len(counts):
             # Equal-sized requests: the first row of each is every counts[0]-th row, a view
             # (equal to gathering the starts), and the grouping is known.
             requests = {n: leaves[n][:: counts[0]] for n in contract.request_inputs}
-            note_uniform(found.index, len(counts))
-        else:
-            requests = {n: leaves[n].index_select(0, found.starts) for n in contract.request_inputs}
-        return requests, found.index
+            return requests, found.index, len(counts)
+        requests = {n: leaves[n].index_select(0, found.starts) for n in contract.request_inputs}
+        return requests, found.index, None
 
     def _check_index(self, leaves: dict, index: Any) -> None:
         """Check ``index`` against the candidate inputs (type, length, device)."""
@@ -541,6 +597,30 @@ class CompiledModel(nn.Module):
                 )
         return leaves, index
 
+    def _reduce_leaves(self, leaves: dict, index: Any, replicated: frozenset) -> dict:
+        """A shared-layout call whose request leaves ``replicated`` come with one row per
+        candidate (a packed input's request columns): each checked constant within every
+        request and kept at one row per request."""
+        self._check_index(leaves, index)
+        others = [n for n in self.contract.request_inputs if n not in replicated]
+        num_candidates = index.shape[0]
+        if others:
+            num_requests = self._batch_rows(leaves, others)
+        else:
+            check_index_range(index, num_candidates)
+            num_requests = int(index.max()) + 1 if num_candidates else 0
+        check_index_range(index, num_requests)
+        leaves = dict(leaves)
+        for name in replicated:
+            value = leaves[name]
+            if value.shape[0] != num_candidates:
+                raise InputError(
+                    f"input {name!r} has {value.shape[0]} rows; candidate_to_request has "
+                    f"{num_candidates} entries, one per row of the packed input"
+                )
+            leaves[name] = _reduce_replicated(name, value, index, num_requests)
+        return leaves
+
     def _check_replicated(self, leaves: dict, index: Any):
         contract = self.contract
         self._check_index(leaves, index)
@@ -559,12 +639,23 @@ class CompiledModel(nn.Module):
             requests[name] = _reduce_replicated(name, value, index, num_requests)
         return requests, index
 
-    def _run_eager(self, args, kwargs, requests, index):
+    def _run_original(self, args: tuple, kwargs: dict, index):
+        """The eager fallback of a converting format: the original model on the user's call."""
+        self._warn_fallback()
+        grad_mode = torch.is_grad_enabled()
+        with torch.no_grad():
+            result = self.input_format.run_original(self._original, args, kwargs, index)
+        return self._refuse_backward_eager(result) if grad_mode else result
+
+    def _warn_fallback(self) -> None:
         if not self._warned:
             warnings.warn(
-                f"rocs: running the original model eagerly ({self._fallback_reason})", stacklevel=3
+                f"rocs: running the original model eagerly ({self.fallback_reason})", stacklevel=4
             )
             self._warned = True
+
+    def _run_eager(self, args, kwargs, requests, index):
+        self._warn_fallback()
         gathered = {n: requests[n].index_select(0, index) for n in self.contract.request_inputs}
         call_args, call_kwargs = replace_leaves(self.contract.signature, args, kwargs, gathered)
         return self._original(*call_args, **call_kwargs)

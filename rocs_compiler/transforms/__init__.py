@@ -1,20 +1,20 @@
 """Model transforms that make more of a model request-only (they change the model: retrain).
 
-- :func:`apply_glm`: Generalized Layer Masking. Registered families (the zoo's DCNv2, FinalMLP,
+- :func:`apply_glm`: Generalized Layer Masking. Registered conversions (the zoo's DCNv2, FinalMLP,
   Wukong) convert by their rule; any other model by the lanes of its captured graph
   (:mod:`.glm_generic`).
 - :func:`apply_dca`: Deep Cross Attention for candidate-appended sequence models. Registered
-  families (the zoo's BST, HSTU) convert by their rule; any other model whose sequence part is
+  conversions (the zoo's BST, HSTU) convert by their rule; any other model whose sequence part is
   torch's ``nn.TransformerEncoder`` / ``nn.TransformerEncoderLayer`` / self-attention
   ``nn.MultiheadAttention`` by replacing those with their DCA forms (:mod:`.dca_generic`,
   :mod:`.dca_torch`).
 
-Families are registered with :func:`register_glm_family` and :func:`register_dca_family` by the
+Conversions are registered with :func:`register_glm_model` and :func:`register_dca_model` by the
 code that defines the models (see :mod:`.registry`).
 """
 
 from .dca import apply_dca
 from .glm import apply_glm
-from .registry import register_dca_family, register_glm_family
+from .registry import register_dca_model, register_glm_model
 
-__all__ = ["apply_dca", "apply_glm", "register_dca_family", "register_glm_family"]
+__all__ = ["apply_dca", "apply_glm", "register_dca_model", "register_glm_model"]

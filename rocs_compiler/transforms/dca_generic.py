@@ -119,7 +119,7 @@ def apply_dca_generic(
     if not targets:
         raise ValueError(
             f"apply_dca: {name} has no {_NAMES}; apply_dca converts models whose sequence part "
-            "is one of these (or a class registered with register_dca_family)"
+            "is one of these (or a class registered with register_dca_model)"
         )
     for path, module in targets.items():
         for attn_path, attn in _attentions(module, path):

@@ -1,13 +1,13 @@
 """``apply_glm``: put Generalized Layer Masking into an existing ranking model.
 
-The transform converts the model families registered with
-:func:`~rocs_compiler.transforms.registry.register_glm_family` (the zoo registers its DCNv2,
-FinalMLP and Wukong models and backbones). A family knows where the interaction layers read the
+The transform converts the model conversions registered with
+:func:`~rocs_compiler.transforms.registry.register_glm_model` (the zoo registers its DCNv2,
+FinalMLP and Wukong models and backbones). A conversion knows where the interaction layers read the
 request and candidate features, and rebuilds every hidden layer as a GLM layer whose first lanes
 form a request group: ``request_fraction`` of the layer's width in the base variant, widened
 ``request_scale`` times in the scaled variant (the candidate lanes keep their base width). Output
 layers, which read both groups and produce the score, stay dense. The helpers below do the usual
-layers, for the families' conversions.
+layers, for the conversions' conversions.
 
 A layer whose shape is unchanged keeps its weights (the masked block set to zero); a layer whose
 shape changes is freshly initialized from the global RNG. The result is meant to be trained or
@@ -17,9 +17,7 @@ fine-tuned, then compiled. Module types the transform cannot mask raise ``ValueE
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,7 +25,8 @@ from torch import nn
 
 from .layers import GLMLinear, GroupLayerNorm
 from .glm_blocks import RequestFixedGate
-from .registry import GLM_FAMILIES
+from .glm_lanes import Lanes
+from .registry import GLM_CONVERSIONS
 
 __all__ = [
     "Lanes",
@@ -58,32 +57,6 @@ _ELEMENTWISE = (
 )
 
 
-@dataclass(frozen=True)
-class Lanes:
-    """How a hidden width splits into (request, candidate) lanes."""
-
-    fraction: float = 0.5
-    scale: float = 1.0
-
-    def split(self, width: int, multiple: int = 1) -> tuple[int, int]:
-        """(request, candidate) widths for a layer that is ``width`` wide in the vanilla model.
-
-        The base split is ``round(width * fraction)`` request lanes (at least one of each group);
-        the request lanes are then scaled. With ``multiple`` > 1 the request lanes are rounded up
-        so that the total is a multiple of it (for layers that split into heads).
-        """
-        if width < 2:
-            raise ValueError(
-                f"a layer of width {width} cannot hold a request and a candidate group"
-            )
-        base = min(max(round(width * self.fraction), 1), width - 1)
-        candidate = width - base
-        request = max(1, round(base * self.scale))
-        if multiple > 1:
-            request = math.ceil((request + candidate) / multiple) * multiple - candidate
-        return request, candidate
-
-
 def apply_glm(
     model: nn.Module,
     request_inputs: Sequence[str] | str,
@@ -96,17 +69,17 @@ def apply_glm(
     """A GLM copy of ``model``: every hidden layer holds a request-only lane group.
 
     Args:
-        model: any model. A model of a registered family (:func:`register_glm_family`; the zoo
+        model: any model. A model of a registered conversion (:func:`register_glm_model`; the zoo
             registers ``DCNv2``, ``FinalMLP``, ``Wukong`` and the ``DCNv2Net``,
             ``FinalMLPNet``, ``WukongNet`` backbones of ``models_zoo.backbones``) converts by its
-            family's rule; any other model is captured and every ``nn.Linear`` /
+            conversion's rule; any other model is captured and every ``nn.Linear`` /
             ``nn.LayerNorm`` whose input mixes request and candidate lanes is masked
             (:mod:`.glm_generic`).
         request_inputs: the model's request-side inputs (argument names, or ``"arg.key"``).
         request_fraction: share of each hidden layer's width given to request lanes (base variant).
         request_scale: widening factor of the request lanes (scaled variant; 1.0 = base).
         example_inputs, example_kwargs: one replicated example batch, for the capture of a model
-            without a family. Without them, the inputs are inferred from the layers that read
+            without a conversion. Without them, the inputs are inferred from the layers that read
             them first (an ``nn.Linear`` or an embedding), else ``ValueError`` asks for them.
 
     Returns a new module (the original is not modified) in the original's train/eval mode; its
@@ -122,20 +95,20 @@ def apply_glm(
     if not request_scale > 0:
         raise ValueError(f"request_scale must be positive, got {request_scale}")
     lanes = Lanes(request_fraction, request_scale)
-    family = GLM_FAMILIES.get(model)
-    if family is None:
+    conversion = GLM_CONVERSIONS.get(model)
+    if conversion is None:
         from .glm_generic import apply_glm_generic
 
         return apply_glm_generic(
             model, list(request_inputs), lanes, example_inputs, example_kwargs
         )
-    if set(request_inputs) != set(family.request_inputs):
+    if set(request_inputs) != set(conversion.request_inputs):
         raise ValueError(
-            f"apply_glm: {type(model).__name__} puts {sorted(family.request_inputs)} in its request "
+            f"apply_glm: {type(model).__name__} puts {sorted(conversion.request_inputs)} in its request "
             f"group; got request_inputs={sorted(request_inputs)}"
         )
     new = copy.deepcopy(model)
-    family.convert(new, family.groups(new), lanes)
+    conversion.convert(new, conversion.groups(new), lanes)
     return new.train(model.training)
 
 

@@ -1,16 +1,16 @@
-"""The model families ``apply_glm`` and ``apply_dca`` know, registered by the code defining them.
+"""The model conversions ``apply_glm`` and ``apply_dca`` know, registered by the code defining them.
 
-A family is a model class plus what one transform needs to convert it: the model's request
+A conversion is a model class plus what one transform needs to convert it: the model's request
 inputs and a conversion function. The library registers none. Model code registers its classes
-with :func:`register_glm_family` or :func:`register_dca_family`, either
+with :func:`register_glm_model` or :func:`register_dca_model`, either
 
 - right after defining the class, in the same module, or
-- in a separate module that the class names in its ``__rocs_families__`` attribute (a module
+- in a separate module that the class names in its ``__rocs_conversions__`` attribute (a module
   name); the lookup imports it the first time it meets the class. This keeps a model package
   importable without ``rocs_compiler`` (the zoo does this).
 
-Either way holding an instance implies its family is found, whatever the import order. A model's
-family is that of the first registered class in ``type(model).__mro__``: a subclass converts like
+Either way holding an instance implies its conversion is found, whatever the import order. A model's
+conversion is that of the first registered class in ``type(model).__mro__``: a subclass converts like
 its nearest registered base.
 """
 
@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 from torch import nn
 
 if TYPE_CHECKING:
-    from .glm import Lanes
+    from .glm_lanes import Lanes
 
-__all__ = ["DCAFamily", "GLMFamily", "register_dca_family", "register_glm_family"]
+__all__ = ["DCAConversion", "GLMConversion", "register_dca_model", "register_glm_model"]
 
 
 @dataclass(frozen=True)
-class GLMFamily:
+class GLMConversion:
     """How ``apply_glm`` converts one model class."""
 
     request_inputs: tuple[str, ...]
@@ -41,7 +41,7 @@ class GLMFamily:
 
 
 @dataclass(frozen=True)
-class DCAFamily:
+class DCAConversion:
     """How ``apply_dca`` converts one model class."""
 
     request_inputs: tuple[str, ...]
@@ -49,60 +49,60 @@ class DCAFamily:
     convert: Callable[[nn.Module], nn.Module]
 
 
-F = TypeVar("F", GLMFamily, DCAFamily)
+F = TypeVar("F", GLMConversion, DCAConversion)
 
 
 class _Table(Generic[F]):
-    """The families of one transform, by model class."""
+    """The conversions of one transform, by model class."""
 
     def __init__(self, transform: str):
         self.transform = transform
-        self.families: dict[type, F] = {}
+        self.conversions: dict[type, F] = {}
 
-    def add(self, cls: type, family: F) -> None:
+    def add(self, cls: type, conversion: F) -> None:
         if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
             raise TypeError(
-                f"register_{self.transform}_family: expected an nn.Module subclass, got {cls!r}"
+                f"register_{self.transform}_model: expected an nn.Module subclass, got {cls!r}"
             )
-        # Two families for one class would make the conversion depend on import order.
-        if cls in self.families:
+        # Two conversions for one class would make the conversion depend on import order.
+        if cls in self.conversions:
             raise ValueError(
-                f"register_{self.transform}_family: {cls.__qualname__} is already registered"
+                f"register_{self.transform}_model: {cls.__qualname__} is already registered"
             )
-        self.families[cls] = family
+        self.conversions[cls] = conversion
 
     def get(self, model: nn.Module) -> F | None:
-        """The family of the first registered class in ``type(model).__mro__``, or None."""
+        """The conversion of the first registered class in ``type(model).__mro__``, or None."""
         for cls in type(model).__mro__:
-            if cls not in self.families and "__rocs_families__" in vars(cls):
-                importlib.import_module(vars(cls)["__rocs_families__"])
-            family = self.families.get(cls)
-            if family is not None:
-                return family
+            if cls not in self.conversions and "__rocs_conversions__" in vars(cls):
+                importlib.import_module(vars(cls)["__rocs_conversions__"])
+            conversion = self.conversions.get(cls)
+            if conversion is not None:
+                return conversion
         return None
 
     def find(self, model: nn.Module) -> F:
-        """The family of the first registered class in ``type(model).__mro__``."""
-        family = self.get(model)
-        if family is not None:
-            return family
-        registered = ", ".join(sorted(cls.__name__ for cls in self.families)) or "none"
+        """The conversion of the first registered class in ``type(model).__mro__``."""
+        conversion = self.get(model)
+        if conversion is not None:
+            return conversion
+        registered = ", ".join(sorted(cls.__name__ for cls in self.conversions)) or "none"
         raise ValueError(
             f"apply_{self.transform}: no {self.transform.upper()} rule for model type "
             f"{type(model).__name__}; registered types: {registered} "
-            f"(register_{self.transform}_family adds one)"
+            f"(register_{self.transform}_model adds one)"
         )
 
 
-GLM_FAMILIES = _Table[GLMFamily]("glm")
-DCA_FAMILIES = _Table[DCAFamily]("dca")
+GLM_CONVERSIONS = _Table[GLMConversion]("glm")
+DCA_CONVERSIONS = _Table[DCAConversion]("dca")
 
 
 def _names(request_inputs: Sequence[str] | str) -> tuple[str, ...]:
     return (request_inputs,) if isinstance(request_inputs, str) else tuple(request_inputs)
 
 
-def register_glm_family(
+def register_glm_model(
     cls: type[nn.Module],
     *,
     request_inputs: Sequence[str] | str,
@@ -121,12 +121,12 @@ def register_glm_family(
             :class:`~rocs_compiler.transforms.glm.Lanes` splits; the helpers of
             :mod:`rocs_compiler.transforms.glm` do the usual layers.
 
-    Raises ``ValueError`` if ``cls`` already has a GLM family.
+    Raises ``ValueError`` if ``cls`` already has a GLM conversion.
     """
-    GLM_FAMILIES.add(cls, GLMFamily(_names(request_inputs), groups, convert))
+    GLM_CONVERSIONS.add(cls, GLMConversion(_names(request_inputs), groups, convert))
 
 
-def register_dca_family(
+def register_dca_model(
     cls: type[nn.Module],
     *,
     request_inputs: Sequence[str] | str,
@@ -141,6 +141,6 @@ def register_dca_family(
             leaving ``model`` unmodified; a DCA model class whose constructor takes the original
             model fits.
 
-    Raises ``ValueError`` if ``cls`` already has a DCA family.
+    Raises ``ValueError`` if ``cls`` already has a DCA conversion.
     """
-    DCA_FAMILIES.add(cls, DCAFamily(_names(request_inputs), convert))
+    DCA_CONVERSIONS.add(cls, DCAConversion(_names(request_inputs), convert))

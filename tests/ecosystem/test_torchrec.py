@@ -176,7 +176,7 @@ def _keys(kjt, keys):
 def test_all_keys_of_an_argument_by_its_name():
     model, _, _ = zoo.build("dlrm")
     compiled = _compile(model, ["sparse_features"])
-    assert compiled.splits[0].request == frozenset(zoo.REQUEST_KEYS + zoo.CANDIDATE_KEYS)
+    assert compiled.input_format.splits[0].request == frozenset(zoo.REQUEST_KEYS + zoo.CANDIDATE_KEYS)
     batch = zoo.draw([2, 2], seed=9)
     with torch.no_grad():
         torch.testing.assert_close(compiled(batch.dense, batch.kjt), model(batch.dense, batch.kjt))
@@ -351,7 +351,7 @@ def test_export_takes_the_keys_as_padded_pieces():
     compiled = _compile(model, request)
     program = rocs.export(compiled)
     batch = zoo.draw([3, 1, 2], seed=14, histories=[4, 0, 1])
-    pieces = compiled.splits[0].pieces(batch.shared)
+    pieces = compiled.input_format.splits[0].pieces(batch.shared)
     with torch.no_grad():
         got = program.module()(
             dense_features=batch.dense, sparse_features=pieces, candidate_to_request=batch.index

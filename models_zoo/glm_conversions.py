@@ -1,7 +1,7 @@
 """``apply_glm`` conversions of the zoo's interaction models and the backbones built like them.
 
 DCNv2, FinalMLP and Wukong (and ``DCNv2Net``, ``FinalMLPNet``, ``WukongNet`` of
-:mod:`.backbones`, which keep their attribute names) name this module in ``__rocs_families__``:
+:mod:`.backbones`, which keep their attribute names) name this module in ``__rocs_conversions__``:
 ``apply_glm`` imports it the first time it meets one of them, so the zoo stays importable
 without ``rocs_compiler``.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from rocs_compiler.transforms import register_glm_family
+from rocs_compiler.transforms import register_glm_model
 from rocs_compiler.transforms.glm import (
     Lanes,
     expect_type,
@@ -136,4 +136,4 @@ for cls, request_inputs, groups, convert in (
     (backbones.FinalMLPNet, backbones.REQUEST_INPUTS, _schema_groups, convert_finalmlp),
     (backbones.WukongNet, backbones.REQUEST_INPUTS, _schema_fields, convert_wukong),
 ):
-    register_glm_family(cls, request_inputs=request_inputs, groups=groups, convert=convert)
+    register_glm_model(cls, request_inputs=request_inputs, groups=groups, convert=convert)

@@ -1,6 +1,6 @@
 """``apply_dca`` conversions of the zoo's sequence models and the ``SequenceNet`` backbone.
 
-BST, HSTU and ``SequenceNet`` (:mod:`.backbones`) name this module in ``__rocs_families__``:
+BST, HSTU and ``SequenceNet`` (:mod:`.backbones`) name this module in ``__rocs_conversions__``:
 ``apply_dca`` imports it the first time it meets one of them, so the zoo stays importable
 without ``rocs_compiler``.
 
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rocs_compiler.transforms.layers import CrossAttention, DCABlock
-from rocs_compiler.transforms import register_dca_family
+from rocs_compiler.transforms import register_dca_model
 from rocs_compiler.transforms.glm import expect_type, refuse
 
 from . import backbones, bst, hstu
@@ -217,4 +217,4 @@ for cls, request_inputs, convert in (
     (hstu.HSTU, hstu.REQUEST_INPUTS, DCAHSTU),
     (backbones.SequenceNet, backbones.REQUEST_INPUTS, DCASequenceNet),
 ):
-    register_dca_family(cls, request_inputs=request_inputs, convert=convert)
+    register_dca_model(cls, request_inputs=request_inputs, convert=convert)

@@ -1,0 +1,136 @@
+"""One interface for every input format a compiled model accepts.
+
+A *format* maps the user's call (the original model's arguments, in one of the three layouts)
+to the call of the compiled program, whose inputs are named tensor leaves, and back to the
+original model where that one runs instead. The compiled model (``runtime/compiled_model.py``)
+is one class that holds one format; layouts, checks, the program choice, reports and weight
+refresh are its own, never a format's.
+
+- :class:`LeafFormat`: tensors by argument name, dict keys, list items and dataclass fields
+  (``leaves.py`` names them); the program takes the call as it is.
+- ``columns.ColumnFormat``: column ranges of one packed 2-D argument (``"X[:, 0:12]"``); the
+  program takes the argument as a dict of column views.
+- ``kjt.KJTFormat``: keys of TorchRec ``KeyedJaggedTensor`` arguments
+  (``"sparse_features[user_id]"``); the program takes every key as padded rows.
+
+Adding a format means one module here with a subclass of :class:`InputFormat` and a case in
+``select.py``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from .leaves import bind_inputs, covers, named_leaves, replace_leaves
+
+DROPIN, SHARED, REPLICATED = "dropin", "shared", "replicated"
+
+
+@dataclass
+class ProgramCall:
+    """A call in the compiled program's terms.
+
+    ``layout`` is :data:`DROPIN` (replicated rows, requests to be found), :data:`SHARED`
+    (request leaves with one row per request) or :data:`REPLICATED` (request leaves with one
+    row per candidate and the grouping ``index`` known). In the shared layout, ``replicated``
+    names request leaves that still come with one row per candidate (a packed argument's
+    request columns, which share their rows with its candidate columns): the runtime checks
+    them constant within each request and keeps one row per request.
+    """
+
+    args: tuple
+    kwargs: dict
+    index: Optional[torch.Tensor]
+    layout: str
+    replicated: frozenset[str] = field(default_factory=frozenset)
+
+
+@dataclass(frozen=True)
+class OriginalProgram:
+    """The original model run on the user's own call, a cheaper program than converting the
+    call for the compiled one on some models; the call's layout, candidate rows and number of
+    requests (0: not known without finding them) place it in a program-choice bucket."""
+
+    layout: str
+    rows: int
+    requests: int
+    run: Callable[[], Any]
+
+
+class InputFormat:
+    """Tensors as they are: the program's call is the user's call (``converts`` is False)."""
+
+    converts = False
+    name = "tensors"
+
+    def __init__(self, signature: inspect.Signature, request_names: Sequence[str]):
+        self.signature = signature
+        self.request_names = list(request_names)  # names of plain (non-format) request leaves
+
+    def program_call(
+        self, args: tuple, kwargs: dict, index: Optional[torch.Tensor], replicated: bool
+    ) -> ProgramCall:
+        """The user's call in the program's terms; ``replicated`` for ``call_replicated``."""
+        if index is None:
+            return ProgramCall(args, kwargs, None, DROPIN)
+        return ProgramCall(args, kwargs, index, REPLICATED if replicated else SHARED)
+
+    def original_program(
+        self, original: nn.Module, args: tuple, kwargs: dict, index: Optional[torch.Tensor]
+    ) -> Optional[OriginalProgram]:
+        """The original model on this call, when the format offers it to the program choice
+        in place of the compiled program's plain version; None: the plain program runs."""
+        return None
+
+    def run_original(
+        self, original: nn.Module, args: tuple, kwargs: dict, index: Optional[torch.Tensor]
+    ) -> Any:
+        """The original model on the call in replicated layout (an eager fallback): request
+        leaves given with one row per request are gathered to the candidates."""
+        if index is not None:
+            args, kwargs = self.replicate_plain_leaves(args, kwargs, index)
+        return original(*args, **kwargs)
+
+    def replicate_plain_leaves(self, args: tuple, kwargs: dict, index: torch.Tensor):
+        """The call with every plain request leaf gathered with ``index``."""
+        if not self.request_names:
+            return args, kwargs
+        leaves = named_leaves(bind_inputs(self.signature, args, kwargs))
+        gathered = {
+            name: leaf.index_select(0, index)
+            for name, leaf in leaves.items()
+            if isinstance(leaf, torch.Tensor)
+            and any(covers(request, name) for request in self.request_names)
+        }
+        return replace_leaves(self.signature, args, kwargs, gathered)
+
+
+LeafFormat = InputFormat
+
+
+@dataclass
+class Prepared:
+    """What a door compiles for a format: the model the pipeline captures (a wrapper taking
+    the program's inputs), its request leaf names and example call, and the format."""
+
+    model: nn.Module
+    request_inputs: list[str]
+    args: tuple
+    kwargs: dict
+    format: InputFormat
+    failure: Optional[Exception] = None  # a CompileError met while preparing: nothing to capture
+
+
+def prepare_leaves(
+    model: nn.Module, request_inputs: Sequence[str], args: tuple, kwargs: Mapping[str, Any]
+) -> Prepared:
+    """The plain format: the model and its call as they are."""
+    signature = inspect.signature(model.forward)
+    names = list(request_inputs)
+    return Prepared(model, names, tuple(args), dict(kwargs), InputFormat(signature, names))

@@ -1,0 +1,53 @@
+"""The padded stand-in for a ``KeyedJaggedTensor`` inside a compiled model: every key as
+rows ``ids [B, W]``, ``lengths [B]`` (and ``weights [B, W]``), which row-wise analysis can
+split by request (``kjt.py`` builds them, ``kjt_pooling.py`` and ``kjt_sequences.py`` read
+them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import CompileError
+
+
+@dataclass
+class PaddedKey:
+    """One key's rows: ids ``[B, W]`` (anything past a row's length), lengths ``[B]``, and
+    weights ``[B, W]`` or None."""
+
+    ids: torch.Tensor
+    lengths: torch.Tensor
+    weights: torch.Tensor | None = None
+
+
+class PaddedKJT:
+    """Stands in for a ``KeyedJaggedTensor`` inside the compiled model: its keys as padded rows.
+
+    Only the collections of :func:`with_padded_lookups` read it; any other use of the KJT in
+    the model's forward is refused with the attribute it asked for.
+    """
+
+    def __init__(self, keys: dict[str, PaddedKey]):
+        self._keys = keys
+
+    def keys(self) -> list[str]:
+        return list(self._keys)
+
+    def key(self, name: str) -> PaddedKey:
+        if name not in self._keys:
+            raise CompileError(
+                f"the model looks up the feature {name!r}, which its KeyedJaggedTensor input "
+                f"does not have (its keys: {', '.join(self._keys)})"
+            )
+        return self._keys[name]
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise CompileError(
+            f"the model reads its KeyedJaggedTensor input other than through an "
+            f"EmbeddingBagCollection (it asked for .{name}); rocs compiles KeyedJaggedTensor "
+            "inputs whose keys torchrec's EmbeddingBagCollection or EmbeddingCollection look up"
+        )
