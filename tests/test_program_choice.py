@@ -187,9 +187,9 @@ def test_autotune_off_keeps_only_the_shared_program():
     assert cm._plain is None and cm.program_choices() == {}
 
 
-def test_a_row_count_whose_buckets_all_chose_plain_is_a_plain_family():
+def test_a_row_count_whose_buckets_all_chose_plain_is_a_plain_row_class():
     choice = ProgramChoice(trials=2)
-    family = bucket("dropin", 16)[:2]
+    row_class = bucket("dropin", 16)[:2]
     for requests, plain_faster in ((1, True), (4, True)):
         key = bucket("dropin", 16, requests)
         for _ in range(2):
@@ -197,14 +197,14 @@ def test_a_row_count_whose_buckets_all_chose_plain_is_a_plain_family():
                 assert choice.next_trial(key) in (SHARED, PLAIN)
                 fast = (program == PLAIN) == plain_faster
                 choice.record(key, program, 1.0 if fast else 2.0)
-        assert choice.everywhere(family) == PLAIN
+        assert choice.everywhere(row_class) == PLAIN
     key = bucket("dropin", 16, 9)
-    choice.next_trial(key)  # a new request count is being measured: no family answer
-    assert choice.everywhere(family) is None
+    choice.next_trial(key)  # a new request count is being measured: no row_class answer
+    assert choice.everywhere(row_class) is None
     for _ in range(2):
         for program in (SHARED, PLAIN):
             choice.record(key, program, 1.0 if program == SHARED else 2.0)
-    assert choice.everywhere(family) is None  # its buckets disagree
+    assert choice.everywhere(row_class) is None  # its buckets disagree
 
 
 def test_call_replicated_takes_part_in_the_choice_and_keeps_its_checks():

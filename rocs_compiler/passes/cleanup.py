@@ -14,19 +14,15 @@ in eval mode becomes after functionalization, and eager returns its input there 
 copying), except as a graph output, where the copy keeps the output from aliasing an input; a
 pure node nobody uses can go. No decision here depends on a weight's value, only on shapes.
 
-Two op forms are chosen here too. ``x[:, I, J]`` with constant index vectors (``aten.index``,
-the triangle of a pairwise interaction) is ``index_select(reshape(x, [B, -1]), 1, F)`` with the
-flat index ``F = I' * x.shape[2] + J'`` (``I'``, ``J'`` with negative entries wrapped, and ``F``
-pushed past the row for a pair out of range, so that ``index_select`` raises where indexing
-would): the same elements copied in the same order, by a kernel about 7x faster than advanced
-indexing on a CPU (115 vs 16 us for ``[1024, 8, 8]`` and 28 pairs); ``F`` is a weight-only
-subgraph, folded like any other. ``x[:, I]`` is ``index_select(x, 1, I')`` likewise. And for a
-2-D constant ``W [m, k]`` and a batched ``x [N, ..., k, n]``,
-``matmul(W, x) == reshape(mm(reshape(x.mT, [-1, k]), W.T), [N, ..., n, m]).mT``. That is how
-``matmul`` computes it when ``W`` requires grad, as a model's parameters do even under
-``no_grad``: the batch folds into one ``mm``. The compiled graph's weights do not require grad, and
-``matmul`` would run a ``bmm`` of N tiny products instead (about 14x slower on a CPU); the
-rewritten spelling is the very ``mm`` the original model ran.
+Two op forms are chosen here too (docs/SPEED.md, "Op forms chosen by cleanup", has the
+timings). ``x[:, I, J]`` with constant index vectors is ``index_select(reshape(x, [B, -1]), 1,
+F)`` with the folded flat index ``F = I' * x.shape[2] + J'`` (``I'``, ``J'`` with negative entries
+wrapped, ``F`` pushed past the row for a pair out of range, so that ``index_select`` raises where
+indexing would): the same elements copied in the same order; ``x[:, I]`` is
+``index_select(x, 1, I')`` likewise. For a 2-D constant ``W [m, k]`` and a batched
+``x [N, ..., k, n]``, ``matmul(W, x) == reshape(mm(reshape(x.mT, [-1, k]), W.T), [N, ..., n,
+m]).mT``: the one ``mm`` the original model ran (its weights require grad), where the compiled
+graph's ``matmul`` would run a ``bmm`` of N tiny products.
 """
 
 from __future__ import annotations
@@ -37,14 +33,13 @@ from typing import Any
 
 import torch
 from torch import fx
-from torch._guards import detect_fake_mode
 from torch.utils import _pytree as pytree
 
 from ..ir.folded import Fold
 from ..ir.graph_meta import FOLD, PLACEMENT
 from ..analysis.op_groups import is_mutating, is_random
 from ..ir.roles import Role
-from .engine import Builder
+from .engine import Builder, Rewrite, rewrite_to_fixpoint
 
 _FOLD_LIMIT_ELEMENTS = 1 << 24  # never fold a constant into something larger than this
 
@@ -104,10 +99,10 @@ def fold_constants(gm: fx.GraphModule) -> int:
 def weight_first_matmuls_fold(gm: fx.GraphModule) -> int:
     """``matmul(W, x)`` -> the folded ``mm`` of the module docstring, for a 2-D constant ``W``
     and ``x`` of 3 or more dims whose dims besides the batch are static. Returns the count."""
-    return _rewrite_calls(gm, torch.ops.aten.matmul.default, _folded_mm)
+    return _rewrite_each_call(gm, "folded_mm", torch.ops.aten.matmul.default, _folded_mm)
 
 
-def _folded_mm(node: fx.Node) -> fx.Node | None:
+def _folded_mm(b: Builder, node: fx.Node) -> fx.Node | None:
     aten = torch.ops.aten
     weight, x = node.args
     w_val, x_val = weight.meta.get("val"), x.meta.get("val")
@@ -119,7 +114,6 @@ def _folded_mm(node: fx.Node) -> fx.Node | None:
     if w_val.dim() != 2 or x_val.dim() < 3 or not all(isinstance(d, int) for d in inner):
         return None
     k, n, m = inner[-2], inner[-1], w_val.shape[0]
-    b = Builder(node.graph.owning_module, node, detect_fake_mode([x_val]))
     rows = b.call(aten.reshape.default, b.call(aten.transpose.int, x, -1, -2), [-1, k])
     w_t = b.call(aten.t.default, weight)
     product = b.call(aten.mm.default, rows, w_t)
@@ -134,10 +128,10 @@ def constant_indexing_as_index_select(gm: fx.GraphModule) -> int:
     """``index(x, [None, I_1, ..., I_k])`` with weight-only 1-D integer ``I_j`` of one length,
     over every dim of ``x`` after the first (or ``k = 1``), those dims static: the
     ``index_select`` of the module docstring. Returns the count."""
-    return _rewrite_calls(gm, torch.ops.aten.index.Tensor, _flat_index_select)
+    return _rewrite_each_call(gm, "flat_index_select", torch.ops.aten.index.Tensor, _flat_index_select)
 
 
-def _flat_index_select(node: fx.Node) -> fx.Node | None:
+def _flat_index_select(b: Builder, node: fx.Node) -> fx.Node | None:
     aten = torch.ops.aten
     x, indices = node.args
     x_val = x.meta.get("val") if isinstance(x, fx.Node) else None
@@ -152,7 +146,6 @@ def _flat_index_select(node: fx.Node) -> fx.Node | None:
         return None
     if len({i.meta["val"].shape[0] for i in indices[1:]}) != 1:
         return None
-    b = Builder(node.graph.owning_module, node, detect_fake_mode([x_val]))
     flat = _flat_index(b, indices[1:], sizes)
     rows = x if len(indices) == 2 else b.call(aten.reshape.default, x, [-1, math.prod(sizes)])
     out = b.call(aten.index_select.default, rows, 1, flat)
@@ -241,10 +234,12 @@ _INT64_MAX = 2**63 - 1
 def drop_double_transposes(gm: fx.GraphModule) -> int:
     """Replace ``transpose(transpose(x, a, b), a, b)`` (dims in either order) by ``x``, except
     as a graph output (the model returns a view there, not its operand)."""
-    return _rewrite_calls(gm, torch.ops.aten.transpose.int, _double_transpose_source)
+    return _rewrite_each_call(
+        gm, "double_transpose", torch.ops.aten.transpose.int, _double_transpose_source
+    )
 
 
-def _double_transpose_source(node: fx.Node) -> fx.Node | None:
+def _double_transpose_source(b: Builder, node: fx.Node) -> fx.Node | None:
     inner = node.args[0]
     if not isinstance(inner, fx.Node) or inner.target != node.target or inner.kwargs:
         return None
@@ -258,20 +253,20 @@ def _double_transpose_source(node: fx.Node) -> fx.Node | None:
     return source
 
 
-def _rewrite_calls(gm: fx.GraphModule, target: Any, rewrite) -> int:
-    """Replace each call of ``target`` without keyword arguments by ``rewrite(node)``, where
-    that gives a node (None: the call stays). Returns the count."""
-    count = 0
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target != target or node.kwargs:
-            continue
-        new = rewrite(node)
-        if new is None:
-            continue
-        node.replace_all_uses_with(new)
-        gm.graph.erase_node(node)
-        count += 1
-    return count
+def _rewrite_each_call(gm: fx.GraphModule, name: str, target: Any, replace) -> int:
+    """The engine's rewrite ``name``: each call of the overload ``target`` without keyword
+    arguments replaced by ``replace(builder, node)`` where that gives a node (None: the call
+    stays). The rewrites place the nodes they build themselves. Returns the count."""
+    rewrite = Rewrite(
+        name,
+        lambda op: op == target,
+        lambda builder, node: None if node.kwargs else replace(builder, node),
+    )
+    return rewrite_to_fixpoint(gm, [rewrite], infer_node=_placed_by_the_rewrite)[name]
+
+
+def _placed_by_the_rewrite(node: fx.Node) -> None:
+    """Placements stay as share and ikbo left them; a rewrite places what it builds."""
 
 
 def drop_identity_writes(gm: fx.GraphModule) -> int:

@@ -50,7 +50,7 @@ _REVIEWED = frozenset(
 )  # fmt: skip
 
 
-# Elementwise families whose binding parses other signatures than their overloads' schemas.
+# Elementwise op families whose binding parses other signatures than their overloads' schemas.
 _OTHER_SIGNATURES = frozenset({"to"})
 
 

@@ -312,8 +312,8 @@ class CompiledModel(nn.Module):
         is part of the bucket) unless every bucket of this row count chose the plain program."""
         choice = self._choice
         rows = self._batch_rows(leaves, self.contract.batched_inputs)
-        family = bucket("dropin", rows)[:2]
-        if choice.everywhere(family) == PLAIN:
+        row_class = bucket("dropin", rows)[:2]
+        if choice.everywhere(row_class) == PLAIN:
             return self._run_plain(leaves, None)
         start = now()
         requests, index, uniform = self._group(leaves)
@@ -327,7 +327,7 @@ class CompiledModel(nn.Module):
             )
         # Finding requests is the shared program's cost only while no bucket of the row count
         # shares; after that every call pays it (``runtime/program_choice.py``).
-        alone = not choice.shares_in(family)
+        alone = not choice.shares_in(row_class)
         return choice.run(
             key,
             lambda: self._run(args, kwargs, leaves, requests, index, uniform),

@@ -1,38 +1,24 @@
 """Which of two exact programs a call runs: the shared one or the plain one, by measurement.
 
 Both programs return the model's outputs (``runtime/plain.py`` states the plain program's
-identity; the shared program's is the pipeline's), so the choice changes only the time a call
-takes. Which one is faster depends on the batch (few candidates per request favour the plain
-program, many the shared one) and on the machine, so it is measured rather than predicted:
-calls are grouped into buckets by layout and size (the number of rows and the number of
-requests, rounded to powers of two), the first calls of a bucket alternate between
-the two programs, shared first, and once each has run :data:`TRIALS` times the bucket keeps the
-one with the lower minimum time (on a shared machine noise only adds time, so the minimum is the
-estimate it disturbs least). A bucket's decision is never revisited.
+identity), so the choice changes only the time a call takes, and it is measured rather than
+predicted. Calls are grouped into buckets by layout and size (rows and requests, rounded up to
+powers of two); the first calls of a bucket alternate between the programs, shared first, and
+once each has run :data:`TRIALS` times the bucket keeps the one with the lower minimum time (noise
+only adds time). A decision is never revisited; a call being measured runs one program, never
+both.
 
-Calls in a bucket still being measured run one program each, never both: measuring adds no work.
+A bucket whose FLOP ideal (the pipeline's FLOPs per request and per candidate) reaches
+:data:`CLEAR_GAIN` with a saving of at least :data:`CLEAR_SAVING` FLOPs is settled on the shared
+program without trials, whose cost would be the slower program's.
 
-Trials cost what the slower program costs, which for a model with much request-side work is
-the whole saving many times over (a history encoder run per candidate). A bucket whose FLOP
-ideal, the plain program's FLOPs over the shared program's (the compiler's cost model, per
-request and per candidate), reaches :data:`CLEAR_GAIN` with a saving of at least
-:data:`CLEAR_SAVING` FLOPs is therefore settled on the shared program at once; the other buckets
-(close ones, or small ones where fixed per-call costs decide) are measured.
-
-A drop-in call learns its number of requests only by finding them, which is the part of the
-shared program's cost the plain one avoids: the time to find them counts toward the shared
-program's trials only, and once every bucket of a row count chose the plain program (a
-*family*, :meth:`ProgramChoice.everywhere`), calls with that row count skip finding requests.
-A drop-in bucket that keeps the shared program makes every call of its row count find the
-requests first, whatever their number, so while no bucket of the row count shares, a close
-result goes to the plain program: the shared one must lead by :data:`DROPIN_MARGIN`, more than
-the spread of the minimum of repeated trials on a shared machine, else a coin-toss win at one
-request count taxes all the others (measured: a GRU history model at 16 rows, whose
-one-request bucket went shared by 2-5 %, ran its four-request calls at 0.86-0.89 of eager
-instead of 1.04). Once one bucket shares, every call of the row count finds requests anyway:
-the other buckets then compare the programs as they will run, finding included in both, with
-no margin (a transformer history model at 16 rows, four requests: 1.3x with the shared
-program, 0.82-0.92 with the plain one after finding requests it no longer needed).
+A drop-in call finds its requests before it knows its bucket: that time counts toward the shared
+program only, and once every bucket of a row count (a *row class*,
+:meth:`ProgramChoice.everywhere`) chose the plain program, calls of that row count skip finding
+requests. While no bucket of a row class shares, the shared program must lead by
+:data:`DROPIN_MARGIN` (a close win at one request count would tax every call of the row count);
+once one shares, the others compare with finding included in both and no margin.
+docs/SPEED.md ("Program choice") has the measurements behind these rules.
 """
 
 from __future__ import annotations
@@ -61,8 +47,8 @@ class ProgramChoice:
         self._decided: dict[tuple, str] = {}
         self._times: dict[tuple, dict[str, list[float]]] = {}
         self._margins: dict[tuple, float] = {}  # lead the shared program needs, per bucket
-        # A family (layout and rows) whose buckets all chose one program, none still measured.
-        self._families: dict[tuple, str] = {}
+        # A row_class (layout and rows) whose buckets all chose one program, none still measured.
+        self._row_classes: dict[tuple, str] = {}
         self._lock = threading.Lock()
 
     def decided(self, key: tuple) -> str | None:
@@ -76,14 +62,14 @@ class ProgramChoice:
             self._margins.pop(key, None)
             self._summarize(key[:2])
 
-    def everywhere(self, family: tuple) -> str | None:
-        """The program every bucket of ``family`` (a bucket's first two fields) chose, when they
+    def everywhere(self, row_class: tuple) -> str | None:
+        """The program every bucket of ``row_class`` (a bucket's first two fields) chose, when they
         all chose the same one and none is still being measured; else None."""
-        return self._families.get(family)
+        return self._row_classes.get(row_class)
 
-    def shares_in(self, family: tuple) -> bool:
-        """Whether some decided bucket of ``family`` runs the shared program."""
-        return any(p == SHARED for k, p in list(self._decided.items()) if k[:2] == family)
+    def shares_in(self, row_class: tuple) -> bool:
+        """Whether some decided bucket of ``row_class`` runs the shared program."""
+        return any(p == SHARED for k, p in list(self._decided.items()) if k[:2] == row_class)
 
     def next_trial(self, key: tuple, margin: float = 0.0) -> str:
         """The program the next call of an undecided bucket runs; the bucket keeps the shared
@@ -92,7 +78,7 @@ class ProgramChoice:
             if key not in self._times:
                 self._times[key] = {SHARED: [], PLAIN: []}
                 self._margins[key] = margin
-                self._families.pop(key[:2], None)
+                self._row_classes.pop(key[:2], None)
             times = self._times[key]
             return PLAIN if len(times[PLAIN]) < len(times[SHARED]) else SHARED
 
@@ -109,14 +95,14 @@ class ProgramChoice:
                 del self._times[key]
                 self._summarize(key[:2])
 
-    def _summarize(self, family: tuple) -> None:
-        if any(k[:2] == family for k in self._times):
+    def _summarize(self, row_class: tuple) -> None:
+        if any(k[:2] == row_class for k in self._times):
             return
-        chosen = {p for k, p in self._decided.items() if k[:2] == family}
+        chosen = {p for k, p in self._decided.items() if k[:2] == row_class}
         if len(chosen) == 1:
-            self._families[family] = chosen.pop()
+            self._row_classes[row_class] = chosen.pop()
         else:
-            self._families.pop(family, None)
+            self._row_classes.pop(row_class, None)
 
     def run(
         self,
