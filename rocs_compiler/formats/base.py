@@ -61,6 +61,7 @@ class OriginalProgram:
     rows: int
     requests: int
     run: Callable[[], Any]
+    index: Optional[torch.Tensor] = None  # the grouping the call states, range-checked first
 
 
 class InputFormat:

@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import nn
 
-from ..errors import InputError
+from ..errors import CompileError, InputError
 from .base import DROPIN, REPLICATED, SHARED, InputFormat, Prepared, ProgramCall
 from .leaves import bind_inputs, rebuild_call
 
@@ -226,7 +226,28 @@ def prepare_columns(
     bound = bind_inputs(signature, tuple(example_args), dict(example_kwargs))
     splits = splits_for(signature, bound, ranges)
     names = plain + [name for split in splits for name in split.request_names()]
+    _refuse_writes(model, signature, splits, bound)
     args, kwargs = to_pieces(signature, splits, tuple(example_args), dict(example_kwargs))
     return Prepared(
         pieces_model(model, splits), names, args, kwargs, ColumnFormat(signature, splits, plain)
     )
+
+
+def _refuse_writes(model, signature, splits: list[ColumnSplit], bound: Mapping[str, Any]) -> None:
+    """A forward that writes into a packed argument would write into the concatenation of its
+    pieces, never into the caller's tensor: refuse it, as capture refuses any input mutation.
+    The example runs once on copies; a write moves a copy's version counter."""
+    copies = dict(bound)
+    for split in splits:
+        copies[split.argument] = bound[split.argument].clone()
+    versions = {split.argument: copies[split.argument]._version for split in splits}
+    args, kwargs = rebuild_call(signature, copies)
+    with torch.no_grad():
+        model(*args, **kwargs)
+    for split in splits:
+        if copies[split.argument]._version != versions[split.argument]:
+            raise CompileError(
+                f"the model's forward writes into its input {split.argument!r} in place; rocs "
+                "needs a forward that leaves its inputs as they are (write into a copy)"
+            )
+

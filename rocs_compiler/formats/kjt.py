@@ -319,7 +319,7 @@ class KJTFormat(InputFormat):
             call_args, call_kwargs = self.replicate_plain_leaves(args, kwargs, inverse)
             return original(*call_args, **call_kwargs)
 
-        return OriginalProgram(SHARED, inverse.shape[0], num_requests, run)
+        return OriginalProgram(SHARED, inverse.shape[0], num_requests, run, inverse)
 
     def run_original(self, original, args, kwargs, index):
         bound = bind_inputs(self.signature, args, kwargs)

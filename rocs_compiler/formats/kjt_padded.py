@@ -43,6 +43,13 @@ class PaddedKJT:
             )
         return self._keys[name]
 
+    def __getitem__(self, key):
+        raise CompileError(
+            f"the model reads its KeyedJaggedTensor input by key ([{key!r}]) outside an "
+            "EmbeddingBagCollection; rocs compiles KeyedJaggedTensor inputs whose keys torchrec's "
+            "EmbeddingBagCollection or EmbeddingCollection look up"
+        )
+
     def __getattr__(self, name: str):
         if name.startswith("__"):
             raise AttributeError(name)

@@ -78,6 +78,7 @@ def shared_kjt(request, candidates, candidate_to_request: torch.Tensor | None = 
         weights = torch.cat([request.weights(), candidates.weights()])
     inverse = None
     if candidate_to_request is not None:
+        _check_index(candidate_to_request, num_requests, num_candidates)
         rows = [candidate_to_request] * len(request.keys())
         identity = torch.arange(num_candidates, device=candidate_to_request.device)
         rows += [identity] * len(candidates.keys())
@@ -91,3 +92,20 @@ def shared_kjt(request, candidates, candidate_to_request: torch.Tensor | None = 
         + [[num_candidates]] * len(candidates.keys()),
         inverse_indices=inverse,
     )
+
+
+def _check_index(index: torch.Tensor, num_requests: int, num_candidates: int) -> None:
+    if not isinstance(index, torch.Tensor) or index.dim() != 1:
+        raise ValueError("shared_kjt: candidate_to_request must be a 1-D tensor of request rows")
+    if index.shape[0] != num_candidates:
+        raise ValueError(
+            f"shared_kjt: candidate_to_request has {index.shape[0]} entries, but candidates has "
+            f"{num_candidates} rows (one per candidate) and request {num_requests}; pass the "
+            "request KJT first and the candidates KJT second"
+        )
+    if num_candidates and (int(index.min()) < 0 or int(index.max()) >= num_requests):
+        raise ValueError(
+            f"shared_kjt: candidate_to_request values must lie in [0, {num_requests}) (rows of "
+            f"request); got values in [{int(index.min())}, {int(index.max())}]"
+        )
+

@@ -248,6 +248,8 @@ class CompiledModel(nn.Module):
         if choosing and not replicated:
             original = input_format.original_program(self._original, args, kwargs, index)
             if original is not None:
+                if original.index is not None and not index_trusted():
+                    check_index_range(original.index, original.requests)
                 key = bucket(f"{original.layout}-original", original.rows, original.requests)
                 return self._choice.run(
                     key,
@@ -552,7 +554,13 @@ class CompiledModel(nn.Module):
         if not self._request_work:
             device = leaves[contract.batched_inputs[0]].device
             return leaves, torch.arange(rows, device=device), rows
-        found = detect_requests([leaves[n] for n in contract.request_inputs], rows)
+        request_leaves = [leaves[n] for n in contract.request_inputs]
+        if request_leaves and request_leaves[0].is_meta:
+            raise InputError(
+                "inputs on the meta device have no values to find requests by; call the compiled "
+                "model with tensors on the device it was compiled for"
+            )
+        found = detect_requests(request_leaves, rows)
         counts = found.counts
         if counts and counts.count(counts[0]) == len(counts):
             # Equal-sized requests: the first row of each is every counts[0]-th row, a view
@@ -672,6 +680,6 @@ def _has_request_work(graph_module: Optional[nn.Module]) -> bool:
 def _reduce_replicated(name: str, value: torch.Tensor, index: torch.Tensor, num_requests: int):
     shared = value.new_zeros((num_requests, *value.shape[1:]))
     shared.index_copy_(0, index, value)
-    if not rows_consistent(value, shared, index):
+    if value.shape[0] and not rows_consistent(value, shared, index):
         raise InputError(f"request input {name!r} varies within a request")
     return shared

@@ -377,23 +377,23 @@ def test_drop_in_calls_keep_the_faster_of_the_pieces_program_and_the_model(monke
         clock[0] += 1.0 if fast == "plain" else 2.0
         return original(*args, **kwargs)
 
-    real_pieces = compiled._pieces_call
+    real_program = compiled._program_call
 
-    def pieces_call(*args):
+    def program_call(*args):
         ran.append("shared")
         clock[0] += 1.0 if fast == "shared" else 2.0
-        return real_pieces(*args)
+        return real_program(*args)
 
     monkeypatch.setattr(program_choice, "now", lambda: clock[0])
     object.__setattr__(compiled, "_original", model_call)
-    monkeypatch.setattr(compiled, "_pieces_call", pieces_call)
+    monkeypatch.setattr(compiled, "_program_call", program_call)
     with torch.no_grad():
         want = model(batch.dense, batch.kjt)
         for _ in range(2 * TRIALS + 2):
             got = compiled(batch.dense, batch.kjt)
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     assert ran == ["shared", "plain"] * TRIALS + [fast] * 2
-    assert compiled.program_choices() == {bucket("dropin", batch.kjt.stride()): fast}
+    assert compiled.program_choices() == {bucket("dropin-original", batch.kjt.stride()): fast}
 
 
 def test_shared_calls_with_inverse_indices_may_run_the_original_model():
@@ -412,4 +412,4 @@ def test_shared_calls_with_inverse_indices_may_run_the_original_model():
                 compiled(batch.dense, batch.shared, candidate_to_request=batch.index),
             ):
                 torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
-    assert any(k[0] == "shared" for k in compiled.program_choices())
+    assert any(k[0] == "shared-original" for k in compiled.program_choices())
