@@ -18,7 +18,8 @@ Families are sets of overload packets (``aten.add``), or predicates over a call 
 - ``REDUCTIONS``: ``op(self, dim: int[], keepdim, ...)``, reducing over ``dim``.
 - ``ALONG_DIM``: ops that act along one ``dim`` argument (softmax, cumsum, index_select, cat...);
   ``ALONG_DIM_SAME_SHAPE`` are those among them whose output has the input's shape and whose
-  ``dim`` is their second argument.
+  ``dim`` is their second argument, ``ALONG_DIM_MOVEMENT`` those that pick or cut elements
+  along it without combining them, ``ALONG_DIM_OTHER`` the rest.
 - ``TRAILING_NORMS``: ``op(input, normalized_shape, ...)`` normalizing the trailing dims.
 - ``FRESH_RESULT``: ops whose single result never shares memory with an input (besides
   elementwise ops, which never alias).
@@ -87,12 +88,16 @@ ALONG_DIM_SAME_SHAPE = frozenset(
         aten.cumprod, aten.logcumsumexp,
     }
 )
-ALONG_DIM = ALONG_DIM_SAME_SHAPE | frozenset(
+ALONG_DIM_MOVEMENT = frozenset(
     {
-        aten.cummax, aten.sort, aten.argsort, aten.topk, aten.kthvalue, aten.index_select,
-        aten.split, aten.split_with_sizes, aten.chunk, aten.unbind, aten.tensor_split, aten.glu,
+        aten.index_select, aten.split, aten.split_with_sizes, aten.chunk, aten.unbind,
+        aten.tensor_split,
     }
 )
+ALONG_DIM_OTHER = frozenset(
+    {aten.cummax, aten.sort, aten.argsort, aten.topk, aten.kthvalue, aten.glu}
+)
+ALONG_DIM = ALONG_DIM_SAME_SHAPE | ALONG_DIM_MOVEMENT | ALONG_DIM_OTHER
 
 TRAILING_NORMS = frozenset({aten.layer_norm, aten.rms_norm})
 
