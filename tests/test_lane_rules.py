@@ -53,12 +53,13 @@ def _attention(m, u, ids):
 
 
 SAMPLES = {
-    "elementwise": lambda m, u, ids: torch.tanh(u) * 2,
+    "elementwise": lambda m, u, ids: torch.tanh(u) * 2 + torch.where(u > 0, 0.0, -1e4),
     "movement": lambda m, u, ids: torch.cat(
         [u.view(-1, 2, 3).transpose(1, 2).flatten(1), u, torch.zeros(u.shape[0], 2)], 1
     ),
     "item": lambda m, u, ids: u.split([2, 4], -1)[1],
     "embedding": lambda m, u, ids: F.embedding(ids, m.table),
+    "one_hot": lambda m, u, ids: F.one_hot(ids, 10),
     "embedding_bag_rows": lambda m, u, ids: torch.ops.rocs.embedding_bag_rows(m.table, ids, 1, 0),
     "linear": lambda m, u, ids: m.lin(u),
     "matmul": lambda m, u, ids: u @ m.w,

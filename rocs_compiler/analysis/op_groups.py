@@ -42,11 +42,17 @@ OpOverloadPacket = torch._ops.OpOverloadPacket
 # ``RANDOM_ONLY_WHEN_ASKED``). ``_to_copy``/``to``/``alias``/``contiguous`` convert or copy;
 # ``copy(self, src)`` (functionalized ``self.copy_(src)``) is ``src`` broadcast to ``self``, and
 # ``fill(self, value)`` (functionalized ``x[:, 0] = False``) is ``value`` broadcast to it.
+# Overloads are listed where their family has others that are not elementwise
+# (``where.default`` returns the indices of nonzeros) or that are tagged already: every tensor
+# overload of a tagged family is here, tagged, or has its own rule
+# (``tests/test_untagged_overloads.py``).
 ELEMENTWISE_UNTAGGED = frozenset(
     {
         aten.hardswish, aten.log_sigmoid, aten.floor_divide, aten.__and__, aten.__or__,
         aten.__xor__, aten.dropout, aten.feature_dropout, aten.alpha_dropout, aten._to_copy,
         aten.to, aten.alias, aten.contiguous, aten.clone, aten.type_as, aten.copy, aten.fill,
+        aten.where.Scalar, aten.where.ScalarSelf, aten.where.ScalarOther,
+        aten.masked_fill.Tensor, aten.rsub.Tensor, aten.true_divide.Scalar,
     }
 )
 
@@ -144,7 +150,7 @@ def is_elementwise(target: Any) -> bool:
     family = packet(target)
     if family in NOT_BROADCASTING:
         return False
-    if family in ELEMENTWISE_UNTAGGED:
+    if family in ELEMENTWISE_UNTAGGED or target in ELEMENTWISE_UNTAGGED:
         return True
     if isinstance(target, OpOverload):
         return _tagged_elementwise(target)

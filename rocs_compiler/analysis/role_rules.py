@@ -372,6 +372,7 @@ register(*(op_groups.REDUCTIONS - _BY_DIM))(reduction_rule("dim"))
 register(aten.max.dim, aten.min.dim, aten.argmax, aten.argmin, aten.median.dim)(
     reduction_rule("dim")
 )
+register(aten.max.default, aten.min.default)(reduction_rule("dim"))  # over every dim
 register(*op_groups.ALONG_DIM_SAME_SHAPE, lane=Lane.ALONG_DIM)(along_dim_rule("dim", default=-1))
 register(*op_groups.ALONG_DIM_MOVEMENT, lane=Lane.MOVEMENT)(along_dim_rule("dim", default=-1))
 register(*op_groups.ALONG_DIM_OTHER)(along_dim_rule("dim", default=-1))
@@ -436,6 +437,14 @@ def table_lookup_rule(ctx: RuleContext) -> Optional[str]:
     """A constant table looked up with batched ids: each output row reads its own ids."""
     if ctx.role(ctx.arg("weight")) != Role.CONST:
         return "the embedding table itself is batched"
+    return ROWWISE
+
+
+@register(aten.one_hot, lane=Lane.LOOKUP)
+def _one_hot(ctx: RuleContext) -> Optional[str]:
+    """``one_hot(x, K)``: a lookup of ``x`` in the K x K identity, once ``K`` is given."""
+    if ctx.arg("num_classes", -1) < 0:
+        return "the number of classes is the batch's largest id"
     return ROWWISE
 
 
