@@ -23,8 +23,8 @@ offsets of an embedding bag). Node by node:
   keys and values of its batch index;
 - table lookups (``embedding``, ``one_hot``, ``rocs::embedding_bag_rows``): an output row's taint
   is that of its ids;
-- any other op with a role rule: tainted everywhere when any input is; an op without a role rule:
-  tainted everywhere.
+- any other op with a role rule: tainted everywhere when any input is; a random op or one without
+  a role rule: tainted everywhere.
 
 Which rule an op follows is its :class:`~rocs_compiler.analysis.role_rules.Lane`, declared with
 its role rule; this module keeps one taint rule per lane.
