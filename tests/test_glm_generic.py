@@ -131,6 +131,52 @@ def test_incidental_zeros_make_no_request_lanes():
     assert lane_ranges(request_columns(taints[out])) == ()
 
 
+class _BagTower(nn.Module):
+    """A user tower over a dense input and an ``nn.EmbeddingBag`` of the history, then an item
+    embedding: every input of ``mlp`` is request-side."""
+
+    def __init__(self):
+        super().__init__()
+        self.user, self.hist = nn.Linear(8, 8), nn.EmbeddingBag(100, 8, mode="mean")
+        self.item = nn.Embedding(100, 16)
+        self.mlp = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16))
+        self.head = nn.Linear(32, 1)
+
+    def forward(self, user, history, item):
+        u = self.mlp(torch.cat([self.user(user), self.hist(history)], -1))
+        return self.head(torch.cat([u, self.item(item)], -1)).squeeze(-1)
+
+
+def test_a_layer_with_only_request_inputs_stays_a_dense_request_layer():
+    """An ``nn.EmbeddingBag`` output is request-side for the lanes as for the compiler (its
+    offsets are an ``arange`` over the batch, which depends on no input): ``mlp`` reads request
+    lanes only and stays dense, and compiled it runs once per request."""
+    torch.manual_seed(0)
+    example = {
+        "user": torch.randn(6, 8),
+        "history": torch.randint(0, 100, (6, 5)),
+        "item": torch.randint(0, 100, (6,)),
+    }
+    glm = rocs.apply_glm(_BagTower().eval(), ["user", "history"], example_kwargs=example,
+                         request_fraction=0.5)  # fmt: skip
+    report = glm.rocs_glm_report
+    assert not report.transformed and not report.refused, str(report)
+    assert set(report.kept) == {"head"}
+    assert all(type(m) is nn.Linear for m in glm.mlp if not isinstance(m, nn.ReLU))
+    cm = rocs.compile(glm, ["user", "history"], example_kwargs=example)
+    mlp_roles = {n.role for n in cm.report().nodes if n.module.startswith("mlp")}
+    assert mlp_roles == {"REQUEST"}, mlp_roles
+
+    def make(r, n):
+        return (
+            {"user": torch.randn(r, 8), "history": torch.randint(0, 100, (r, 5))},
+            {"item": torch.randint(0, 100, (n,))},
+        )
+
+    for index in ([0], [0, 0, 0, 1, 2, 2], [2, 0, 1, 0, 2]):
+        _check_exact(glm, cm, make, index)
+
+
 # ---------------------------------------------------------------------------------------------
 # Refusals and reports
 

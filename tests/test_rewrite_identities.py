@@ -1,4 +1,4 @@
-"""Every normalize and defer rewrite, alone, on a tiny captured graph.
+"""Every normalize, defer and ikbo rewrite, alone, on a tiny captured graph.
 
 Each rewrite has a sample: a model of a few ops over a request input ``u`` and a candidate input
 ``c``. The sample is captured as real ATen (``rocs_compiler.capture``), the one rewrite is applied
@@ -7,7 +7,9 @@ the rewritten graph computes what it computed before (bit for bit where the iden
 computation, at float32 tolerance where it re-associates a sum or splits a matrix product). The
 oracle knows nothing about the rewrite; the test also checks that the rewrite fired, that every
 node has a role, and that the roles the engine kept current node by node are those a fresh
-analysis gives. A rewrite without a sample fails ``test_every_rewrite_has_a_sample``.
+analysis gives. An ikbo rewrite runs on the sample's shared graph (after *share*, request inputs
+at R rows, a ragged ``candidate_to_request``), which is then its oracle. A rewrite without a
+sample fails ``test_every_rewrite_has_a_sample``.
 """
 
 from __future__ import annotations
@@ -28,8 +30,13 @@ from rocs_compiler.errors import CompileError
 from rocs_compiler.ir.graph_meta import ROLE
 from rocs_compiler.passes.defer import defer_rewrites
 from rocs_compiler.passes.engine import Rewrite, rewrite_to_fixpoint
+from rocs_compiler.passes.ikbo import ikbo, ikbo_rewrites
 from rocs_compiler.passes.normalize import normalize_rewrites
-from rocs_compiler.passes.verify import verify_roles
+from rocs_compiler.passes.share import share
+from rocs_compiler.passes.verify import verify_roles, verify_shared
+
+# The ikbo rewrites run on a shared graph; their names, with the generated pointwise kernels.
+IKBO = {rw.name for rw in ikbo_rewrites(None, pointwise=True)}
 
 
 def all_rewrites():
@@ -107,6 +114,21 @@ def _einsum(m, x):
     return torch.einsum("bkd,mk->bmd", x, m.w)
 
 
+def _merged_head_attention(m, u, c):
+    """What ``nn.MultiheadAttention`` computes when it returns weights: heads merged into the
+    batch (``[B*H, L, d]``, H=2, d=2), a candidate query over the request's 3 keys."""
+    q = c.reshape(-1, 1, 2)  # [B*2, 1, 2]
+    k = u.reshape(-1, 3, 2)  # [B*2, 3, 2]
+    weights = torch.softmax(torch.bmm(q, k.transpose(1, 2)), -1)
+    return torch.bmm(weights, (k * 2))
+
+
+def _attention(m, u, c):
+    q = c.view(-1, 1, 2, 2)
+    k = u.view(-1, 1, 3, 2)
+    return F.scaled_dot_product_attention(q, k, k + 1)
+
+
 SAMPLES: dict[str, Sample] = {
     # normalize
     "stack_to_cat": Sample(lambda m, u, c: torch.stack([u, c], 1), ((4,), (4,))),
@@ -152,6 +174,25 @@ SAMPLES: dict[str, Sample] = {
     "distribute_embedding": Sample(
         on_seq(lambda m, x: F.embedding(x, m.w)), ((2,), (3,)), weight(10, 4), ids="uc"
     ),
+    # ikbo: broadcasts of request values fused into their candidate consumers
+    "ikbo_linear": Sample(
+        lambda m, u, c: m.lin(c) + m.user(u), VEC,
+        lambda: {"lin": nn.Linear(4, 5), "user": nn.Linear(3, 5)}, exact=False,
+    ),
+    "ikbo_linear_compression": Sample(
+        lambda m, u, c: torch.matmul(m.w, c.view(-1, 2, 2)) + u.view(-1, 3, 2), ((6,), (4,)),
+        weight(3, 2), exact=False,
+    ),
+    "ikbo_attention": Sample(_attention, ((6,), (4,)), exact=False),
+    "ikbo_merged_head_attention": Sample(_merged_head_attention, ((12,), (4,)), exact=False),
+    "ikbo_interaction": Sample(
+        lambda m, u, c: torch.bmm(c.view(-1, 2, 2), u.view(-1, 2, 3)), ((6,), (4,)), exact=False
+    ),
+    "ikbo_weight_matmul": Sample(
+        lambda m, u, c: torch.matmul(c.view(-1, 2, 1, 2), m.w).flatten(1) * u, ((6,), (4,)),
+        weight(2, 2, 3), exact=False,
+    ),
+    "ikbo_pointwise": Sample(lambda m, u, c: torch.tanh(c) * u + c, ((4,), (4,))),
 }
 
 
@@ -172,14 +213,17 @@ def _run(gm, captured, inputs):
 
 
 def test_every_rewrite_has_a_sample():
-    assert {rw.name for rw in all_rewrites()} == set(SAMPLES)
+    assert {rw.name for rw in all_rewrites()} | IKBO == set(SAMPLES)
 
 
 @pytest.mark.parametrize("name", sorted(SAMPLES))
 def test_rewrite_identity(name):
     if name == "permute_pooled_embs_of_cat":
         pytest.importorskip("fbgemm_gpu", reason="TorchRec's regroup op comes with fbgemm")
-    check_identity(name, SAMPLES[name])
+    if name in IKBO:
+        check_shared_identity(name, SAMPLES[name])
+    else:
+        check_identity(name, SAMPLES[name])
 
 
 def test_a_reshape_dropping_size_one_dims_before_the_axis_distributes():
@@ -228,6 +272,41 @@ def check_identity(name: str, sample: Sample) -> None:
                 torch.testing.assert_close(g, w, rtol=0, atol=0)
             else:
                 torch.testing.assert_close(g, w)  # float32 defaults: rtol 1.3e-6, atol 1e-5
+
+
+def check_shared_identity(name: str, sample: Sample) -> None:
+    """The ikbo rewrite fires on the sample's shared graph, which stays a valid shared graph
+    and computes what it computed before, on ragged batches in any order."""
+    torch.manual_seed(0)
+    model = sample.build().eval()
+    captured = capture(model, (), _inputs(sample, 3, seed=1), ["u"])
+    gm, symbol = captured.graph_module, captured.batch_symbol
+    analyze(gm, {captured.placeholder_of[n] for n in captured.request_inputs}, symbol)
+    shared = share(gm, symbol)
+    batches = []
+    for requests, index in ((1, [0, 0]), (3, [2, 0, 0, 1, 2]), (2, [1])):
+        u = _inputs(sample, requests, seed=requests)["u"]
+        c = _inputs(sample, len(index), seed=len(index) + 10)["c"]
+        batches.append({"u": u, "c": c, "index": torch.tensor(index)})
+
+    def run(inputs):
+        args = [inputs[n] for n in captured.input_names] + [inputs["index"]]
+        with torch.no_grad():
+            return pytree.tree_leaves(shared(*args))
+
+    expected = [run(inputs) for inputs in batches]
+    _, counts = ikbo(shared, pointwise=True, only=frozenset({name}))
+
+    assert counts[name] >= 1, f"{name} did not fire on its sample"
+    verify_shared(shared)
+    for inputs, want in zip(batches, expected):
+        got = run(inputs)
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            if sample.exact:
+                torch.testing.assert_close(g, w, rtol=0, atol=0)
+            else:
+                torch.testing.assert_close(g, w)
 
 
 def test_rewrites_that_never_settle_are_an_error():

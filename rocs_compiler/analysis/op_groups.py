@@ -18,7 +18,8 @@ Families are sets of overload packets (``aten.add``), or predicates over a call 
 - ``REDUCTIONS``: ``op(self, dim: int[], keepdim, ...)``, reducing over ``dim``.
 - ``ALONG_DIM``: ops that act along one ``dim`` argument (softmax, cumsum, index_select, cat...);
   ``ALONG_DIM_SAME_SHAPE`` are those among them whose output has the input's shape and whose
-  ``dim`` is their second argument.
+  ``dim`` is their second argument, ``ALONG_DIM_MOVEMENT`` those that pick or cut elements
+  along it without combining them, ``ALONG_DIM_OTHER`` the rest.
 - ``TRAILING_NORMS``: ``op(input, normalized_shape, ...)`` normalizing the trailing dims.
 - ``FRESH_RESULT``: ops whose single result never shares memory with an input (besides
   elementwise ops, which never alias).
@@ -41,11 +42,17 @@ OpOverloadPacket = torch._ops.OpOverloadPacket
 # ``RANDOM_ONLY_WHEN_ASKED``). ``_to_copy``/``to``/``alias``/``contiguous`` convert or copy;
 # ``copy(self, src)`` (functionalized ``self.copy_(src)``) is ``src`` broadcast to ``self``, and
 # ``fill(self, value)`` (functionalized ``x[:, 0] = False``) is ``value`` broadcast to it.
+# Overloads are listed where their family has others that are not elementwise
+# (``where.default`` returns the indices of nonzeros) or that are tagged already: every tensor
+# overload of a tagged family is here, tagged, or has its own rule
+# (``tests/test_untagged_overloads.py``).
 ELEMENTWISE_UNTAGGED = frozenset(
     {
         aten.hardswish, aten.log_sigmoid, aten.floor_divide, aten.__and__, aten.__or__,
         aten.__xor__, aten.dropout, aten.feature_dropout, aten.alpha_dropout, aten._to_copy,
         aten.to, aten.alias, aten.contiguous, aten.clone, aten.type_as, aten.copy, aten.fill,
+        aten.where.Scalar, aten.where.ScalarSelf, aten.where.ScalarOther,
+        aten.masked_fill.Tensor, aten.rsub.Tensor, aten.true_divide.Scalar,
     }
 )
 
@@ -87,12 +94,16 @@ ALONG_DIM_SAME_SHAPE = frozenset(
         aten.cumprod, aten.logcumsumexp,
     }
 )
-ALONG_DIM = ALONG_DIM_SAME_SHAPE | frozenset(
+ALONG_DIM_MOVEMENT = frozenset(
     {
-        aten.cummax, aten.sort, aten.argsort, aten.topk, aten.kthvalue, aten.index_select,
-        aten.split, aten.split_with_sizes, aten.chunk, aten.unbind, aten.tensor_split, aten.glu,
+        aten.index_select, aten.split, aten.split_with_sizes, aten.chunk, aten.unbind,
+        aten.tensor_split,
     }
 )
+ALONG_DIM_OTHER = frozenset(
+    {aten.cummax, aten.sort, aten.argsort, aten.topk, aten.kthvalue, aten.glu}
+)
+ALONG_DIM = ALONG_DIM_SAME_SHAPE | ALONG_DIM_MOVEMENT | ALONG_DIM_OTHER
 
 TRAILING_NORMS = frozenset({aten.layer_norm, aten.rms_norm})
 
@@ -139,7 +150,7 @@ def is_elementwise(target: Any) -> bool:
     family = packet(target)
     if family in NOT_BROADCASTING:
         return False
-    if family in ELEMENTWISE_UNTAGGED:
+    if family in ELEMENTWISE_UNTAGGED or target in ELEMENTWISE_UNTAGGED:
         return True
     if isinstance(target, OpOverload):
         return _tagged_elementwise(target)

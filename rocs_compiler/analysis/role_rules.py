@@ -13,10 +13,18 @@ request-side or constant, and then derives the output's batch axis, which also c
 batched operands line up (one dim of the output holds the batch, merged the same way in every
 operand). An op without a rule is computed per candidate, and the driver records that as a
 fallback.
+
+The same registration declares the op's :class:`Lane`: how each element of its output depends on
+the elements of its inputs, which picks the op's taint rule in the lane analysis
+(``segments.py``). A row-wise op whose inputs carry no candidate taint never has a tainted
+output under its lane, so the two analyses agree on every value the role analysis calls REQUEST
+(checked over samples of every lane in ``tests/test_lane_rules.py``). Ops outside ATen
+(``rocs::`` ops) register their rules in the module that defines them.
 """
 
 from __future__ import annotations
 
+import enum
 import operator
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -36,7 +44,28 @@ Rule = Callable[["RuleContext"], Optional[str]]
 ROWWISE = None
 SHAPE_ARGUMENTS = frozenset({"size", "shape", "sizes"})
 
+
+class Lane(enum.Enum):
+    """How an op's output elements depend on its input elements (its taint rule in
+    ``segments.py``)."""
+
+    WHOLE = "whole"  # every output element may read every input element
+    ELEMENTWISE = "elementwise"  # out[i] reads in[i] of each operand, broadcast
+    MOVEMENT = "movement"  # moves or copies elements without combining them
+    ITEM = "item"  # one item of a tuple
+    LOOKUP = "lookup"  # out[..., :] reads the ids at ``...`` (pooled over trailing id dims)
+    LINEAR = "linear"  # out[..., j] reads the row x[..., :]
+    PRODUCT = "product"  # mm, bmm, matmul
+    BIASED_PRODUCT = "biased_product"  # addmm, baddbmm
+    EINSUM = "einsum"
+    ATTENTION = "attention"  # a query row reads its own row and every key and value
+    REDUCTION = "reduction"  # ``op(self, dim, keepdim)``: reads the reduced elements
+    ALONG_DIM = "along_dim"  # same shape, reads the whole line along ``dim`` (softmax, cumsum)
+    TRAILING_NORM = "trailing_norm"  # reads the normalized trailing dims
+
+
 _RULES: dict[Any, Rule] = {}
+_LANES: dict[Any, Lane] = {}
 
 
 @dataclass
@@ -139,14 +168,27 @@ def lookup(target: Any) -> Optional[Rule]:
     return rule
 
 
+def lane_of(target: Any) -> Optional[Lane]:
+    """The op's lane, found as :func:`lookup` finds its rule; None for an op without a rule."""
+    lane = _LANES.get(target)
+    if lane is None and isinstance(target, torch._ops.OpOverload):
+        lane = _LANES.get(target.overloadpacket)
+    if lane is None and op_groups.is_elementwise(target):
+        lane = Lane.ELEMENTWISE
+    return lane
+
+
 def registered_ops() -> list[Any]:
     return list(_RULES)
 
 
-def register(*ops: Any) -> Callable[[Rule], Rule]:
+def register(*ops: Any, lane: Lane = Lane.WHOLE) -> Callable[[Rule], Rule]:
+    """Register ``rule`` for ``ops`` (packets or overloads) with their :class:`Lane`."""
+
     def wrap(rule: Rule) -> Rule:
         for op in ops:
             _RULES[op] = rule
+            _LANES[op] = lane
         return rule
 
     return wrap
@@ -258,10 +300,13 @@ def _attention_dims(ndim: int) -> list[int]:
 # ---------------------------------------------------------------------------------------------
 # Registrations
 
-register(*op_groups.SHAPE_ONLY)(shape_only_rule)
+# Copies and conversions compute elementwise (their lane reads one element); the rest move.
+_COPIES = frozenset(op for op in op_groups.SHAPE_ONLY if op_groups.is_elementwise(op))
+register(*(op_groups.SHAPE_ONLY - _COPIES), lane=Lane.MOVEMENT)(shape_only_rule)
+register(*_COPIES, lane=Lane.ELEMENTWISE)(shape_only_rule)
 
 
-@register(aten.squeeze)
+@register(aten.squeeze, lane=Lane.MOVEMENT)
 def _squeeze(ctx: RuleContext) -> Optional[str]:
     if ctx.node.target == aten.squeeze.default:
         # squeeze() drops every size-1 dim: with one request the batch dim would vanish.
@@ -314,27 +359,31 @@ def _triangular(ctx: RuleContext) -> Optional[str]:
     return ROWWISE
 
 
-@register(aten.dropout, aten.feature_dropout, aten.alpha_dropout)
+@register(aten.dropout, aten.feature_dropout, aten.alpha_dropout, lane=Lane.ELEMENTWISE)
 def _dropout(ctx: RuleContext) -> Optional[str]:
     if ctx.arg("train"):
         return "dropout in training mode is random"
     return ROWWISE
 
 
-register(*op_groups.REDUCTIONS)(reduction_rule("dim"))
+_BY_DIM = op_groups.REDUCTIONS_DIM_KEEPDIM | {aten.any, aten.all}  # (self, dim, keepdim, ...)
+register(*_BY_DIM, lane=Lane.REDUCTION)(reduction_rule("dim"))
+register(*(op_groups.REDUCTIONS - _BY_DIM))(reduction_rule("dim"))
 register(aten.max.dim, aten.min.dim, aten.argmax, aten.argmin, aten.median.dim)(
     reduction_rule("dim")
 )
-register(*op_groups.ALONG_DIM)(along_dim_rule("dim", default=-1))
-register(aten.cat, aten.concat)(along_dim_rule("dim", default=0))
+register(aten.max.default, aten.min.default)(reduction_rule("dim"))  # over every dim
+register(*op_groups.ALONG_DIM_SAME_SHAPE, lane=Lane.ALONG_DIM)(along_dim_rule("dim", default=-1))
+register(*op_groups.ALONG_DIM_MOVEMENT, lane=Lane.MOVEMENT)(along_dim_rule("dim", default=-1))
+register(*op_groups.ALONG_DIM_OTHER)(along_dim_rule("dim", default=-1))
+register(aten.cat, aten.concat, lane=Lane.MOVEMENT)(along_dim_rule("dim", default=0))
 
 
-@register(aten.stack)
+@register(aten.stack, lane=Lane.MOVEMENT)
 def _stack(ctx: RuleContext) -> Optional[str]:
     """A new dim never splits the batch: stacking is row-wise at any position."""
     return ROWWISE
-register(aten.flip)(multi_dim_rule("dims"))
-register(aten.roll)(multi_dim_rule("dims"))
+register(aten.flip, aten.roll, lane=Lane.MOVEMENT)(multi_dim_rule("dims"))
 
 
 @register(aten.arange, aten.randperm)
@@ -342,7 +391,7 @@ def _values_from_batch_size(ctx: RuleContext) -> Optional[str]:
     return "values depend on the batch size"
 
 
-@register(aten.repeat)
+@register(aten.repeat, lane=Lane.MOVEMENT)
 def _repeat(ctx: RuleContext) -> Optional[str]:
     x = ctx.node.args[0]
     repeats = ctx.arg("repeats")
@@ -383,10 +432,19 @@ def _gather(ctx: RuleContext) -> Optional[str]:
     return ROWWISE
 
 
-@register(aten.embedding)
-def _embedding(ctx: RuleContext) -> Optional[str]:
+@register(aten.embedding, lane=Lane.LOOKUP)
+def table_lookup_rule(ctx: RuleContext) -> Optional[str]:
+    """A constant table looked up with batched ids: each output row reads its own ids."""
     if ctx.role(ctx.arg("weight")) != Role.CONST:
         return "the embedding table itself is batched"
+    return ROWWISE
+
+
+@register(aten.one_hot, lane=Lane.LOOKUP)
+def _one_hot(ctx: RuleContext) -> Optional[str]:
+    """``one_hot(x, K)``: a lookup of ``x`` in the K x K identity, once ``K`` is given."""
+    if ctx.arg("num_classes", -1) < 0:
+        return "the number of classes is the batch's largest id"
     return ROWWISE
 
 
@@ -420,7 +478,7 @@ def _index(ctx: RuleContext) -> Optional[str]:
     return ROWWISE
 
 
-@register(aten.linear)
+@register(aten.linear, lane=Lane.LINEAR)
 def _linear(ctx: RuleContext) -> Optional[str]:
     if ctx.role(ctx.arg("weight")) != Role.CONST or ctx.role(ctx.arg("bias")) != Role.CONST:
         return "the weight is batched"
@@ -430,15 +488,18 @@ def _linear(ctx: RuleContext) -> Optional[str]:
     return ROWWISE
 
 
-register(aten.addmm, aten.mm)(contracting_rule(("mat1", _last), ("mat2", _second_last)))
-register(aten.bmm, aten.baddbmm)(
-    contracting_rule(("self", _last), ("batch1", _last), ("mat2", _second_last),
-                     ("batch2", _second_last))
-)  # fmt: skip
-register(aten.matmul)(contracting_rule(("self", _last), ("other", _second_last)))
+_mm_rule = contracting_rule(("mat1", _last), ("mat2", _second_last))
+_bmm_rule = contracting_rule(
+    ("self", _last), ("batch1", _last), ("mat2", _second_last), ("batch2", _second_last)
+)
+register(aten.mm, lane=Lane.PRODUCT)(_mm_rule)
+register(aten.addmm, lane=Lane.BIASED_PRODUCT)(_mm_rule)
+register(aten.bmm, lane=Lane.PRODUCT)(_bmm_rule)
+register(aten.baddbmm, lane=Lane.BIASED_PRODUCT)(_bmm_rule)
+register(aten.matmul, lane=Lane.PRODUCT)(contracting_rule(("self", _last), ("other", _second_last)))
 
 
-@register(aten.einsum)
+@register(aten.einsum, lane=Lane.EINSUM)
 def _einsum(ctx: RuleContext) -> Optional[str]:
     """Row-wise when every batched operand carries its batch under one letter, which the output
     keeps and no constant operand uses."""
@@ -469,14 +530,15 @@ _sdpa_products = contracting_rule(
 )  # fmt: skip
 
 
-@register(aten.scaled_dot_product_attention)
+@register(aten.scaled_dot_product_attention, lane=Lane.ATTENTION)
 def _sdpa(ctx: RuleContext) -> Optional[str]:
     if ctx.arg("dropout_p", 0.0):
         return "attention dropout is random"
     return _sdpa_products(ctx)
 
 
-@register(aten.layer_norm, aten.native_layer_norm, aten.rms_norm)
+@register(*op_groups.TRAILING_NORMS, lane=Lane.TRAILING_NORM)
+@register(aten.native_layer_norm)
 def _layer_norm(ctx: RuleContext) -> Optional[str]:
     x = ctx.arg("input")
     if ctx.on_batch_axis(x, -1) or (
@@ -540,15 +602,7 @@ def _recurrent(ctx: RuleContext) -> Optional[str]:
     return ROWWISE
 
 
-@register(operator.getitem)
+@register(operator.getitem, lane=Lane.ITEM)
 def _getitem(ctx: RuleContext) -> Optional[str]:
     return ROWWISE
 
-
-def _register_rocs_rules() -> None:
-    from ..kernels import embedding_bag_rows  # noqa: F401 - defines rocs::embedding_bag_rows
-
-    register(torch.ops.rocs.embedding_bag_rows)(_embedding)
-
-
-_register_rocs_rules()

@@ -3,13 +3,15 @@
 ``rocs::embedding_bag_rows(weight, indices [B, L], mode, padding_idx)`` pools each row of a
 fixed-length index matrix into one bag. It calls ``aten.embedding_bag`` exactly as
 ``nn.EmbeddingBag`` does for 2-D input, so results are bit-identical; unlike the flattened
-spelling it is visibly row-wise.
+spelling it is visibly row-wise: its role rule (registered below, with the op) is that of a
+table lookup, and its lane pools each row's id taints.
 """
 
 from __future__ import annotations
 
 import torch
 
+from rocs_compiler.analysis.role_rules import Lane, register, table_lookup_rule
 from rocs_compiler.kernels.rocs_op import RocsOp, define
 
 
@@ -48,3 +50,4 @@ EMBEDDING_BAG_ROWS = define(
         reference=_reference,
     )
 )
+register(torch.ops.rocs.embedding_bag_rows, lane=Lane.LOOKUP)(table_lookup_rule)

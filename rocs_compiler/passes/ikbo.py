@@ -409,10 +409,9 @@ def _place_new_node(node: fx.Node) -> None:
         node.meta[PLACEMENT] = Role.join_all(a.meta[PLACEMENT] for a in node.all_input_nodes)
 
 
-def ikbo(gm: fx.GraphModule, pointwise: bool = False) -> tuple[fx.GraphModule, dict[str, int]]:
-    """Fuse broadcasts into their consumers; returns the graph and how often each rule fired."""
-    index = next(n for n in gm.graph.nodes if n.op == "placeholder" and n.name == INDEX_NAME)
-    _ensure_index_val(gm, index)
+def ikbo_rewrites(index: Optional[fx.Node], pointwise: bool = False) -> list[Rewrite]:
+    """The rules, in the order they are tried, reading ``candidate_to_request`` from ``index``;
+    ``pointwise`` adds the generated pointwise kernels."""
     ctx = _Context(index)
     rewrites = [
         Rewrite("ikbo_linear", frozenset({aten.add}), _fuse_linear(ctx)),
@@ -426,6 +425,17 @@ def ikbo(gm: fx.GraphModule, pointwise: bool = False) -> tuple[fx.GraphModule, d
     if pointwise:
         rewrites.append(Rewrite("ikbo_pointwise", frozenset(p.overloadpacket for p in _PROGRAM_OPS),
                                 _fuse_pointwise(ctx)))
+    return rewrites
+
+
+def ikbo(
+    gm: fx.GraphModule, pointwise: bool = False, only: Optional[frozenset[str]] = None
+) -> tuple[fx.GraphModule, dict[str, int]]:
+    """Fuse broadcasts into their consumers; returns the graph and how often each rule fired.
+    ``only`` names the rules to run (all by default; the identity tests run one at a time)."""
+    index = next(n for n in gm.graph.nodes if n.op == "placeholder" and n.name == INDEX_NAME)
+    _ensure_index_val(gm, index)
+    rewrites = [rw for rw in ikbo_rewrites(index, pointwise) if only is None or rw.name in only]
     counts = rewrite_to_fixpoint(gm, rewrites, _place_new_node)
     return gm, counts
 
