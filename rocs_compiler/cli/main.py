@@ -48,7 +48,7 @@ import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from . import bench as cli_bench
 from .output import Console, error_lines, third_party_silenced
@@ -56,7 +56,9 @@ from ..errors import CompileError, InputError, TargetError
 from .input_specs import NOTATION, parse_spec
 from ..options import Options, OptionsError
 from ..progress import listening, stage
-from .targets import Target, load_target
+
+if TYPE_CHECKING:  # targets import torch, which `rocs --help` and usage errors do without
+    from .targets import Target
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_TOOL = 0, 1, 2, 3
 
@@ -158,15 +160,14 @@ def _write(text: str, args) -> None:
 
 
 def _target(args) -> Target:
+    from .targets import load_target
+
     with stage("load target"):
         return load_target(args.target, args.request, args.input or ())
 
 
 def cmd_inspect(args) -> int:
-    from .measure import measure, sizes_up_to
-    from ..report.render import dot_available
-
-    if args.format == "svg" and not dot_available():
+    if args.format == "svg" and not _dot_available():
         raise MissingTool(
             "--format svg needs Graphviz 'dot', which is not installed (apt-get install "
             "graphviz, brew install graphviz); --format dot or --format html work without it"
@@ -180,6 +181,8 @@ def cmd_inspect(args) -> int:
         inspection = _inspect_model(target, args)
     measured = []
     if args.measure:
+        from .measure import measure, sizes_up_to
+
         sizes = sizes_up_to(args.candidates)
         measured = measure(target, inspection.compiled, args.requests, sizes)
     formatter = {
@@ -194,6 +197,12 @@ def cmd_inspect(args) -> int:
         text = formatter(target, inspection, measured, args)
     _write(text, args)
     return EXIT_OK
+
+
+def _dot_available() -> bool:
+    from ..report.render import dot_available  # the renderers import the whole pipeline
+
+    return dot_available()
 
 
 def _as_text(target: Target, inspection: Inspection, measured, args) -> str:
