@@ -9,6 +9,7 @@
     rocs inspect mypkg.models:make_ranker --request user_ids,history --format json
     rocs inspect ranker.pt2 --candidates 512              # a saved rocs.export program
     rocs export models_zoo:dlrm -o dlrm.pt2
+    rocs export my_model.py:Ranker --weights ranker_state.pt ... -o ranker.pt2
     rocs zoo
     rocs bench dlrm din --quick                           # runs benchmarks/speed.py
 
@@ -28,6 +29,9 @@ TARGET is one of
 
 ``--candidates`` is candidates per request in every command (``inspect``, ``bench``); a batch of
 ``--requests R`` requests has ``R * candidates`` candidate rows.
+
+``--weights FILE`` loads a ``state_dict`` into the model; the output says which weights were
+used (a class TARGET without ``--weights`` is freshly initialised).
 
 Stages that can take seconds print ``[rocs] capture ... 1.2 s`` lines on stderr (``-q``: none).
 Errors are one line, ``rocs: error: ...``, and at most one hint (the source line they point at);
@@ -163,7 +167,7 @@ def _target(args) -> Target:
     from .targets import load_target
 
     with stage("load target"):
-        return load_target(args.target, args.request, args.input or ())
+        return load_target(args.target, args.request, args.input or (), args.weights)
 
 
 def cmd_inspect(args) -> int:
@@ -209,6 +213,7 @@ def _as_text(target: Target, inspection: Inspection, measured, args) -> str:
     head = f"rocs inspect {target.label}"
     if target.request_inputs:
         head += f"  (request inputs: {', '.join(target.request_inputs)})"
+    head += f"\nweights: {target.weights}"
     text = head + "\n\n" + inspection.report.to_text()
     if measured:
         points = ", ".join(f"{m.speedup:.2f}x at {m.per_request}" for m in measured)
@@ -228,6 +233,7 @@ def _as_json(target: Target, inspection: Inspection, measured, args) -> str:
     data = inspection.report.to_dict()
     data["target"] = target.label
     data["request_inputs"] = target.request_inputs
+    data["weights"] = target.weights
     data["candidates_per_request"] = args.candidates
     data["graph"] = {
         "kind": view.kind,
@@ -293,6 +299,7 @@ def cmd_export(args) -> int:
         with stage("save"):
             rocs.save(program, args.output)
         args.console.note(f"wrote {args.output}")
+    args.console.note(f"weights: {target.weights}")
     return EXIT_OK
 
 
@@ -404,6 +411,12 @@ def _target_command(sub, common, func, name: str, help: str, description: str): 
         action="append",
         metavar="SPEC",
         help=f"an example input, {NOTATION} (see below); repeat per input",
+    )
+    command.add_argument(
+        "--weights",
+        metavar="FILE",
+        help="a state_dict saved with torch.save(model.state_dict(), FILE), loaded into the "
+        "model (default: the weights the target builds; a class is freshly initialised)",
     )
     command.add_argument(
         "--options",
