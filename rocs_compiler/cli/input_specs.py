@@ -34,6 +34,7 @@ EXAMPLE_COUNTS = (3, 1, 5)
 DEFAULT_ID_BOUND = 2
 NOTATION = "NAME=DTYPE[SHAPE] or NAME=DTYPE[SHAPE]<K"
 EXAMPLES = "user_dense=float32[64], 'item_id=int64[]<5000'"
+_MAX_EXAMPLES = 6  # --input examples in a missing-input error
 
 # spelling -> the torch dtype's name (torch is imported only when a spec is parsed, so that the
 # parser of `rocs --help` does not import it)
@@ -115,10 +116,14 @@ def check_specs(model: torch.nn.Module, specs: Sequence[InputSpec], label: str) 
         )
     missing = [p.name for p in named if p.default is p.empty and p.name not in given]
     if missing:
+        from .input_hints import suggested_specs
+
+        examples = [spec for name in missing for spec in suggested_specs(model, name)]
         raise TargetError(
             f"{label}: no --input for {', '.join(missing)} (forward takes "
             f"{', '.join(p.name for p in named)}); give one --input NAME=DTYPE[SHAPE] per "
-            f"argument, e.g. --input {missing[0]}=float32[16]"
+            "tensor (NAME.KEY=... inside a dict argument), e.g. "
+            + " ".join(f"--input '{spec}'" for spec in examples[:_MAX_EXAMPLES])
         )
 
 
