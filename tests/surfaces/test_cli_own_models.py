@@ -245,10 +245,11 @@ def test_progress_lines_and_quiet(model_file, tmp_path, capsys):
     code, _, err = run(capsys, *argv)
     assert code == 0
     lines = _lines(err)
-    stages = [PROGRESS.match(line)["stage"] for line in lines[:-1]]
+    stages = [PROGRESS.match(line)["stage"] for line in lines[:-2]]
     for expected in ("capture", "analyze", "share", "cleanup", "export", "save"):
         assert expected in stages
-    assert lines[-1] == f"wrote {output}", "nothing but progress and the note: no torch noise"
+    assert lines[-2] == f"wrote {output}", "nothing but progress and the notes: no torch noise"
+    assert lines[-1].startswith("weights: freshly initialised")
 
     code, _, err = run(capsys, *argv, "-q")
     assert code == 0 and err == ""
