@@ -78,7 +78,8 @@ def test_the_fallback_warnings_give_the_first_line_as_the_reason(capfd):
 def test_a_failure_that_is_not_a_branch_still_leads_with_what_to_do():
     user = torch.randint(0, 3, (4, 2))
     with pytest.raises(rocs.CompileError, match="one_hot") as info:
-        rocs.compile(OneHot().eval(), ["user"], example_kwargs={"user": user, "item": torch.ones(4, D)})
+        example = {"user": user, "item": torch.ones(4, D)}
+        rocs.compile(OneHot().eval(), ["user"], example_kwargs=example)
     first = _first_line(info.value)
     assert first.strip() and 'fallback="eager"' in first, first
     assert "could not capture the model with a dynamic batch dimension" in str(info.value)

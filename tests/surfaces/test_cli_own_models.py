@@ -367,4 +367,5 @@ def test_weights_that_do_not_fit_are_one_line(make, message, model_file, tmp_pat
     code, _, err = run(capsys, *argv)
     assert code == 1
     lines = _error_lines(err)
-    assert len(lines) == 1 and lines[0].startswith("rocs: error: --weights state.pt") and message in lines[0], err
+    assert len(lines) == 1, err
+    assert lines[0].startswith("rocs: error: --weights state.pt") and message in lines[0], err
