@@ -32,6 +32,7 @@ _LAZY = {
     "save": ".export",
     "load": ".export",
     "aoti_package": ".export",
+    "LoadedProgram": ".export",
     "trusted_index": ".kernels.index_contract",
     "CompiledModel": ".runtime",
     "apply_glm": ".transforms",
@@ -45,7 +46,7 @@ _LAZY = {
 
 __all__ = [
     "compile", "Options", "CompileError", "InputError", "OptionsError", "Role", "CompiledModel",
-    "backend", "shared_call", "export", "save", "load", "aoti_package",
+    "backend", "shared_call", "export", "save", "load", "aoti_package", "LoadedProgram",
     "apply_glm", "apply_dca", "GLMLinear", "GLMLinearCompression", "GroupLayerNorm",
     "GLMFactorizationMachine", "DCABlock", "trusted_index",
 ]  # fmt: skip

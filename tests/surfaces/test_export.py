@@ -179,6 +179,7 @@ def test_a_loaded_program_takes_the_models_positional_arguments(tmp_path):
     cm = rocs.compile(model, ["user"], example_inputs=(user[index], item))
     rocs.save(rocs.export(cm), tmp_path / "positional.pt2")
     program = rocs.load(tmp_path / "positional.pt2")
+    assert isinstance(program, rocs.LoadedProgram)
     assert program.argument_names == ["user", "item", "candidate_to_request"]
     assert isinstance(program.program, torch.export.ExportedProgram)
     with torch.no_grad():
