@@ -42,6 +42,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import gc
 import json
@@ -163,6 +164,22 @@ def time_interleaved(
     return samples, rounds
 
 
+@contextlib.contextmanager
+def _native_stderr_silenced():
+    """Nothing written to file descriptor 2 (Kineto prints ``USDT: ... profiler_start`` and
+    ``profiler_stop`` lines there from C++ at every profile, whatever KINETO_LOG_LEVEL says,
+    interleaving them with the progress lines)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def peak_memory_bytes(fn: Callable[[], Any], device: torch.device) -> int:
     """Peak bytes allocated during one call of ``fn``, above what was allocated before it."""
     gc.collect()
@@ -178,8 +195,9 @@ def peak_memory_bytes(fn: Callable[[], Any], device: torch.device) -> int:
         return int(peak)
     from torch.profiler import ProfilerActivity, profile
 
-    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        out = fn()
+    with _native_stderr_silenced(), torch.no_grad():
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            out = fn()
     del out
     # Raw allocator events: "[memory]" with a signed byte count (+ alloc, - free), in time order.
     events = [

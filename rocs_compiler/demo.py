@@ -15,6 +15,28 @@ import rocs_compiler as rocs
 from rocs_compiler.timing import median_ms
 
 
+_COLUMNS = ("model", "eager ms", "rocs ms", "drop-in ms", "speedup", "ideal", "exact")
+
+
+def speed_table(rows) -> list[str]:
+    """The speed table's lines: a header and one line per ``(name, eager_ms, shared_ms,
+    dropin_ms, ideal, exact)``, every column as wide as its widest cell (names left-aligned,
+    numbers right-aligned)."""
+    cells = [
+        (name, f"{eager:.2f}", f"{shared:.2f}", f"{dropin:.2f}", f"{eager / shared:.2f}x",
+         f"{ideal:.2f}x", "yes" if exact else "NO")
+        for name, eager, shared, dropin, ideal, exact in rows
+    ]  # fmt: skip
+    widths = [max(len(row[i]) for row in [_COLUMNS, *cells]) for i in range(len(_COLUMNS))]
+
+    def line(row) -> str:
+        name, *numbers, exact = row
+        middle = [f"{cell:>{width}}" for cell, width in zip(numbers, widths[1:-1])]
+        return "  ".join([f"{name:<{widths[0]}}", *middle, exact]).rstrip()
+
+    return [line(row) for row in [_COLUMNS, *cells]]
+
+
 def main(argv=None) -> int:
     from models_zoo import ZOO
 
@@ -62,12 +84,7 @@ def main(argv=None) -> int:
         f"\nSpeed at R=1 request x N={args.candidates} candidates "
         f"(median of {args.repeats} runs, {args.threads} thread(s))"
     )
-    print(f"{'model':<10} {'eager ms':>9} {'rocs ms':>9} {'drop-in ms':>10} {'speedup':>8} {'ideal':>6} exact")
-    for name, eager_ms, shared_ms, dropin_ms, ideal, exact in rows:
-        print(
-            f"{name:<10} {eager_ms:9.2f} {shared_ms:9.2f} {dropin_ms:10.2f} "
-            f"{eager_ms / shared_ms:7.2f}x {ideal:5.2f}x {exact}"
-        )
+    print("\n".join(speed_table(rows)))
     print(
         "ideal = FLOPs only (matmuls, attention): a measured speedup above it comes from work the\n"
         "ideal does not count (embedding lookups, element-wise ops and memory traffic on request\n"

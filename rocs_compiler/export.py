@@ -10,14 +10,17 @@ accepted::
     program = rocs.export(cm)
     rocs.save(program, "model.pt2")
     # in the serving process
-    import rocs_compiler as rocs                 # registers the rocs:: custom ops
-    program = rocs.load("model.pt2")
-    scores = program.module()(user_ids=u_R, item_ids=i_N, candidate_to_request=idx_N)
+    import rocs_compiler as rocs
+    program = rocs.load("model.pt2")             # registers the rocs:: custom ops, then loads
+    scores = program(u_R, i_N, idx_N)            # the model's argument order, then the index
+    scores = program(user_ids=u_R, item_ids=i_N, candidate_to_request=idx_N)
+    program.program                              # the torch.export.ExportedProgram
 
 The graph may contain ``rocs::`` custom ops (the fused broadcast kernels). They are
 ``torch.library`` custom ops with fake kernels, so the program exports, serializes and compiles
 with AOTInductor like any other; a process that *loads* the program must have them registered,
-which ``import rocs_compiler`` does (``torch.export.load`` alone fails on an unknown operator).
+which :func:`load` does (``torch.export.load`` and ``torch._inductor.aoti_load_package`` need
+``import rocs_compiler.kernels`` first: alone they fail on an unknown operator).
 
 AOTInductor packaging works on the same program (``torch._inductor.aoti_compile_and_package``;
 see ``docs/tutorial.md``): :func:`aoti_package` wraps it.
@@ -34,15 +37,14 @@ import torch
 from torch import fx, nn
 from torch.export import Dim, ExportedProgram
 
-# Registration of every rocs:: custom op, so that loading a saved program works after
-# ``import rocs_compiler``.
+# Registration of every rocs:: custom op, so that a program loaded here can call them.
 from . import kernels as _kernels  # noqa: F401
 from .errors import CompileError, InputError
 from .ir.graph_meta import INDEX_NAME, PLACEMENT
 from .formats.leaves import nest
 from .ir.roles import Role
 
-__all__ = ["aoti_package", "export", "load", "save"]
+__all__ = ["LoadedProgram", "aoti_package", "export", "load", "save"]
 
 
 class _SharedLayoutProgram(nn.Module):
@@ -164,8 +166,10 @@ def export(compiled, example: Optional[Any] = None) -> ExportedProgram:
             ) from err
 
 
-def save(program: ExportedProgram, path: str | os.PathLike) -> None:
-    """``torch.export.save``; load it back with :func:`load` (or ``import rocs_compiler`` first)."""
+def save(program: ExportedProgram | LoadedProgram, path: str | os.PathLike) -> None:
+    """``torch.export.save``; load it back with :func:`load`."""
+    if isinstance(program, LoadedProgram):
+        program = program.program
     with warnings.catch_warnings():
         # torch warns about weights shared between the graph's constants; they are CPU tensors
         # saved once and loaded exactly, so the warning says nothing about this program.
@@ -173,18 +177,89 @@ def save(program: ExportedProgram, path: str | os.PathLike) -> None:
         torch.export.save(program, path)
 
 
-def load(path: str | os.PathLike) -> ExportedProgram:
-    """``torch.export.load`` with the rocs:: custom ops registered (importing this module did)."""
-    return torch.export.load(path)
+class _PositionalCall(nn.Module):
+    """An exported program's module behind ``forward(*arguments, candidate_to_request)``.
+
+    ``ExportedProgram.module()`` of a program exported from keyword arguments takes keywords
+    only; this binds positional arguments to the argument names in the model's order, so the
+    call ``module(a_R, b_N, idx)`` equals ``module(a=a_R, b=b_N, candidate_to_request=idx)``.
+    """
+
+    def __init__(self, module: nn.Module, names: list[str]):
+        super().__init__()
+        self.program_module = module
+        self.argument_names = list(names)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        names = self.argument_names
+        if len(args) > len(names):
+            raise TypeError(
+                f"the program takes {len(names)} arguments ({', '.join(names)}), got {len(args)}"
+            )
+        twice = sorted(set(names[: len(args)]) & set(kwargs))
+        if twice:
+            raise TypeError(f"argument(s) given by position and by name: {', '.join(twice)}")
+        return self.program_module(**dict(zip(names, args)), **kwargs)
 
 
-def aoti_package(program: ExportedProgram, path: str | os.PathLike, **inductor_configs: Any) -> str:
+class LoadedProgram:
+    """A program saved by :func:`save`, callable like the original model plus
+    ``candidate_to_request``: positional arguments in the model's order, or keywords.
+
+    ``program`` is the ``torch.export.ExportedProgram``; :meth:`module` the ``nn.Module`` that
+    runs it (what ``program.module()`` is, with positional arguments accepted).
+    """
+
+    def __init__(self, program: ExportedProgram):
+        self.program = program
+        self._module: Optional[_PositionalCall] = None
+
+    @property
+    def argument_names(self) -> list[str]:
+        """The program's arguments in call order, ``candidate_to_request`` last."""
+        return _keyword_names(self.program)
+
+    def module(self) -> nn.Module:
+        if self._module is None:
+            self._module = _PositionalCall(self.program.module(), self.argument_names)
+        return self._module
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module()(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"LoadedProgram({', '.join(self.argument_names)})"
+
+
+def _keyword_names(program: ExportedProgram) -> list[str]:
+    """The top-level keyword names of the program's inputs, in the order it was exported with
+    (the model's argument order, then ``candidate_to_request``)."""
+    in_spec = program.call_spec.in_spec
+    # newer torch has children() and deprecates children_specs; older ones have only the field
+    children = in_spec.children() if hasattr(in_spec, "children") else in_spec.children_specs
+    args_spec, kwargs_spec = children
+    if args_spec.num_children:
+        raise CompileError("not a rocs program: it takes positional inputs")
+    return list(kwargs_spec.context)
+
+
+def load(path: str | os.PathLike) -> LoadedProgram:
+    """Load a program saved by :func:`save`, with the rocs:: custom ops registered (importing
+    this module did): call it like the model, ``program(*arguments, candidate_to_request)``."""
+    return LoadedProgram(torch.export.load(path))
+
+
+def aoti_package(
+    program: ExportedProgram | LoadedProgram, path: str | os.PathLike, **inductor_configs: Any
+) -> str:
     """Compile ``program`` ahead of time with AOTInductor into a ``.pt2`` package.
 
     Needs a C++ compiler. Load the package with ``torch._inductor.aoti_load_package(path)`` in a
-    process that has imported ``rocs_compiler`` (the package calls the rocs:: ops' CPU kernels
-    through the dispatcher when the graph contains them).
+    process that has imported ``rocs_compiler.kernels`` (the package calls the rocs:: ops' CPU
+    kernels through the dispatcher when the graph contains them).
     """
+    if isinstance(program, LoadedProgram):
+        program = program.program
     return torch._inductor.aoti_compile_and_package(
         program, package_path=os.fspath(path), inductor_configs=inductor_configs or None
     )

@@ -64,3 +64,20 @@ def test_speed_script_quick(tmp_path):
     markdown = md.read_text()
     assert "command: `python benchmarks/speed.py --quick" in markdown
     assert "Peak memory" in markdown
+
+
+def test_memory_measurement_writes_nothing_to_stderr(capfd, monkeypatch):
+    """The profiler's native ``USDT: ... profiler_start`` lines would interleave with progress."""
+    import importlib.util
+
+    import torch
+
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    spec = importlib.util.spec_from_file_location("speed_for_test", SCRIPT)
+    speed = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, speed)
+    spec.loader.exec_module(speed)
+    capfd.readouterr()
+    assert speed.peak_memory_bytes(lambda: torch.ones(256, 256) * 2, torch.device("cpu")) > 0
+    out, err = capfd.readouterr()
+    assert err == "" and out == "", err

@@ -63,6 +63,8 @@ def source_module(node: fx.Node) -> str:
     if not stack:
         return ""
     path = list(stack.values())[-1][0]
+    if path.startswith("_empty_nn_module_stack"):  # export's stand-in where no module called it
+        return ""
     for prefix in ("L['self'].model.", "model.", "L['self']."):
         if path.startswith(prefix):
             path = path[len(prefix):]

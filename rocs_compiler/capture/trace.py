@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import inspect
-import re
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -23,6 +22,7 @@ from torch.export.graph_signature import InputKind
 from torch.utils import _pytree as pytree
 
 from ..errors import CompileError, InputError
+from .failure import capture_error, torch_output_silenced
 from ..formats.leaves import (
     GRAPH_OUTPUT,
     bind_inputs,
@@ -90,25 +90,6 @@ class _FlatForward(nn.Module):
 def _grow_rows(value: torch.Tensor, rows: int) -> torch.Tensor:
     reps = -(-rows // value.shape[0])
     return value.repeat(reps, *([1] * (value.dim() - 1)))[:rows]
-
-
-def _first_error_lines(err: BaseException, limit: int = 12) -> str:
-    """The error's first ``limit`` lines, plus the first line left out that points into the
-    user's own code (``File "model.py", line 16``): where the forward did what capture could
-    not follow."""
-    text = f"{type(err).__name__}: {err}".strip().splitlines()
-    keep = text[:limit]
-    if len(text) > limit:
-        keep.append(f"... ({len(text) - limit} more lines)")
-        if not any(_USER_LOCATION.search(line) for line in keep):
-            keep += [line for line in text[limit:] if _USER_LOCATION.search(line)][:1]
-    return "\n    ".join(keep)
-
-
-# ``File "<path>", line N`` outside torch and this package: a line of the user's model.
-_USER_LOCATION = re.compile(
-    r'File "(?![^"]*(?:site-packages|dist-packages|/torch/|rocs_compiler))[^"]+", line \d+'
-)
 
 
 @dataclass
@@ -204,11 +185,11 @@ def capture(
     wrapper = _FlatForward(model, signature, template, treespec, tensor_positions).eval()
     batch = Dim("batch")
     dynamic = ([_dynamic_dims(leaves[n], batched[n], batch) for n in tensor_names],)
-    failures = []
+    failures: list[tuple[str, Exception]] = []
     routes = [("export (non-strict)", False)] + ([("export (strict)", True)] if strict_fallback else [])
     for route, strict in routes:
         try:
-            with torch.no_grad(), warnings.catch_warnings():
+            with torch.no_grad(), warnings.catch_warnings(), torch_output_silenced():
                 warnings.simplefilter("ignore")
                 program = torch.export.export(
                     wrapper, (example,), dynamic_shapes=dynamic, strict=strict
@@ -221,12 +202,9 @@ def capture(
                     program = program.run_decompositions({})
             break
         except Exception as err:  # noqa: BLE001 - every failure is reported with its route
-            failures.append(f"{route}: {_first_error_lines(err)}")
+            failures.append((route, err))
     else:
-        raise CompileError(
-            "could not capture the model with a dynamic batch dimension:\n  "
-            + "\n  ".join(failures)
-        )
+        raise capture_error(failures)
 
     gm, placeholder_of, param_names = _lift_to_attrs(program, tensor_names)
     symbol = _batch_symbol(gm, placeholder_of, batched)

@@ -23,27 +23,31 @@ from __future__ import annotations
 import inspect
 import re
 from dataclasses import dataclass
-from typing import Optional, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from ..errors import TargetError
 from ..formats.leaves import covers
+
+if TYPE_CHECKING:
+    import torch
 
 EXAMPLE_COUNTS = (3, 1, 5)
 DEFAULT_ID_BOUND = 2
 NOTATION = "NAME=DTYPE[SHAPE] or NAME=DTYPE[SHAPE]<K"
 EXAMPLES = "user_dense=float32[64], 'item_id=int64[]<5000'"
+_MAX_EXAMPLES = 6  # --input examples in a missing-input error
 
+# spelling -> the torch dtype's name (torch is imported only when a spec is parsed, so that the
+# parser of `rocs --help` does not import it)
 _DTYPES = {
-    "float32": torch.float32, "float": torch.float32, "f32": torch.float32,
-    "float64": torch.float64, "double": torch.float64, "f64": torch.float64,
-    "float16": torch.float16, "half": torch.float16, "f16": torch.float16,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "int64": torch.int64, "long": torch.int64, "i64": torch.int64,
-    "int32": torch.int32, "int": torch.int32, "i32": torch.int32,
-    "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8,
-    "bool": torch.bool,
+    "float32": "float32", "float": "float32", "f32": "float32",
+    "float64": "float64", "double": "float64", "f64": "float64",
+    "float16": "float16", "half": "float16", "f16": "float16",
+    "bfloat16": "bfloat16", "bf16": "bfloat16",
+    "int64": "int64", "long": "int64", "i64": "int64",
+    "int32": "int32", "int": "int32", "i32": "int32",
+    "int16": "int16", "int8": "int8", "uint8": "uint8",
+    "bool": "bool",
 }  # fmt: skip
 _SPEC = re.compile(
     r"^(?P<name>[A-Za-z_][\w.]*)=(?P<dtype>[a-z0-9]*)\[(?P<shape>[\d,\s]*)\]"
@@ -61,6 +65,8 @@ class InputSpec:
     bound: Optional[int] = None  # integer inputs: values in [0, bound)
 
     def sample(self, rows: int, generator: torch.Generator) -> torch.Tensor:
+        import torch
+
         size = (rows, *self.shape)
         if self.dtype == torch.bool:
             return torch.randint(0, 2, size, generator=generator).bool()
@@ -80,7 +86,9 @@ def parse_spec(text: str) -> InputSpec:
         raise ValueError(
             f"{text!r}: unknown dtype {dtype_name!r} (one of {', '.join(sorted(_DTYPES))})"
         )
-    dtype = _DTYPES[dtype_name]
+    import torch
+
+    dtype = getattr(torch, _DTYPES[dtype_name])
     shape = tuple(int(d) for d in match["shape"].replace(" ", "").split(",") if d)
     bound = int(match["bound"]) if match["bound"] is not None else None
     if bound is not None and (dtype.is_floating_point or dtype == torch.bool):
@@ -109,10 +117,14 @@ def check_specs(model: torch.nn.Module, specs: Sequence[InputSpec], label: str) 
         )
     missing = [p.name for p in named if p.default is p.empty and p.name not in given]
     if missing:
+        from .input_hints import suggested_specs
+
+        examples = [spec for name in missing for spec in suggested_specs(model, name)]
         raise TargetError(
             f"{label}: no --input for {', '.join(missing)} (forward takes "
             f"{', '.join(p.name for p in named)}); give one --input NAME=DTYPE[SHAPE] per "
-            f"argument, e.g. --input {missing[0]}=float32[16]"
+            "tensor (NAME.KEY=... inside a dict argument), e.g. "
+            + " ".join(f"--input '{spec}'" for spec in examples[:_MAX_EXAMPLES])
         )
 
 
@@ -168,6 +180,8 @@ class SpecBatch:
 
 def request_index(counts: Sequence[int]) -> torch.Tensor:
     """``candidate_to_request`` for requests with ``counts[r]`` candidates each, grouped."""
+    import torch
+
     return torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(list(counts)))
 
 
@@ -175,6 +189,8 @@ def spec_batch(
     specs: Sequence[InputSpec], request_inputs: Sequence[str], counts: Sequence[int], seed: int = 0
 ) -> SpecBatch:
     """Random inputs following ``specs`` for requests with ``counts[r]`` candidates each."""
+    import torch
+
     generator = torch.Generator().manual_seed(seed)
     num_requests, num_candidates = len(counts), sum(counts)
     leaves = {

@@ -9,6 +9,7 @@
     rocs inspect mypkg.models:make_ranker --request user_ids,history --format json
     rocs inspect ranker.pt2 --candidates 512              # a saved rocs.export program
     rocs export models_zoo:dlrm -o dlrm.pt2
+    rocs export my_model.py:Ranker --weights ranker_state.pt ... -o ranker.pt2
     rocs zoo
     rocs bench dlrm din --quick                           # runs benchmarks/speed.py
 
@@ -29,6 +30,9 @@ TARGET is one of
 ``--candidates`` is candidates per request in every command (``inspect``, ``bench``); a batch of
 ``--requests R`` requests has ``R * candidates`` candidate rows.
 
+``--weights FILE`` loads a ``state_dict`` into the model; the output says which weights were
+used (a class TARGET without ``--weights`` is freshly initialised).
+
 Stages that can take seconds print ``[rocs] capture ... 1.2 s`` lines on stderr (``-q``: none).
 Errors are one line, ``rocs: error: ...``, and at most one hint (the source line they point at);
 torch's logs and warnings are silenced unless ``--debug``, which also shows tracebacks.
@@ -48,7 +52,7 @@ import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from . import bench as cli_bench
 from .output import Console, error_lines, third_party_silenced
@@ -56,7 +60,9 @@ from ..errors import CompileError, InputError, TargetError
 from .input_specs import NOTATION, parse_spec
 from ..options import Options, OptionsError
 from ..progress import listening, stage
-from .targets import Target, load_target
+
+if TYPE_CHECKING:  # targets import torch, which `rocs --help` and usage errors do without
+    from .targets import Target
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_TOOL = 0, 1, 2, 3
 
@@ -158,15 +164,14 @@ def _write(text: str, args) -> None:
 
 
 def _target(args) -> Target:
+    from .targets import load_target
+
     with stage("load target"):
-        return load_target(args.target, args.request, args.input or ())
+        return load_target(args.target, args.request, args.input or (), args.weights)
 
 
 def cmd_inspect(args) -> int:
-    from .measure import measure, sizes_up_to
-    from ..report.render import dot_available
-
-    if args.format == "svg" and not dot_available():
+    if args.format == "svg" and not _dot_available():
         raise MissingTool(
             "--format svg needs Graphviz 'dot', which is not installed (apt-get install "
             "graphviz, brew install graphviz); --format dot or --format html work without it"
@@ -180,6 +185,8 @@ def cmd_inspect(args) -> int:
         inspection = _inspect_model(target, args)
     measured = []
     if args.measure:
+        from .measure import measure, sizes_up_to
+
         sizes = sizes_up_to(args.candidates)
         measured = measure(target, inspection.compiled, args.requests, sizes)
     formatter = {
@@ -196,10 +203,17 @@ def cmd_inspect(args) -> int:
     return EXIT_OK
 
 
+def _dot_available() -> bool:
+    from ..report.render import dot_available  # the renderers import the whole pipeline
+
+    return dot_available()
+
+
 def _as_text(target: Target, inspection: Inspection, measured, args) -> str:
     head = f"rocs inspect {target.label}"
     if target.request_inputs:
         head += f"  (request inputs: {', '.join(target.request_inputs)})"
+    head += f"\nweights: {target.weights}"
     text = head + "\n\n" + inspection.report.to_text()
     if measured:
         points = ", ".join(f"{m.speedup:.2f}x at {m.per_request}" for m in measured)
@@ -219,6 +233,7 @@ def _as_json(target: Target, inspection: Inspection, measured, args) -> str:
     data = inspection.report.to_dict()
     data["target"] = target.label
     data["request_inputs"] = target.request_inputs
+    data["weights"] = target.weights
     data["candidates_per_request"] = args.candidates
     data["graph"] = {
         "kind": view.kind,
@@ -284,6 +299,7 @@ def cmd_export(args) -> int:
         with stage("save"):
             rocs.save(program, args.output)
         args.console.note(f"wrote {args.output}")
+    args.console.note(f"weights: {target.weights}")
     return EXIT_OK
 
 
@@ -395,6 +411,12 @@ def _target_command(sub, common, func, name: str, help: str, description: str): 
         action="append",
         metavar="SPEC",
         help=f"an example input, {NOTATION} (see below); repeat per input",
+    )
+    command.add_argument(
+        "--weights",
+        metavar="FILE",
+        help="a state_dict saved with torch.save(model.state_dict(), FILE), loaded into the "
+        "model (default: the weights the target builds; a class is freshly initialised)",
     )
     command.add_argument(
         "--options",

@@ -13,17 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import io
-import linecache
 import logging
-import os
-import re
-import traceback
 import warnings
-from pathlib import Path
 from typing import Iterator, Optional, TextIO
 
+from ..capture.failure import CaptureError, source_line
+
 _MAX_MESSAGE = 400
-_SOURCE_IN_MESSAGE = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+)(?P<rest>.*)')
 
 
 class Console:
@@ -86,48 +82,6 @@ def third_party_silenced() -> Iterator[None]:
         logging.disable(previous)
 
 
-def _is_user_file(path: str) -> bool:
-    parts = Path(path).parts
-    library = {"site-packages", "dist-packages", "rocs_compiler", "lib-python"}
-    return not library & set(parts) and not path.startswith("<") and "python3." not in path
-
-
-def _shown(path: str) -> str:
-    try:
-        return os.path.relpath(path) if not os.path.relpath(path).startswith("..") else path
-    except ValueError:
-        return path
-
-
-def _source_hint(err: BaseException) -> Optional[str]:
-    """``at my_model.py:20: if u.sum() > 0:`` for the user code the error points at.
-
-    Looks in the message first (capture errors quote the line that branched on data), then in
-    the tracebacks of the error and its causes (the innermost frame in the user's files).
-    """
-    seen: set[int] = set()
-    chain = []
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        chain.append(err)
-        err = err.__cause__ or err.__context__
-    for error in chain:
-        for match in _SOURCE_IN_MESSAGE.finditer(str(error)):
-            if _is_user_file(match["path"]):
-                code = re.search(r"code: (.*)", match["rest"])
-                return _at(match["path"], int(match["line"]), code[1] if code else None)
-    for error in chain:
-        frames = [f for f in traceback.extract_tb(error.__traceback__) if _is_user_file(f.filename)]
-        if frames:
-            return _at(frames[-1].filename, frames[-1].lineno, frames[-1].line)
-    return None
-
-
-def _at(path: str, line: int, code: Optional[str]) -> str:
-    code = (code or linecache.getline(path, line)).strip()
-    return f"at {_shown(path)}:{line}: {code}" if code else f"at {_shown(path)}:{line}"
-
-
 def _headline(err: BaseException, known: bool) -> tuple[str, bool]:
     """The message's first line, completed by the cause when it ends in a colon, and whether
     anything was left out."""
@@ -155,9 +109,12 @@ def error_lines(err: BaseException, known: bool) -> list[str]:
 
     ``known`` errors (rocs's own) are shown by message; others also by type.
     """
-    head, truncated = _headline(err, known)
+    if isinstance(err, CaptureError):  # the source line goes on the hint line
+        head, truncated, hint = f"could not capture the model: {err.cause}", True, err.where
+    else:
+        head, truncated = _headline(err, known)
+        hint = source_line(err)
     lines = [f"rocs: error: {head}"]
-    hint = _source_hint(err)
     if hint:
         lines.append(f"  {hint}  (--debug shows the full error)")
     elif truncated:

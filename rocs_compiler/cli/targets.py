@@ -48,15 +48,22 @@ class Target:
     request_inputs: Optional[list[str]] = None
     make_batch: Optional[Callable] = None  # counts -> Batch-like
     program: Any = None  # a loaded ExportedProgram
+    weights: str = ""  # which weights the model holds, for the output
+
+
+FRESH_WEIGHTS = "freshly initialised (pass --weights state_dict.pt)"
 
 
 def _is_entry_like(obj: Any) -> bool:
     return all(hasattr(obj, a) for a in ("build", "make_batch", "request_inputs"))
 
 
-def _from_entry(label: str, entry: Any) -> Target:
+def _from_entry(label: str, entry: Any, weights: str) -> Target:
     example = entry.make_batch(list(EXAMPLE_COUNTS)).replicated()
-    return Target(label, entry.build(), example, list(entry.request_inputs), entry.make_batch)
+    return Target(
+        label, entry.build(), example, list(entry.request_inputs), entry.make_batch,
+        weights=weights,
+    )  # fmt: skip
 
 
 def _import_module(name: str):
@@ -107,7 +114,7 @@ def _load_program(spec: str) -> Target:
             "a model in a Python file is named as path/to/file.py:NAME"
         )
     try:
-        return Target(spec, program=load(spec))
+        return Target(spec, program=load(spec).program, weights="saved in the program")
     except Exception as err:  # noqa: BLE001 - any load failure means "not a saved program"
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
         raise TargetError(
@@ -117,9 +124,13 @@ def _load_program(spec: str) -> Target:
 
 
 def load_target(
-    spec: str, request: Optional[list[str]] = None, inputs: Sequence[InputSpec] = ()
+    spec: str,
+    request: Optional[list[str]] = None,
+    inputs: Sequence[InputSpec] = (),
+    weights: Optional[str] = None,
 ) -> Target:
-    """Resolve TARGET (see the module docstring); ``inputs`` are ``--input`` specs."""
+    """Resolve TARGET (see the module docstring); ``inputs`` are ``--input`` specs, ``weights``
+    a ``state_dict`` file loaded into the model."""
     if spec.endswith(".py") and ":" not in spec:
         if not Path(spec).is_file():
             raise TargetError(f"no such file: {spec}")
@@ -128,8 +139,9 @@ def load_target(
             f"factory function){_candidates_in(spec)}"
         )
     if spec.endswith(".pt2") or (Path(spec).is_file() and ":" not in spec):
-        if inputs:
-            raise TargetError("--input applies to models, not to a saved export")
+        if inputs or weights:
+            flag = "--input" if inputs else "--weights"
+            raise TargetError(f"{flag} applies to models, not to a saved export")
         return _load_program(spec)
     if ":" not in spec:
         raise TargetError(
@@ -141,7 +153,7 @@ def load_target(
         from models_zoo import get_entry
 
         try:
-            target = _from_entry(spec, get_entry(attr))
+            target = _from_entry(spec, get_entry(attr), FRESH_WEIGHTS)
         except KeyError as err:
             raise TargetError(str(err.args[0])) from None
     else:
@@ -155,6 +167,8 @@ def load_target(
                 + (_candidates_in(module_name) if module_name.endswith(".py") else "")
             )
         target = _from_object(spec, getattr(module, attr))
+    if weights:
+        _load_weights(target, weights)
     if request:
         target.request_inputs = list(request)
     if inputs:
@@ -164,6 +178,34 @@ def load_target(
     if not target.request_inputs:
         raise TargetError(f"{spec}: no request inputs; pass --request NAME[,NAME...]")
     return target
+
+
+def _load_weights(target: Target, path: str) -> None:
+    """Load a ``state_dict`` (``torch.save(model.state_dict(), path)``, or a checkpoint dict
+    holding one under ``"state_dict"``) into the target's model, every key matching."""
+    import torch
+
+    if not Path(path).is_file():
+        raise TargetError(f"--weights {path}: no such file")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - any failure means "not a state_dict file"
+        first = (str(err).strip().splitlines() or [""])[0]
+        raise TargetError(
+            f"--weights {path}: not a torch.save file ({type(err).__name__}: {first})"
+        ) from err
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict):
+        raise TargetError(f"--weights {path}: holds a {type(state).__name__}, not a state_dict")
+    try:
+        target.model.load_state_dict(state)
+    except RuntimeError as err:
+        problems = [line.strip() for line in str(err).splitlines()[1:] if line.strip()]
+        raise TargetError(
+            f"--weights {path} does not fit {target.label}: {'; '.join(problems)[:300]}"
+        ) from None
+    target.weights = f"{path} ({len(state)} tensors)"
 
 
 def _use_specs(target: Target, specs: list[InputSpec]) -> None:
@@ -199,23 +241,26 @@ def _call_without_arguments(label: str, fn: Callable, kind: str) -> Any:
 
 
 def _from_object(label: str, obj: Any) -> Target:
+    built = f"as {label} holds them (pass --weights state_dict.pt to load others)"
     if isinstance(obj, nn.Module):
-        return Target(label, obj)
+        return Target(label, obj, weights=built)
     if isinstance(obj, type) and issubclass(obj, nn.Module):
         # Built here, so in eval mode here: a fresh module is in training mode.
-        return Target(label, _call_without_arguments(label, obj, "class").eval())
+        model = _call_without_arguments(label, obj, "class").eval()
+        return Target(label, model, weights=FRESH_WEIGHTS)
     if _is_entry_like(obj):
-        return _from_entry(label, obj)
+        return _from_entry(label, obj, built)
     if not callable(obj):
         raise TargetError(
             f"{label} is a {type(obj).__name__}, not a model class, a model instance or a factory "
             "function"
         )
     made = _call_without_arguments(label, obj, "factory")
+    built = f"as {label}() builds them (pass --weights state_dict.pt to load others)"
     if isinstance(made, nn.Module):
-        return Target(label, made)
+        return Target(label, made, weights=built)
     if _is_entry_like(made):
-        return _from_entry(label, made)
+        return _from_entry(label, made, built)
     if isinstance(made, (tuple, list)) and len(made) in (2, 3):
         model, example = made[0], made[1]
         request = made[2] if len(made) == 3 else None
@@ -224,7 +269,7 @@ def _from_object(label: str, obj: Any) -> Target:
             raise TargetError(
                 f"{label}: the factory's second value must be a dict of example kwargs"
             )
-        return Target(label, model, example, request)
+        return Target(label, model, example, request, weights=built)
     raise TargetError(
         f"{label}: the factory returned a {type(made).__name__}; it must return a model, "
         "(model, example_kwargs[, request_inputs]) or an object with build(), make_batch(counts) "

@@ -133,7 +133,7 @@ class Report:
             flops = f"{_fmt(node.flops)}{unit}" if node.flops else "-"
             rows.append(
                 f"{node.name[:30]:<30} {node.op[:38]:<38} {node.role:<9} {flops:>10}  "
-                f"{node.module}{mark}"
+                f"{node.module or '-'}{mark}"
             )
         if max_rows is not None and len(self.nodes) > max_rows:
             rows.append(f"... {len(self.nodes) - max_rows} more nodes")

@@ -245,10 +245,11 @@ def test_progress_lines_and_quiet(model_file, tmp_path, capsys):
     code, _, err = run(capsys, *argv)
     assert code == 0
     lines = _lines(err)
-    stages = [PROGRESS.match(line)["stage"] for line in lines[:-1]]
+    stages = [PROGRESS.match(line)["stage"] for line in lines[:-2]]
     for expected in ("capture", "analyze", "share", "cleanup", "export", "save"):
         assert expected in stages
-    assert lines[-1] == f"wrote {output}", "nothing but progress and the note: no torch noise"
+    assert lines[-2] == f"wrote {output}", "nothing but progress and the notes: no torch noise"
+    assert lines[-1].startswith("weights: freshly initialised")
 
     code, _, err = run(capsys, *argv, "-q")
     assert code == 0 and err == ""
@@ -306,3 +307,65 @@ def test_spec_batches_are_ragged_and_bounded():
         replicated["user"], batch.kwargs["user"][batch.candidate_to_request]
     )
     assert replicated["item"] is batch.kwargs["item"]
+
+
+# -- weights: which ones, and --weights -----------------------------------------------------------
+
+
+def _trained_state(path) -> dict:
+    """A state_dict unlike the fresh one (the class seeds its own initialisation)."""
+    model = importlib.import_module("own_models").Ranker()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))
+    torch.save(model.state_dict(), path)
+    return model.eval()
+
+
+def test_export_says_which_weights_and_loads_a_state_dict(model_file, tmp_path, capsys):
+    fresh, loaded = tmp_path / "fresh.pt2", tmp_path / "loaded.pt2"
+    trained = _trained_state(tmp_path / "state.pt")
+    code, _, err = run(capsys, "export", "own_models.py:Ranker", *SPECS, *REQUEST, "-o", str(fresh))
+    assert code == 0, err
+    notes = [line for line in _lines(err) if line.startswith("weights: ")]
+    assert len(notes) == 1 and "freshly initialised" in notes[0] and "--weights" in notes[0]
+    argv = ["export", "own_models.py:Ranker", *SPECS, *REQUEST, "--weights", "state.pt"]
+    code, _, err = run(capsys, *argv, "-o", str(loaded))
+    assert code == 0, err
+    assert [line for line in _lines(err) if line.startswith("weights: ")] == [
+        "weights: state.pt (7 tensors)"
+    ]
+    specs = [parse_spec("user_dense=float32[12]"), parse_spec("item_id=int64[]<500")]
+    batch = spec_batch(specs, ["user_dense"], [2, 1, 4], seed=5)
+    with torch.no_grad():
+        expected = trained(**batch.replicated())
+        got = rocs.load(loaded)(**batch.kwargs, candidate_to_request=batch.candidate_to_request)
+        other = rocs.load(fresh)(**batch.kwargs, candidate_to_request=batch.candidate_to_request)
+    torch.testing.assert_close(got, expected)
+    assert not torch.allclose(other, expected)
+
+
+def test_inspect_says_which_weights(model_file, tmp_path, capsys):
+    _trained_state(tmp_path / "state.pt")
+    code, out, err = run(capsys, "inspect", "own_models.py:make_ranker", *SPECS, *REQUEST, "-q")
+    assert code == 0, err
+    weights = [line for line in out.splitlines() if line.startswith("weights: ")]
+    assert len(weights) == 1 and "make_ranker" in weights[0], out[:500]
+    argv = ["inspect", "own_models.py:Ranker", *SPECS, *REQUEST, "--weights", "state.pt"]
+    code, out, err = run(capsys, *argv, "--format", "json", "-q")
+    assert code == 0, err
+    assert json.loads(out)["weights"] == "state.pt (7 tensors)"
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda path: torch.save({"user.0.weight": torch.zeros(3, 3)}, path), "does not fit"),
+    (lambda path: path.write_text("not a checkpoint"), "not a torch.save file"),
+])  # fmt: skip
+def test_weights_that_do_not_fit_are_one_line(make, message, model_file, tmp_path, capsys):
+    make(tmp_path / "state.pt")
+    argv = ["inspect", "own_models.py:Ranker", *SPECS, *REQUEST, "--weights", "state.pt", "-q"]
+    code, _, err = run(capsys, *argv)
+    assert code == 1
+    lines = _error_lines(err)
+    assert len(lines) == 1, err
+    assert lines[0].startswith("rocs: error: --weights state.pt") and message in lines[0], err

@@ -159,3 +159,39 @@ def test_aot_inductor_package_is_exact(tmp_path):
             out = runner(**batch.kwargs, candidate_to_request=batch.candidate_to_request)
             _assert_close(out, model(**batch.replicated()), f"aoti {counts}")
     print(f"AOTInductor package built in {elapsed:.1f} s")
+
+
+class _Positional(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.user = nn.Linear(4, 6)
+        self.item = nn.Linear(3, 6)
+
+    def forward(self, user, item):
+        return (self.user(user) * self.item(item)).sum(-1)
+
+
+def test_a_loaded_program_takes_the_models_positional_arguments(tmp_path):
+    model = _Positional().eval()
+    user, item = torch.randn(3, 4), torch.randn(6, 3)
+    index = torch.tensor([2, 0, 0, 1, 2, 2])
+    cm = rocs.compile(model, ["user"], example_inputs=(user[index], item))
+    rocs.save(rocs.export(cm), tmp_path / "positional.pt2")
+    program = rocs.load(tmp_path / "positional.pt2")
+    assert isinstance(program, rocs.LoadedProgram)
+    assert program.argument_names == ["user", "item", "candidate_to_request"]
+    assert isinstance(program.program, torch.export.ExportedProgram)
+    with torch.no_grad():
+        expected = model(user[index], item)
+        for out in (
+            program(user, item, index),
+            program.module()(user, item, index),
+            program.module()(user, item, candidate_to_request=index),
+            program(user=user, item=item, candidate_to_request=index),
+        ):
+            torch.testing.assert_close(out, expected)
+    with pytest.raises(TypeError, match="by position and by name: user"):
+        program(user, user=user, item=item, candidate_to_request=index)
+    with pytest.raises(TypeError, match="takes 3 arguments"):
+        program(user, item, index, index)
