@@ -20,12 +20,12 @@ from .transforms.layers import (
     GLMLinearCompression,
     GroupLayerNorm,
 )
-from .transforms import apply_dca, apply_glm
+from .transforms import apply_dca, apply_glm, glm_from_zero_blocks
 
 __all__ = [
     "compile", "Options", "CompileError", "InputError", "OptionsError", "Role", "CompiledModel",
     "backend", "shared_call", "export", "save", "load", "aoti_package",
     "apply_glm", "apply_dca", "GLMLinear", "GLMLinearCompression", "GroupLayerNorm",
-    "GLMFactorizationMachine", "DCABlock", "trusted_index",
+    "GLMFactorizationMachine", "DCABlock", "trusted_index", "glm_from_zero_blocks",
 ]
 __version__ = "0.1.0"
