@@ -12,6 +12,7 @@ from .errors import CompileError
 from .options import Options
 from .pipeline import compile_graph
 from .runtime import CompiledModel, InputContract
+from .runtime.mislabel import example_finding
 
 
 def compile(  # noqa: A001 - mirrors torch.compile
@@ -88,6 +89,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
         weight_names=captured.param_names, plain=plain,
     )
     compiled.pipeline_result = result  # logical and shared graphs, for inspection tools
+    compiled._mislabel.finding = example_finding(contract, example_inputs, example_kwargs)
     return compiled
 
 

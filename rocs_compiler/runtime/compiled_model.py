@@ -29,6 +29,7 @@ from ..kernels.request_groups import note_uniform
 from ..ir.roles import Role
 from . import no_backward
 from .input_checks import InputSpecs
+from .mislabel import MislabelWatch
 from .plain import PlainProgram, constant_output_positions
 from .program_choice import (
     CLEAR_GAIN,
@@ -196,6 +197,7 @@ class CompiledModel(nn.Module):
         object.__setattr__(self, "_choice", ProgramChoice() if plain is not None else None)
         object.__setattr__(self, "_unit_flops", None)  # (per request, per candidate), on first use
         self._request_set = frozenset(contract.request_inputs)
+        self._mislabel = MislabelWatch(contract.request_inputs)  # names a varying request input
         weights = None
         if isinstance(graph_module, fx.GraphModule) and original is not None and weight_names:
             weights = WeightRefresh(graph_module, original, weight_names)
@@ -213,7 +215,7 @@ class CompiledModel(nn.Module):
 
         if self._report_builder is None:
             return Report.for_fallback(self._fallback_reason or "eager fallback")
-        return self._report_builder(num_candidates, num_requests)
+        return self._mislabel.annotate(self._report_builder(num_candidates, num_requests))
 
     def forward(self, *args, candidate_to_request: Optional[torch.Tensor] = None, **kwargs):
         leaves = self.contract.leaves(args, kwargs)
@@ -496,6 +498,7 @@ class CompiledModel(nn.Module):
             note_uniform(index, rows)
             return leaves, index
         found = detect_requests([leaves[n] for n in contract.request_inputs], rows)
+        self._mislabel.observe(leaves, found.counts, rows)
         counts = found.counts
         if counts and counts.count(counts[0]) == len(counts):
             # Equal-sized requests: the first row of each is every counts[0]-th row, a view
