@@ -104,9 +104,10 @@ def _glm_linear(old: nn.Linear, request_in: Ranges, request_out: Ranges) -> GLML
     new = GLMLinear(
         n_in, old.in_features - n_in, n_out, old.out_features - n_out,
         bias=old.bias is not None, request_in=request_in, request_out=request_out,
-    )  # fmt: skip
-    new.load_state_dict(old.state_dict())  # the masked block is zero already: values unchanged
-    return new.to(device=old.weight.device, dtype=old.weight.dtype)
+    ).to(device=old.weight.device, dtype=old.weight.dtype)  # fmt: skip
+    # The load pre-hook multiplies by the mask (on the layer's device): the block is zero already.
+    new.load_state_dict(old.state_dict())
+    return new
 
 
 def _span(ranges: Ranges) -> str:
