@@ -37,6 +37,7 @@ _LAZY = {
     "CompiledModel": ".runtime",
     "apply_glm": ".transforms",
     "apply_dca": ".transforms",
+    "glm_from_zero_blocks": ".transforms",
     "DCABlock": ".transforms.layers",
     "GLMFactorizationMachine": ".transforms.layers",
     "GLMLinear": ".transforms.layers",
@@ -48,7 +49,7 @@ __all__ = [
     "compile", "Options", "CompileError", "InputError", "OptionsError", "Role", "CompiledModel",
     "backend", "shared_call", "export", "save", "load", "aoti_package", "LoadedProgram",
     "apply_glm", "apply_dca", "GLMLinear", "GLMLinearCompression", "GroupLayerNorm",
-    "GLMFactorizationMachine", "DCABlock", "trusted_index",
+    "GLMFactorizationMachine", "DCABlock", "trusted_index", "glm_from_zero_blocks",
 ]  # fmt: skip
 __version__ = "0.1.0"
 

@@ -15,6 +15,7 @@ from .options import Options
 from .pipeline import compile_graph, plain_graph
 from .runtime import CompiledModel, InputContract
 from .runtime.plain import PlainProgram
+from .runtime.mislabel import example_finding
 
 
 def compile(  # noqa: A001 - mirrors torch.compile
@@ -79,6 +80,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
         input_format=prepared.format, weights_from=prepared.model,
     )  # fmt: skip
     compiled.pipeline_result = result  # logical and shared graphs, for inspection tools
+    compiled._mislabel.finding = example_finding(compiled.contract, prepared.args, prepared.kwargs)
     return compiled
 
 

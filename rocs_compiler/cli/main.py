@@ -110,6 +110,7 @@ def _inspect_model(target: Target, args) -> Inspection:
     result = compiled.pipeline_result
     with stage("costs"):
         report = build_report(result, _num_candidates(args), args.requests, target.model)
+    _warn_mislabel(compiled, target, report, args.console)
     if args.graph == "shared":
         import rocs_compiler as rocs
 
@@ -119,6 +120,17 @@ def _inspect_model(target: Target, args) -> Inspection:
     else:
         view = view_from_pipeline(result, graph=args.graph)
     return Inspection(report, view, compiled)
+
+
+def _warn_mislabel(compiled, target: Target, report, console: Console) -> None:
+    """A declared request input that varies on every row of the example batch while the others
+    repeat: said on stderr and in the report (``runtime/mislabel.py``)."""
+    from ..runtime.mislabel import add_note, example_finding
+
+    finding = example_finding(compiled.contract, (), target.example_kwargs or {})
+    if finding:
+        add_note(report, finding)
+        console.say(finding)
 
 
 def _inspect_program(target: Target, args) -> Inspection:

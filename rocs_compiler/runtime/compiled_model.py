@@ -30,6 +30,7 @@ from ..kernels.request_groups import call_groups
 from ..ir.roles import Role
 from . import no_backward
 from .input_checks import InputSpecs
+from .mislabel import MislabelWatch
 from .plain import PlainProgram, constant_output_positions
 from .program_choice import (
     CLEAR_GAIN,
@@ -204,7 +205,9 @@ class CompiledModel(nn.Module):
         object.__setattr__(self, "_plain", plain)
         object.__setattr__(self, "_choice", ProgramChoice() if plain is not None else None)
         object.__setattr__(self, "_unit_flops", None)  # (per request, per candidate), on first use
-        self._request_set = frozenset(contract.request_inputs if contract is not None else ())
+        request_names = contract.request_inputs if contract is not None else ()
+        self._request_set = frozenset(request_names)
+        self._mislabel = MislabelWatch(request_names)  # names a varying request input
         weights = None
         if isinstance(graph_module, fx.GraphModule) and original is not None and weight_names:
             weights = WeightRefresh(graph_module, weights_from or original, weight_names)
@@ -222,7 +225,7 @@ class CompiledModel(nn.Module):
         (built by the door that compiled the model; the runtime knows no report)."""
         if self._report_builder is None:
             raise RuntimeError("this compiled model was built without a report")
-        return self._report_builder(num_candidates, num_requests)
+        return self._mislabel.annotate(self._report_builder(num_candidates, num_requests))
 
     def forward(self, *args, candidate_to_request: Optional[torch.Tensor] = None, **kwargs):
         if self.input_format.converts:
@@ -561,6 +564,7 @@ class CompiledModel(nn.Module):
                 "model with tensors on the device it was compiled for"
             )
         found = detect_requests(request_leaves, rows)
+        self._mislabel.observe(leaves, found.counts, rows)
         counts = found.counts
         if counts and counts.count(counts[0]) == len(counts):
             # Equal-sized requests: the first row of each is every counts[0]-th row, a view
