@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from ..errors import TargetError
-from ..formats.leaves import covers
+from ..formats.names import covers
 
 if TYPE_CHECKING:
     import torch

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, NamedTuple, Sequence
 
-from ..formats.leaves import covers
+from ..formats.names import covers
 from ..progress import stage
 
 MEASURE_CANDIDATES = (16, 64, 256, 1024)

@@ -17,6 +17,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ..errors import InputError
+from .names import covers, nest  # noqa: F401 - names of leaves, re-exported
 
 
 def bind_inputs(signature: inspect.Signature, args: tuple, kwargs: Mapping[str, Any]) -> dict:
@@ -65,23 +66,6 @@ def rebuild_call(signature: inspect.Signature, bound: Mapping[str, Any]) -> tupl
     """Positional and keyword arguments that reproduce ``bound``."""
     call = inspect.BoundArguments(signature, dict(bound))
     return call.args, call.kwargs
-
-
-def covers(name: str, leaf: str) -> bool:
-    """True when the input name ``name`` names the leaf ``leaf``: the leaf itself, or a dict,
-    list or dataclass holding it (``features`` covers ``features.user_age``)."""
-    return leaf == name or leaf.startswith(name + ".")
-
-
-def nest(values: Mapping[tuple, Any]) -> dict:
-    """Nested dicts from ``{(argument, key, ...): value}``."""
-    out: dict = {}
-    for path, value in values.items():
-        node = out
-        for key in path[:-1]:
-            node = node.setdefault(key, {})
-        node[path[-1]] = value
-    return out
 
 
 def match_names(requested: Iterable[str], available: Iterable[str]) -> dict[str, list[str]]:
