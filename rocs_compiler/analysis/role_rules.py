@@ -8,7 +8,7 @@ in the manner of batching rules.
 
 A rule receives a :class:`RuleContext` and returns ``None`` when the op is row-wise, or a short
 reason why it is not: it checks that the op does not act *along* a batch axis (reduce, contract,
-index or pad it). The driver (``analysis.py``) calls a rule only when the op's inputs are
+index or pad it). The driver (``driver.py``) calls a rule only when the op's inputs are
 request-side or constant, and then derives the output's batch axis, which also checks that the
 batched operands line up (one dim of the output holds the batch, merged the same way in every
 operand). An op without a rule is computed per candidate, and the driver records that as a

@@ -275,7 +275,7 @@ def _static_rows(placeholders: list[fx.Node], slots: list[Slot]) -> Optional[int
 
 
 def _covers(request: str, leaf: str) -> bool:
-    if "[" in request:  # a column range names columns of its argument (``column_lanes.py``)
+    if "[" in request:  # a column range names columns of its argument (``formats/columns.py``)
         request = request.split("[", 1)[0].strip()
     return covers(request, leaf)
 

@@ -132,7 +132,7 @@ def _merge(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
 class PiecesModel(nn.Module):
     """``model`` taking each split argument as its pieces, put back together by the
     subclass's ``assemble(split, pieces)`` before the model runs (column ranges here, KJT keys
-    in ``kjt_lanes.py``)."""
+    in ``kjt.py``)."""
 
     assemble: Callable[[Any, Any], Any]
 

@@ -6,7 +6,7 @@ request side is some keys of the KJT (a user id, a behaviour history). A request
 
 A KJT keeps every row of a key in one flat ``values`` tensor, which no row-wise analysis can
 split by request. The model is compiled as a wrapper (as for column ranges,
-``column_lanes.py``) whose input is the KJT in pieces, every key as per-row tensors:
+``columns.py``) whose input is the KJT in pieces, every key as per-row tensors:
 ``sparse_features.user_id.ids`` ``[B, W]`` (row i holds ``values`` of row i, then zeros up to
 ``W``, the longest row of the call: a dynamic dim), ``sparse_features.user_id.lengths`` ``[B]``,
 and ``.weights`` ``[B, W]`` for a weighted KJT. The wrapper hands the model a
@@ -220,7 +220,7 @@ def check_names(bound: Mapping[str, Any], splits: list[KJTSplit], names: list[st
     leaves = [n for n, v in named_leaves(others).items() if isinstance(v, torch.Tensor)]
     for name in names:
         if "[" in name or any(covers(name, leaf) for leaf in leaves):
-            continue  # a column range (checked by column_lanes) or a tensor input
+            continue  # a column range (checked by columns.py) or a tensor input
         head, _, key = name.partition(".")
         owners = [s.argument for s in splits if name in s.keys]
         if head in kjts and key:

@@ -16,7 +16,7 @@ Fully masked rows (a request whose ``key_mask`` row is all False) produce zeros,
 what ``F.scaled_dot_product_attention`` returns for such rows (torch >= 2.5); the Triton
 kernel does the same.
 
-CPU path: candidates are grouped by request (``grouping.py``). For a group of G requests
+CPU path: candidates are grouped by request (``request_groups.py``). For a group of G requests
 with c candidates each, the queries of a request's candidates are stacked along the query
 axis, ``[G, H, c * Lq, D]``, and one SDPA call runs against that request's K/V, so each
 K/V is read once and never replicated. CUDA path: flash-attention style kernel in

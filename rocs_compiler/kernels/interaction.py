@@ -8,7 +8,7 @@ request-candidate block of a DLRM/FM dot interaction, without the replicated
 ``[N, Fu, D]`` request stack. (The request-request block is request-only and computed
 once per request by the caller.)
 
-CPU path: candidates grouped by request (``grouping.py``); a group of G requests with c
+CPU path: candidates grouped by request (``request_groups.py``); a group of G requests with c
 candidates each is one ``bmm([G, c * Fc, D], [G, D, Fu])``. CUDA path:
 ``interaction_triton.py``. FLOPs: ``2 N Fc Fu D``.
 """

@@ -1,7 +1,7 @@
 """share: run the request-only region once per request.
 
 Identity: for a row-wise op f, ``f(gather(x, idx)) == gather(f(x), idx)``, gathering along the
-values' batch axes (``batch_axis.py``). Request inputs arrive with R rows; every REQUEST node is
+values' batch axes (``analysis/batch_axis.py``). Request inputs arrive with R rows; every REQUEST node is
 computed on them (R rows along its batch axis), and a *broadcast* is inserted on every edge
 from a REQUEST value into a CANDIDATE consumer and on REQUEST graph outputs:
 ``index_select(x, axis.dim, idx)``, with a reshape on either side when the axis merges the

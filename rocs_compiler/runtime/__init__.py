@@ -1,6 +1,8 @@
-"""Running compiled graphs: the ``CompiledModel`` a user calls, the straight-line program it runs
-(``direct.py``, with in-place planning in ``inplace.py``), the Inductor lowering of the backend
-(``lowering.py``) and the request detection of drop-in calls (``request_detection.py``)."""
+"""Running compiled graphs: the ``CompiledModel`` a user calls (one class for every input format
+of ``formats/``), the straight-line program it runs (``direct.py``, with in-place planning in
+``inplace.py``), the plain program and the choice between the two (``plain.py``,
+``program_choice.py``), the request detection of drop-in calls (``request_detection.py``), input
+checks, weight refresh and refused backward."""
 
 from .compiled_model import CompiledModel, InputContract
 
