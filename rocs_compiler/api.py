@@ -12,6 +12,7 @@ from .errors import CompileError
 from .options import Options
 from .pipeline import compile_graph
 from .runtime import CompiledModel, InputContract
+from .runtime.guards import Guards
 
 
 def compile(  # noqa: A001 - mirrors torch.compile
@@ -86,6 +87,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     compiled = CompiledModel(
         result.shared_graph, contract, captured.placeholder_of, report_builder, model,
         weight_names=captured.param_names, plain=plain,
+        guards=Guards(model, captured.reads, captured.param_names),
     )
     compiled.pipeline_result = result  # logical and shared graphs, for inspection tools
     return compiled

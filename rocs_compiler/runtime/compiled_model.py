@@ -40,6 +40,7 @@ from .program_choice import (
     bucket,
     now,
 )
+from .guards import NO_GUARDS
 from .request_detection import detect_requests, rows_consistent
 from .weights import WeightRefresh
 from ..formats.leaves import GRAPH_OUTPUT, bind_inputs, is_tensor, named_leaves, replace_leaves
@@ -105,7 +106,8 @@ class InputContract:
             if name in leaves and not _same_constant(leaves[name], expected):
                 raise InputError(
                     f"non-tensor input {name}={leaves[name]!r} differs from the value it had at "
-                    f"compile time ({expected!r}); compile again for another value"
+                    f"compile time ({type(expected).__name__} {expected!r}); compile again for "
+                    "another value"
                 )
         return leaves
 
@@ -135,8 +137,8 @@ def _nested_leaves(kwargs: dict) -> Optional[dict]:
 
 
 def _same_constant(a: Any, b: Any) -> bool:
-    try:
-        return bool(a == b)
+    try:  # ``2.0 == 2``, but the graph was traced with an int
+        return type(a) is type(b) and bool(a == b)
     except Exception:  # noqa: BLE001 - incomparable values count as different
         return False
 
@@ -170,6 +172,7 @@ class CompiledModel(nn.Module):
         fallback_reason: Optional[str] = None,
         weight_names: Optional[Mapping[str, str]] = None,
         plain: Optional[PlainProgram] = None,
+        guards=NO_GUARDS,  # ``runtime/guards.py``: the model is still the one compiled
     ):
         super().__init__()
         self.graph_module = graph_module
@@ -200,6 +203,7 @@ class CompiledModel(nn.Module):
         if isinstance(graph_module, fx.GraphModule) and original is not None and weight_names:
             weights = WeightRefresh(graph_module, original, weight_names)
         object.__setattr__(self, "_weights", weights)
+        object.__setattr__(self, "_guards", guards)
         # Not a submodule: the compiled graph holds aliases of its weights and follows them.
         object.__setattr__(self, "_original", original)
 
@@ -216,6 +220,7 @@ class CompiledModel(nn.Module):
         return self._report_builder(num_candidates, num_requests)
 
     def forward(self, *args, candidate_to_request: Optional[torch.Tensor] = None, **kwargs):
+        self._guards.check()
         leaves = self.contract.leaves(args, kwargs)
         if self._choice is not None and not torch.is_grad_enabled():
             if not torch.compiler.is_compiling():
@@ -338,6 +343,7 @@ class CompiledModel(nn.Module):
         """The original call (request inputs replicated, one row per candidate) with the
         grouping given: ``candidate_to_request[n]`` is candidate n's request. Raises
         :class:`InputError` when a request input varies within a request."""
+        self._guards.check()
         leaves = self.contract.leaves(args, kwargs)
         requests, index = self._check_replicated(leaves, candidate_to_request)
         choice = self._choice
@@ -426,6 +432,7 @@ class CompiledModel(nn.Module):
             graph, self.contract, self._placeholder_of, self._report_builder, self._original
         )
         object.__setattr__(compiled, "_weights", self._weights)  # the same graph module's weights
+        object.__setattr__(compiled, "_guards", self._guards)
         compiled._weights_read = self._weights_read
         compiled._input_specs = self._input_specs
         return compiled
