@@ -46,7 +46,7 @@ from torch import nn
 
 from ..capture.reads import ABSENT, FROM_CLASS, Reads
 from ..errors import CompileError
-from .weights import note_reassignment
+from .weights import note_reassignment, registrations
 
 MISSING = type("MISSING", (), {"__repr__": lambda self: "MISSING"})()
 _FORWARD = operator.attrgetter("forward")
@@ -67,13 +67,17 @@ class _Spec:
 
 @dataclass
 class _Fast:
-    """The per-call comparison: entries ``dicts[i].get(keys[i], MISSING)`` with id ``ids[i]``."""
+    """The per-call comparison: entry i is ``dicts[i].get(keys[i], MISSING)``, compiled as
+    ``values[i]``."""
 
+    registrations: int = -1  # ``weights.registrations()`` when these lists were made
     dicts: list = field(default_factory=list)
     keys: list = field(default_factory=list)
-    values: list = field(default_factory=list)  # held so that ``ids`` stay theirs
-    ids: list = field(default_factory=list)
+    values: list = field(default_factory=list)
     missing: list = field(default_factory=list)
+    typed_dicts: list = field(default_factory=list)  # the numbers again: ``2 == 2.0``, by type
+    typed_keys: list = field(default_factory=list)
+    types: list = field(default_factory=list)
     modules: list = field(default_factory=list)
     classes: list = field(default_factory=list)
     called: list = field(default_factory=list)  # classes whose forward was traced
@@ -82,15 +86,29 @@ class _Fast:
     snapshots: list = field(default_factory=list)
 
     def entry(self, table: dict, key: str, value: Any) -> None:
+        if isinstance(value, (bool, int, float, complex)):
+            self.typed_dicts.append(table)
+            self.typed_keys.append(key)
+            self.types.append(type(value))
         self.dicts.append(table)
         self.keys.append(key)
         self.values.append(value)
-        self.ids.append(id(value))
         self.missing.append(MISSING)
 
     def holds(self) -> bool:
+        # Entries are compared with ``==``, which Python short-cuts by identity, so an unchanged
+        # entry costs no comparison. A changed one is one of: a module or tensor reassigned
+        # through ``__setattr__`` (the registration count moved first, so no tensor is ever
+        # compared by value here), an equal value of another type (``typed``), or a change.
+        if self.registrations != registrations():
+            return False
+        try:
+            if list(map(dict.get, self.dicts, self.keys, self.missing)) != self.values:
+                return False
+        except Exception:  # noqa: BLE001 - an ``__eq__`` that cannot say: a change
+            return False
         return (
-            list(map(id, map(dict.get, self.dicts, self.keys, self.missing))) == self.ids
+            list(map(type, map(dict.get, self.typed_dicts, self.typed_keys))) == self.types
             and list(map(type, self.modules)) == self.classes
             and list(map(_FORWARD, self.called)) == self.forwards
             and self.contents == self.snapshots
@@ -120,10 +138,10 @@ class Guards:
         with _LOCK:
             if self._fast.holds():
                 return
-            self._fast = _resolve(self._model, self._spec)
-            # Entries written without nn.Module's registration hooks (``_parameters[k] = p``):
-            # have the weight refresh look every weight up again by name.
+            # Entries may have been written without nn.Module's registration hooks
+            # (``_parameters[k] = p``): have the weight refresh look every weight up again.
             note_reassignment()
+            self._fast = _resolve(self._model, self._spec)
 
 
 class NoGuards:
@@ -249,7 +267,7 @@ def _refuse(what: str) -> CompileError:
 def _resolve(model: nn.Module, spec: _Spec) -> _Fast:
     """The fast lists for the model as it is, or :class:`CompileError` naming the first
     difference from what was compiled."""
-    fast, modules = _Fast(), {"": model}
+    fast, modules = _Fast(registrations()), {"": model}
     for path, cls in spec.classes.items():
         if path:
             parent_path, _, name = path.rpartition(".")

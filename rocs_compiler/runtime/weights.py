@@ -72,6 +72,11 @@ _module.register_module_buffer_registration_hook(_count_registration)
 _module.register_module_module_registration_hook(_count_registration)
 
 
+def registrations() -> int:
+    """How many parameters, buffers and submodules were assigned anywhere in the process."""
+    return _Registrations.count
+
+
 def note_reassignment() -> None:
     """Count a reassignment made without the registration hooks (``runtime/guards.py`` finds
     them): the next refresh looks every weight up again by name."""
