@@ -166,6 +166,15 @@ def test_a_flag_choosing_a_branch_and_a_list_edited_in_place():
     _refused(cm, r"model\.scales changed since compile \(list \[2\.0\] -> list \[3\.0\]\)")
 
 
+def test_a_tensor_kept_as_a_plain_attribute_is_guarded_by_identity():
+    torch.manual_seed(0)
+    model = _model(lambda s, u, c: s.h(torch.cat([s.a(u), c], -1)) * s.gain,
+                   a=nn.Linear(8, 8), h=nn.Linear(16, 1), gain=torch.tensor(2.0))  # fmt: skip
+    cm = _compile(model)
+    model.gain = torch.tensor(2.0)  # equal now, but a tensor the graph does not read
+    _refused(cm, r"model\.gain changed since compile")
+
+
 def test_an_attribute_read_from_the_class_then_set_on_the_instance_is_refused():
     class Scaled(nn.Module):
         scale = 2.0

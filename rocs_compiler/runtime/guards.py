@@ -13,10 +13,12 @@ parent's ``_modules``, a module's ``_parameters``/``_buffers``, an instance ``__
 each module's class and its class's ``forward``. Any assignment, through ``nn.Module.__setattr__``
 or around it (``m.bias = None`` fires no registration hook; ``m.__dict__[k] = v``, ``del``),
 changes what such an entry holds. So the per-call check is a flat comparison of precomputed
-lists: the ids of the entries' values (the guards hold the values, so their ids cannot be
-reused), the modules' classes and the called classes' ``forward`` functions, all read with
-C-level ``map``, no walk of the model and no Python frame per entry. Hooking ``__setattr__``
-instead would be cheaper per call but miss writes that bypass it.
+lists, read with C-level ``map``, no walk of the model and no Python frame per entry: the
+entries' values with ``==`` (which Python short-cuts by identity, so an unchanged entry costs no
+comparison; it runs behind the weight refresh's registration count, so a reassigned module or
+parameter never reaches ``==``), the numbers among them by type too, other objects read by
+identity, the modules' classes and the called classes' ``forward`` functions. Hooking
+``__setattr__`` instead would be cheaper per call but miss writes that bypass it.
 
 When the comparison fails, the guards resolve every path again from the root and compare with
 what was compiled: a replaced module of the same class whose attributes are equal (type and
@@ -75,6 +77,9 @@ class _Fast:
     keys: list = field(default_factory=list)
     values: list = field(default_factory=list)
     missing: list = field(default_factory=list)
+    same_dicts: list = field(default_factory=list)  # objects compared by identity, again
+    same_keys: list = field(default_factory=list)
+    same: list = field(default_factory=list)
     typed_dicts: list = field(default_factory=list)  # the numbers again: ``2 == 2.0``, by type
     typed_keys: list = field(default_factory=list)
     types: list = field(default_factory=list)
@@ -85,7 +90,11 @@ class _Fast:
     contents: list = field(default_factory=list)  # containers read, compared by value
     snapshots: list = field(default_factory=list)
 
-    def entry(self, table: dict, key: str, value: Any) -> None:
+    def entry(self, table: dict, key: str, value: Any, by_identity: bool = False) -> None:
+        if by_identity:  # a tensor or object whose ``==`` may say equal for another one
+            self.same_dicts.append(table)
+            self.same_keys.append(key)
+            self.same.append(value)
         if isinstance(value, (bool, int, float, complex)):
             self.typed_dicts.append(table)
             self.typed_keys.append(key)
@@ -109,6 +118,7 @@ class _Fast:
             return False
         return (
             list(map(type, map(dict.get, self.typed_dicts, self.typed_keys))) == self.types
+            and all(map(operator.is_, map(dict.get, self.same_dicts, self.same_keys), self.same))
             and list(map(type, self.modules)) == self.classes
             and list(map(_FORWARD, self.called)) == self.forwards
             and self.contents == self.snapshots
@@ -309,7 +319,7 @@ def _resolve(model: nn.Module, spec: _Spec) -> _Fast:
             hint = " (call model.eval())" if name == "training" and value is True else ""
             change = f"{_show(expected)} -> {_show(value)}"
             raise _refuse(f"{_where(path, name)} changed since compile ({change}){hint}")
-        fast.entry(own, name, value)
+        fast.entry(own, name, value, by_identity=not _is_plain(value))
         if isinstance(value, (list, dict, set)) and value is not expected:
             fast.contents.append(value)
             fast.snapshots.append(expected)
