@@ -6,10 +6,12 @@ round-robin, with one torch thread and the thread's CPU time as the clock (media
 - ``eager``: ``model(**batch.replicated())``;
 - ``program``: the compiled graph's straight-line program alone, on prepared inputs;
 - ``shared``: ``cm(**batch.kwargs, candidate_to_request=idx)``;
-- ``drop-in``: ``cm(**batch.replicated())``.
+- ``drop-in``: ``cm(**batch.replicated())``;
+- ``guards``: the per-call check that the model is still the one compiled
+  (``runtime/guards.py``), alone, with the number of dict entries it compares.
 
 ``shared - program`` is the runtime's fixed cost in the shared layout (input and index checks,
-weight version check, output tree); ``drop-in - program`` adds finding the requests.
+weight version check, guards, output tree); ``drop-in - program`` adds finding the requests.
 ``--profile`` also prints a cProfile of 1000 calls of each layout.
 
 Usage::
@@ -67,8 +69,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     print("| model | eager us | program us | shared us | drop-in us | shared - program | "
-          "drop-in - program | eager / shared | eager / drop-in |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "drop-in - program | eager / shared | eager / drop-in | guards us (entries) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     with torch.no_grad():
         for name in args.models:
             entry = ZOO[name]
@@ -86,13 +88,15 @@ def main() -> None:
                 "program": lambda: program(*inputs, index),
                 "shared": lambda: cm(**kwargs, candidate_to_request=index),
                 "dropin": lambda: cm(**replicated),
+                "guards": cm._guards.check,
             }
             t = time_round_robin(calls, args.rounds, args.loops)
             print(
                 f"| {name} | {t['eager']:.0f} | {t['program']:.0f} | {t['shared']:.0f} | "
                 f"{t['dropin']:.0f} | {t['shared'] - t['program']:.0f} | "
                 f"{t['dropin'] - t['program']:.0f} | {t['eager'] / t['shared']:.2f} | "
-                f"{t['eager'] / t['dropin']:.2f} |",
+                f"{t['eager'] / t['dropin']:.2f} | {t['guards']:.1f} "
+                f"({len(cm._guards._fast.keys)}) |",
                 flush=True,
             )
             if args.profile:

@@ -14,8 +14,9 @@ from .formats.select import prepare
 from .options import Options
 from .pipeline import compile_graph, plain_graph
 from .runtime import CompiledModel, InputContract
-from .runtime.plain import PlainProgram
+from .runtime.guards import Guards
 from .runtime.mislabel import example_finding
+from .runtime.plain import PlainProgram
 
 
 def compile(  # noqa: A001 - mirrors torch.compile
@@ -78,6 +79,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
         result.shared_graph, _contract(captured), captured.placeholder_of, report_builder, model,
         weight_names=captured.param_names, plain=plain, unit_flops=result.unit_flops,
         input_format=prepared.format, weights_from=prepared.model,
+        guards=Guards(prepared.model, captured.reads, captured.param_names),
     )  # fmt: skip
     compiled.pipeline_result = result  # logical and shared graphs, for inspection tools
     compiled._mislabel.finding = example_finding(compiled.contract, prepared.args, prepared.kwargs)

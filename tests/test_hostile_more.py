@@ -1022,3 +1022,45 @@ def test_autocast_region_inside_forward():
     torch.manual_seed(0)
     model = module(forward, a=nn.Linear(D, D), h=nn.Linear(2 * D, 3))
     differential(model, randn(D), randn(D))
+
+
+def _scaled_head(s, u, c):
+    return s.h(torch.cat([s.act(s.a(u)), c], -1)) * s.scale
+
+
+# Changes of the model after compiling, each applied to a fresh model: the compiled model must
+# then equal eager or refuse with a CompileError (runtime/guards.py); the old graph never runs.
+MODEL_CHANGES = {
+    "activation_class": lambda m: setattr(m, "act", nn.Tanh()),
+    "same_class_module": lambda m: setattr(m, "h", nn.Linear(2 * D, 3)),
+    "instance_forward": lambda m: setattr(m.act, "forward", torch.sigmoid),
+    "python_attribute": lambda m: setattr(m, "scale", 3.0),
+    "attribute_type": lambda m: setattr(m, "scale", 2),
+    "bias_none": lambda m: setattr(m.h, "bias", None),
+    "bias_none_in_dict": lambda m: m.h._parameters.__setitem__("bias", None),
+    "dict_write": lambda m: m.__dict__.__setitem__("scale", 5.0),
+    "module_dict_write": lambda m: m._modules.__setitem__("act", nn.ELU()),
+    "unrelated_attribute": lambda m: setattr(m, "note", "not read"),
+}
+
+
+@pytest.mark.parametrize("change", list(MODEL_CHANGES))
+def test_a_model_changed_after_compiling_is_followed_or_refused(change):
+    torch.manual_seed(0)
+    model = module(_scaled_head, a=nn.Linear(D, D), act=nn.ReLU(), h=nn.Linear(2 * D, 3))
+    model.scale = 2.0
+    u, c = torch.randn(3, D), torch.randn(7, D)
+    cm = rocs.compile(model, ["u"], example_kwargs={"u": u[[0, 0, 1]], "c": c[:3]})
+    index = torch.tensor([1, 0, 0, 2, 2, 2, 1])
+    with torch.no_grad():
+        for _ in range(13):
+            cm(u=u, c=c, candidate_to_request=index)
+        MODEL_CHANGES[change](model)
+        want = model(u[index], c)
+        for _ in range(13):
+            try:
+                got = cm(u=u, c=c, candidate_to_request=index)
+            except rocs.CompileError as err:
+                assert "since compile" in str(err), err
+                continue
+            assert_same(got, want)

@@ -49,6 +49,7 @@ from ..errors import CompileError, InputError
 from ..formats.leaves import bind_inputs, covers, is_tensor, named_leaves, nest, replace_leaves
 from ..options import BackendOptions
 from ..runtime import CompiledModel
+from ..runtime.weights import tensor_version
 from .lowering import Lowered, lower_plain
 
 __all__ = ["RocsBackend", "backend", "rocs_backend", "shared_call"]
@@ -123,7 +124,8 @@ class _Subgraph:
 
     def _state_changed(self, args: tuple) -> bool:
         return any(
-            args[i] is not value or value._version != version for i, value, version in self.consts
+            args[i] is not value or tensor_version(value) != version
+            for i, value, version in self.consts
         ) or any(args[i].item() != value for i, value in self.scalars)
 
     def _takes_shared(self, state: _SharedCall, leaves: dict) -> bool:
@@ -143,7 +145,9 @@ class _Subgraph:
         from .. import api
 
         self.consts = [
-            (i, args[i], args[i]._version) for i, s in enumerate(self.slots) if s.kind == "const"
+            (i, args[i], tensor_version(args[i]))
+            for i, s in enumerate(self.slots)
+            if s.kind == "const"
         ]
         self.scalars = [(i, args[i].item()) for i, s in enumerate(self.slots) if s.kind == "scalar"]
         # Aliases, not the caller's tensors: export marks its example inputs dynamic, and dynamo's

@@ -34,6 +34,7 @@ from ..formats.leaves import (
     rebuild_call,
     register_dataclasses,
 )
+from .reads import Reads, recording
 
 _ASSERTION_OPS = {
     torch.ops.aten._assert_scalar.default,
@@ -64,6 +65,7 @@ class CapturedGraph:
     batch_symbol: sympy.Symbol
     route: str
     param_names: dict[str, str] = field(default_factory=dict)  # attr target -> model FQN
+    reads: Reads = field(default_factory=dict)  # what forward read beyond tensors (``reads.py``)
 
 
 class _FlatForward(nn.Module):
@@ -105,6 +107,7 @@ class ExampleCall:
     batched: dict[str, bool]
     out_spec: pytree.TreeSpec
     out_constants: list[Any]
+    reads: Reads = field(default_factory=dict)  # module -> attributes its forward read
 
     @property
     def constant_inputs(self) -> dict[str, Any]:
@@ -152,12 +155,12 @@ def describe_example(
                 f"need the batch dim first ({batch_rows} rows in the example)"
             )
     args, kwargs = rebuild_call(signature, bound)
-    with torch.no_grad():
+    with torch.no_grad(), recording(model) as reads:
         out_flat, out_spec = pytree.tree_flatten(model(*args, **kwargs))
     out_constants = [GRAPH_OUTPUT if is_graph_leaf(v) else v for v in out_flat]
     return ExampleCall(
         signature, bound, leaves, tensor_names, request_leaves, batch_rows, batched, out_spec,
-        out_constants,
+        out_constants, reads,
     )
 
 
@@ -221,6 +224,7 @@ def capture(
         batch_symbol=symbol,
         route=route,
         param_names=param_names,
+        reads=call.reads,
     )
 
 

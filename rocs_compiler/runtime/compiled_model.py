@@ -42,6 +42,7 @@ from .program_choice import (
     bucket,
     now,
 )
+from .guards import NO_GUARDS
 from .request_detection import detect_requests, rows_consistent
 from .weights import WeightRefresh
 from ..formats.leaves import GRAPH_OUTPUT, bind_inputs, is_tensor, named_leaves, replace_leaves
@@ -107,7 +108,8 @@ class InputContract:
             if name in leaves and not _same_constant(leaves[name], expected):
                 raise InputError(
                     f"non-tensor input {name}={leaves[name]!r} differs from the value it had at "
-                    f"compile time ({expected!r}); compile again for another value"
+                    f"compile time ({type(expected).__name__} {expected!r}); compile again for "
+                    "another value"
                 )
         return leaves
 
@@ -137,8 +139,8 @@ def _nested_leaves(kwargs: dict) -> Optional[dict]:
 
 
 def _same_constant(a: Any, b: Any) -> bool:
-    try:
-        return bool(a == b)
+    try:  # ``2.0 == 2``, but the graph was traced with an int
+        return type(a) is type(b) and bool(a == b)
     except Exception:  # noqa: BLE001 - incomparable values count as different
         return False
 
@@ -175,6 +177,7 @@ class CompiledModel(nn.Module):
         unit_flops: Optional[Callable[[], tuple[float, float]]] = None,
         input_format: Optional[InputFormat] = None,
         weights_from: Optional[nn.Module] = None,
+        guards=NO_GUARDS,  # ``runtime/guards.py``: the model is still the one compiled
     ):
         super().__init__()
         self.graph_module = graph_module
@@ -212,6 +215,7 @@ class CompiledModel(nn.Module):
         if isinstance(graph_module, fx.GraphModule) and original is not None and weight_names:
             weights = WeightRefresh(graph_module, weights_from or original, weight_names)
         object.__setattr__(self, "_weights", weights)
+        object.__setattr__(self, "_guards", guards)
         # Not a submodule: the compiled graph holds aliases of its weights and follows them.
         object.__setattr__(self, "_original", original)
         object.__setattr__(self, "_weights_from", weights_from)
@@ -228,6 +232,7 @@ class CompiledModel(nn.Module):
         return self._mislabel.annotate(self._report_builder(num_candidates, num_requests))
 
     def forward(self, *args, candidate_to_request: Optional[torch.Tensor] = None, **kwargs):
+        self._guards.check()
         if self.input_format.converts:
             return self._forward_format(args, kwargs, candidate_to_request, replicated=False)
         return self._forward_leaves(args, kwargs, candidate_to_request, self._choosing())
@@ -393,6 +398,7 @@ class CompiledModel(nn.Module):
         """The original call (request inputs replicated, one row per candidate) with the
         grouping given: ``candidate_to_request[n]`` is candidate n's request. Raises
         :class:`InputError` when a request input varies within a request."""
+        self._guards.check()
         if self.input_format.converts:
             return self._forward_format(args, kwargs, candidate_to_request, replicated=True)
         return self._call_replicated(args, kwargs, candidate_to_request, self._choosing())
@@ -490,6 +496,7 @@ class CompiledModel(nn.Module):
             unit_flops=self._unit_flops_of, input_format=self.input_format,
         )  # fmt: skip
         object.__setattr__(compiled, "_weights", self._weights)  # the same graph module's weights
+        object.__setattr__(compiled, "_guards", self._guards)
         compiled._weights_read = self._weights_read
         compiled._input_specs = self._input_specs
         return compiled

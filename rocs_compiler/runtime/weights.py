@@ -26,6 +26,14 @@ in place (``copy_``), so whoever holds them keeps valid references; rebinding re
 module attributes and bumps :attr:`WeightRefresh.epoch`, after which a runner that bound the
 old tensors (the direct program) must be rebuilt.
 
+Inference tensors (a model built or loaded under ``torch.inference_mode()``) have no version
+counter, and can be written only inside inference mode, where nothing counts the writes. Their
+in-place reload is seen through ``load_state_dict``: the modules owning such weights get a
+``load_state_dict`` post-hook (it runs for every module a load reaches, whichever module it was
+called on) that counts into a second process-wide number, compared per call like the first.
+Other in-place writes to inference tensors (``p.copy_(w)`` under inference mode) are not seen:
+``CompiledModel.refresh_weights()``.
+
 Refused (``CompileError``, "compile again"): a weight that is no longer a parameter or buffer
 under its name, or whose new tensor has another shape, dtype or device. Not seen: writes
 through ``.data`` (``p.data.copy_(x)``, ``p.data = x``), which by PyTorch's definition bypass
@@ -36,6 +44,7 @@ from __future__ import annotations
 
 import operator
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
@@ -61,6 +70,42 @@ def _count_registration(*_args) -> None:
 _module.register_module_parameter_registration_hook(_count_registration)
 _module.register_module_buffer_registration_hook(_count_registration)
 _module.register_module_module_registration_hook(_count_registration)
+
+
+def registrations() -> int:
+    """How many parameters, buffers and submodules were assigned anywhere in the process."""
+    return _Registrations.count
+
+
+def note_reassignment() -> None:
+    """Count a reassignment made without the registration hooks (``runtime/guards.py`` finds
+    them): the next refresh looks every weight up again by name."""
+    _Registrations.count += 1
+
+
+class _Reloads:
+    """How many ``load_state_dict`` calls reached a module owning an inference-tensor weight."""
+
+    count = 0
+
+
+def _count_reload(*_args) -> None:
+    _Reloads.count += 1
+
+
+_RELOAD_HOOKED: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()
+
+
+def _watch_reloads(module: nn.Module) -> None:
+    if module not in _RELOAD_HOOKED:
+        module.register_load_state_dict_post_hook(_count_reload)
+        _RELOAD_HOOKED.add(module)
+
+
+def tensor_version(t: torch.Tensor) -> int:
+    """``t._version``, or for an inference tensor (no version counter) a number that moves
+    when a ``load_state_dict`` reached a watched module (negative: never a real version)."""
+    return -1 - _Reloads.count if t.is_inference() else t._version
 
 _VERSION = operator.attrgetter("_version")
 # One lock for every compiled model's refreshes: they are rare, and a per-instance lock would make
@@ -110,8 +155,10 @@ class WeightRefresh:
         for attr, name in self._names.items():
             held = getattr(gm, attr, None)
             source = _lookup(self._model, name)
-            if isinstance(held, torch.Tensor) and source is not None and _trackable(source):
+            if isinstance(held, torch.Tensor) and source is not None:
                 weights.append(_Weight(attr, name, source, _same_view(held, source)))
+                if source.is_inference():
+                    _watch_reloads(self._model.get_submodule(name.rpartition(".")[0]))
         folds = []
         for node in gm.graph.nodes:
             fold = node.meta.get(FOLD) if node.op == "get_attr" else None
@@ -127,14 +174,16 @@ class WeightRefresh:
             owned = not any(_shares_storage(buffer, getattr(gm, s)) for s in fold.sources)
             folds.append(_Folded(node.target, fold, fold.sources, owned))
         self._weights, self._folds = weights, folds
-        self._watched = [w.source for w in weights]
+        self._watched = [w.source for w in weights if _trackable(w.source)]
         self._versions: Optional[list[int]] = None  # the next call refreshes everything once
         self._registrations = -1
+        self._reloads = -1
 
     def current(self) -> bool:
         """True when no weight was written or reassigned since the last refresh (per call)."""
         return (
             self._registrations == _Registrations.count
+            and self._reloads == _Reloads.count
             and list(map(_VERSION, self._watched)) == self._versions
         )
 
@@ -144,6 +193,7 @@ class WeightRefresh:
             if not force and self.current():
                 return
             count = _Registrations.count  # read first: later registrations refresh again
+            reloads = _Reloads.count
             look_up = force or count != self._registrations
             everything = force or self._versions is None
             gm, sources, steps = self._gm, [], []
@@ -151,7 +201,7 @@ class WeightRefresh:
                 source = self._require(w) if look_up else w.source
                 sources.append(source)
                 held = getattr(gm, w.attr)
-                moved = everything or source is not w.source or _VERSION(source) != w.version
+                moved = everything or source is not w.source or tensor_version(source) != w.version
                 if w.alias and not _same_view(held, source):
                     _check_like(w, held, source, same_device=True)
                     steps.append((w, source, "rebind"))
@@ -168,7 +218,7 @@ class WeightRefresh:
                         getattr(gm, w.attr).copy_(source)
                 changed.add(w.attr)
             for w, source in zip(self._weights, sources):
-                w.source, w.version = source, _VERSION(source)
+                w.source, w.version = source, tensor_version(source)
             for f in self._folds:
                 if f.sources & rebound or (f.owned and (everything or f.sources & changed)):
                     value = f.fold.evaluate(gm)
@@ -180,9 +230,10 @@ class WeightRefresh:
                         rebound.add(f.attr)
             if rebound:
                 self.epoch += 1
-            self._watched = [w.source for w in self._weights]
-            self._versions = [w.version for w in self._weights]
+            self._watched = [w.source for w in self._weights if _trackable(w.source)]
+            self._versions = [w.version for w in self._weights if _trackable(w.source)]
             self._registrations = count
+            self._reloads = reloads
 
     def requiring_grad(self, attrs: Optional[frozenset[str]] = None) -> Optional[torch.Tensor]:
         """The first of the model's weights behind ``attrs`` (all when None) that requires grad."""
