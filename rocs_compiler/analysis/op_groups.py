@@ -45,7 +45,7 @@ OpOverloadPacket = torch._ops.OpOverloadPacket
 # Overloads are listed where their family has others that are not elementwise
 # (``where.default`` returns the indices of nonzeros) or that are tagged already: every tensor
 # overload of a tagged family is here, tagged, or has its own rule
-# (``tests/test_untagged_overloads.py``).
+# (``tests/analysis/test_untagged_overloads.py``).
 ELEMENTWISE_UNTAGGED = frozenset(
     {
         aten.hardswish, aten.log_sigmoid, aten.floor_divide, aten.__and__, aten.__or__,

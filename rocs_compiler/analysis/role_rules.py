@@ -18,7 +18,7 @@ The same registration declares the op's :class:`Lane`: how each element of its o
 the elements of its inputs, which picks the op's taint rule in the lane analysis
 (``segments.py``). A row-wise op whose inputs carry no candidate taint never has a tainted
 output under its lane, so the two analyses agree on every value the role analysis calls REQUEST
-(checked over samples of every lane in ``tests/test_lane_rules.py``). Ops outside ATen
+(checked over samples of every lane in ``tests/analysis/test_lane_rules.py``). Ops outside ATen
 (``rocs::`` ops) register their rules in the module that defines them.
 """
 

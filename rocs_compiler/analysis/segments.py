@@ -10,7 +10,7 @@ positions are not inputs: a batch size carries no taint, nor does an ``arange`` 
 offsets of an embedding bag). Node by node:
 
 - a node the role analysis calls CONST or REQUEST: no taint (the lane rules below give none
-  either: ``tests/test_lane_rules.py`` checks that they agree);
+  either: ``tests/analysis/test_lane_rules.py`` checks that they agree);
 - elementwise ops: the OR of the operands' taints, broadcast to the output;
 - data movement (views, slices, ``cat``, permutes, ``index_select``, ...): the op itself applied
   to the taint, exact because these ops move elements without combining them;

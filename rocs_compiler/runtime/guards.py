@@ -41,7 +41,7 @@ import math
 import operator
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping
 
 import torch
 from torch import nn

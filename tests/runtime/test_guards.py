@@ -1,6 +1,6 @@
 """A compiled model follows its original model as it is at the time of the call, or refuses.
 
-Beyond the weights (``tests/test_weight_refresh.py``): the module tree forward called, the Python
+Beyond the weights (``tests/runtime/test_weight_refresh.py``): the module tree forward called, the Python
 attributes it read, tied weights, parameters set to None, inference-mode weights reloaded in
 place, and the type of non-tensor inputs. Each change must give eager's result or a clear
 ``CompileError`` naming what changed; never the old computation. Oracle: the eager original
@@ -17,7 +17,7 @@ from torch import nn
 import rocs_compiler as rocs
 
 torch.set_num_threads(1)
-CALLS = 13  # past the program choice's trials, so both programs run (tests/test_program_choice.py)
+CALLS = 13  # past the program choice's trials, so both programs run (tests/runtime/test_program_choice.py)
 
 
 def _inputs(seed: int = 0):

@@ -16,6 +16,7 @@ import textwrap
 import pytest
 import torch
 
+from conftest import run_cli as run
 import rocs_compiler as rocs
 from rocs_compiler.cli import main as cli
 from rocs_compiler.cli.input_specs import parse_spec, spec_batch
@@ -75,10 +76,6 @@ def model_file(tmp_path, monkeypatch):
     sys.modules.pop("own_models", None)
 
 
-def run(capsys, *argv):
-    code = cli.main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def _lines(err: str) -> list[str]:

@@ -1,7 +1,7 @@
 """The report a person reads: shape-only edges, named batch dims, batch axes, the per-module
 table, the HTML page from Python and in notebooks, and the note on measured vs ideal speedups.
 
-The page's script is tested in a browser by ``tests/test_report_browser.py``.
+The page's script is tested in a browser by ``tests/report/test_report_browser.py``.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "quality.py"
 EXPECTED = {
     "dcnv2": ["vanilla", "rocs_base", "rocs_scaled"],

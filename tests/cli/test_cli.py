@@ -17,6 +17,7 @@ import pytest
 
 from rocs_compiler.cli import main as cli, bench as cli_bench
 from rocs_compiler.report.render import dot as dot_module
+from conftest import run_cli as run
 
 HAS_DOT = shutil.which("dot") is not None
 
@@ -65,10 +66,6 @@ def factory_file(tmp_path, monkeypatch):
     sys.modules.pop("my_rankers", None)
 
 
-def run(capsys, *argv):
-    code = cli.main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 # -- help and usage -------------------------------------------------------------------------------
