@@ -3,7 +3,8 @@
 Libraries such as DeepCTR-Torch pack every feature of a row into one float tensor ``X`` and
 slice it inside ``forward`` (``X[:, start:end]``, from ``model.feature_index``); the request side
 is a set of column ranges. A request name of the form ``"<argument>[:, a:b]"`` names such a
-range (several may name ranges of one argument).
+range (several may name ranges of one argument); a packed tensor inside a dict or dataclass
+argument is named by its leaf name, ``"X.deeptabular[:, 0:4]"``.
 
 Identity: ``X == cat([X[:, p0], X[:, p1], ...], dim=1)`` for the pieces ``p0, p1, ...`` that
 cover its columns in order. The model is compiled as a wrapper that takes ``X`` as a dict of
@@ -25,10 +26,10 @@ from torch import nn
 
 from ..errors import CompileError, InputError
 from .base import DROPIN, REPLICATED, SHARED, InputFormat, Prepared, ProgramCall
-from .leaves import bind_inputs, rebuild_call
+from .leaves import bind_inputs, leaf_at, rebuild_call, with_leaf
 
 _COLUMNS = re.compile(
-    r"^(?P<leaf>[A-Za-z_]\w*)\[\s*:\s*,\s*(?P<start>\d+)\s*:\s*(?P<stop>\d+)\s*\]$"
+    r"^(?P<leaf>[A-Za-z_]\w*(?:\.\w+)*)\[\s*:\s*,\s*(?P<start>\d+)\s*:\s*(?P<stop>\d+)\s*\]$"
 )
 
 
@@ -94,12 +95,14 @@ def splits_for(
     """Check the ranges against the example and describe each split argument."""
     out = []
     for argument, spans in ranges.items():
-        if argument not in signature.parameters:
+        try:
+            value = leaf_at(bound, argument)
+        except (KeyError, IndexError, AttributeError):
             raise InputError(
                 f"unknown input name {argument!r} in a column range; the model's forward takes: "
                 + ", ".join(p for p in signature.parameters)
-            )
-        value = bound.get(argument)
+                + " (name a tensor inside a dict or dataclass argument as 'arg.key[:, a:b]')"
+            ) from None
         if not isinstance(value, torch.Tensor) or value.dim() != 2:
             shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
             raise InputError(
@@ -145,7 +148,7 @@ class PiecesModel(nn.Module):
         signature = inspect.signature(self.model.forward)
         bound = bind_inputs(signature, args, kwargs)
         for split in self.splits:
-            bound[split.argument] = self.assemble(split, bound[split.argument])
+            bound = with_leaf(bound, split.argument, self.assemble(split, leaf_at(bound, split.argument)))
         args, kwargs = rebuild_call(signature, bound)
         return self.model(*args, **kwargs)
 
@@ -186,7 +189,7 @@ def to_pieces(
     """The call with every split argument replaced by its dict of column views."""
     bound = bind_inputs(signature, args, dict(kwargs))
     for split in splits:
-        bound[split.argument] = split.split(bound[split.argument])
+        bound = with_leaf(bound, split.argument, split.split(leaf_at(bound, split.argument)))
     return rebuild_call(signature, bound)
 
 
@@ -239,13 +242,13 @@ def _refuse_writes(model, signature, splits: list[ColumnSplit], bound: Mapping[s
     The example runs once on copies; a write moves a copy's version counter."""
     copies = dict(bound)
     for split in splits:
-        copies[split.argument] = bound[split.argument].clone()
-    versions = {split.argument: copies[split.argument]._version for split in splits}
+        copies = with_leaf(copies, split.argument, leaf_at(bound, split.argument).clone())
+    versions = {split.argument: leaf_at(copies, split.argument)._version for split in splits}
     args, kwargs = rebuild_call(signature, copies)
     with torch.no_grad():
         model(*args, **kwargs)
     for split in splits:
-        if copies[split.argument]._version != versions[split.argument]:
+        if leaf_at(copies, split.argument)._version != versions[split.argument]:
             raise CompileError(
                 f"the model's forward writes into its input {split.argument!r} in place; rocs "
                 "needs a forward that leaves its inputs as they are (write into a copy)"

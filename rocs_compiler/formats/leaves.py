@@ -68,6 +68,49 @@ def rebuild_call(signature: inspect.Signature, bound: Mapping[str, Any]) -> tupl
     return call.args, call.kwargs
 
 
+def leaf_at(bound: Mapping[str, Any], path: str) -> Any:
+    """The value at the dotted ``path`` of bound arguments (dict keys, list items, dataclass
+    fields); KeyError when there is none."""
+    head, *rest = path.split(".")
+    value = bound[head]
+    for key in rest:
+        if isinstance(value, Mapping):
+            value = value[key]
+        elif isinstance(value, (list, tuple)) and key.isdigit():
+            value = value[int(key)]
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            value = getattr(value, key)
+        else:
+            raise KeyError(path)
+    return value
+
+
+def with_leaf(bound: Mapping[str, Any], path: str, new: Any) -> dict:
+    """Bound arguments with the value at the dotted ``path`` replaced by ``new``; the containers on
+    the way are copied, the caller's are left as they are."""
+    head, *rest = path.split(".")
+    out = dict(bound)
+    out[head] = _replaced(bound[head], rest, new)
+    return out
+
+
+def _replaced(value: Any, keys: list[str], new: Any) -> Any:
+    if not keys:
+        return new
+    key, rest = keys[0], keys[1:]
+    if isinstance(value, Mapping):
+        out = dict(value)
+        out[key] = _replaced(value[key], rest, new)
+        return out
+    if isinstance(value, (list, tuple)) and key.isdigit():
+        items = list(value)
+        items[int(key)] = _replaced(items[int(key)], rest, new)
+        return type(value)(items) if isinstance(value, list) else tuple(items)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.replace(value, **{key: _replaced(getattr(value, key), rest, new)})
+    raise KeyError(key)
+
+
 def match_names(requested: Iterable[str], available: Iterable[str]) -> dict[str, list[str]]:
     """Map each requested name to the leaves it covers (a name may cover a whole dict).
 

@@ -231,3 +231,38 @@ def test_a_forward_writing_into_its_packed_input_is_refused():
     with pytest.raises(CompileError, match="writes into its input 'X'"):
         rocs.compile(_WritesItsInput().eval(), ["X[:, 0:4]"], example_inputs=(X,))
     assert torch.equal(X, before)  # the example itself is left as it was
+
+
+class _WideAndDeep(nn.Module):
+    """A packed tensor inside a dict argument, as tabular libraries pass their inputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.user, self.wide, self.head = nn.Linear(4, 8), nn.Linear(3, 1), nn.Linear(16, 1)
+
+    def forward(self, X):
+        tab = X["deeptabular"]
+        deep = torch.cat([torch.relu(self.user(tab[:, 0:4])), tab[:, 4:12]], -1)
+        return (self.head(deep) + self.wide(X["wide"])).squeeze(-1)
+
+
+def test_a_packed_tensor_inside_a_dict_is_named_by_key_then_columns():
+    model = _WideAndDeep().eval()
+
+    def batch(counts, seed):
+        X, _, index = _packed_batch(counts, seed)
+        return {"wide": torch.randn(X.shape[0], 3, generator=torch.Generator().manual_seed(seed)),
+                "deeptabular": X}, index
+
+    example, _ = batch([2, 1], 0)
+    cm = rocs.compile(model, ["X.deeptabular[:, 0:4]"], example_inputs=(example,))
+    assert cm.report().request_flops > 0
+    with torch.no_grad():
+        for counts in ([3, 1, 2], [1]):
+            X, index = batch(counts, len(counts))
+            want = model(X)
+            for _ in range(CALLS):
+                torch.testing.assert_close(cm(X), want)
+                torch.testing.assert_close(cm(X, candidate_to_request=index), want)
+    with pytest.raises(InputError, match="arg.key"):
+        rocs.compile(model, ["X.nothing[:, 0:4]"], example_inputs=(example,))
