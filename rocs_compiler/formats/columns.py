@@ -148,7 +148,8 @@ class PiecesModel(nn.Module):
         signature = inspect.signature(self.model.forward)
         bound = bind_inputs(signature, args, kwargs)
         for split in self.splits:
-            bound = with_leaf(bound, split.argument, self.assemble(split, leaf_at(bound, split.argument)))
+            pieces = leaf_at(bound, split.argument)
+            bound = with_leaf(bound, split.argument, self.assemble(split, pieces))
         args, kwargs = rebuild_call(signature, bound)
         return self.model(*args, **kwargs)
 

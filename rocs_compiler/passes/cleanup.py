@@ -128,7 +128,9 @@ def constant_indexing_as_index_select(gm: fx.GraphModule) -> int:
     """``index(x, [None, I_1, ..., I_k])`` with weight-only 1-D integer ``I_j`` of one length,
     over every dim of ``x`` after the first (or ``k = 1``), those dims static: the
     ``index_select`` of the module docstring. Returns the count."""
-    return _rewrite_each_call(gm, "flat_index_select", torch.ops.aten.index.Tensor, _flat_index_select)
+    return _rewrite_each_call(
+        gm, "flat_index_select", torch.ops.aten.index.Tensor, _flat_index_select
+    )
 
 
 def _flat_index_select(b: Builder, node: fx.Node) -> fx.Node | None:
