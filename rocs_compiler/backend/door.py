@@ -89,7 +89,7 @@ class _Subgraph:
     request_inputs: list[str]
     options: BackendOptions
     consts: list[tuple[int, torch.Tensor, int]] = field(default_factory=list)
-    scalars: list[tuple[int, Any]] = field(default_factory=list)
+    values: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # baked, compared
     variants: dict = field(default_factory=dict)
     plain: Optional[Callable] = None  # set when rocs does not rewrite this graph
     fallback_reason: Optional[str] = None
@@ -124,7 +124,7 @@ class _Subgraph:
     def _state_changed(self, args: tuple) -> bool:
         return any(
             args[i] is not value or value._version != version for i, value, version in self.consts
-        ) or any(args[i].item() != value for i, value in self.scalars)
+        ) or any(not _same_value(args[i], value) for i, value in self.values)
 
     def _takes_shared(self, state: _SharedCall, leaves: dict) -> bool:
         requests = [p for p in leaves if dotted(p) in self._request_leaves()]
@@ -145,7 +145,9 @@ class _Subgraph:
         self.consts = [
             (i, args[i], args[i]._version) for i, s in enumerate(self.slots) if s.kind == "const"
         ]
-        self.scalars = [(i, args[i].item()) for i, s in enumerate(self.slots) if s.kind == "scalar"]
+        self.values = [
+            (i, args[i].detach().clone()) for i, s in enumerate(self.slots) if s.kind == "value"
+        ]
         # Aliases, not the caller's tensors: export marks its example inputs dynamic, and dynamo's
         # guards on the frame being compiled must not see that.
         leaves = {s.path: args[i].detach() for i, s in enumerate(self.slots) if s.kind == "input"}
@@ -179,6 +181,11 @@ class _Subgraph:
         variant = _Variant(compiled, runner)
         self.variants[self._key(leaves)] = variant
         return variant
+
+
+def _same_value(now: torch.Tensor, baked: torch.Tensor) -> bool:
+    """Whether a scalar or NumPy array dynamo passed as a tensor still holds the baked value."""
+    return now.shape == baked.shape and now.dtype == baked.dtype and torch.equal(now, baked)
 
 
 # -- the backend ----------------------------------------------------------------------------------

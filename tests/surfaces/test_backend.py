@@ -13,6 +13,7 @@ import sys
 import textwrap
 import warnings
 
+import numpy as np
 import pytest
 import torch
 import torch._dynamo.testing as dynamo_testing
@@ -309,3 +310,54 @@ def test_bad_inputs_do_not_switch_inductor_off():
     with pytest.raises(RuntimeError):
         lowered(torch.randn(3, 5))  # wrong width: the FX graph fails as well
     assert lowered.uses_inductor and len(lowered._strategies) == 2
+
+
+# -- values dynamo passes as tensors --------------------------------------------------------------
+
+
+class _NumpyOffsets(nn.Module):
+    """Per-field id offsets held as a NumPy array and made into a tensor in forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.offsets = np.array((0, 10, 20, 30, 40, 50, 60), dtype=np.int64)
+        self.emb, self.head = nn.Embedding(70, 8), nn.Linear(7 * 8, 1)
+
+    def forward(self, batch):
+        ids = torch.stack([batch[k] for k in ("u1", "u2", "u3", "i1", "i2", "i3", "i4")], 1)
+        ids = ids + ids.new_tensor(self.offsets).unsqueeze(0)
+        return self.head(self.emb(ids).flatten(1)).squeeze(-1)
+
+
+def _offsets_batch(counts, seed):
+    gen = torch.Generator().manual_seed(seed)
+    index = request_index(counts, shuffle=True, generator=gen)
+    user = {k: torch.randint(0, 10, (len(counts),), generator=gen)[index] for k in ("u1", "u2", "u3")}
+    return user | {k: torch.randint(0, 10, (len(index),), generator=gen) for k in ("i1", "i2", "i3", "i4")}
+
+
+def test_numpy_array_made_into_a_tensor_in_forward_is_a_constant():
+    torch.manual_seed(0)
+    model = _NumpyOffsets().eval()
+    options = {"request_inputs": ["batch.u1", "batch.u2", "batch.u3"], "inductor": False}
+    compiled = torch.compile(model, backend="rocs", dynamic=True, options=options)
+    with torch.no_grad():
+        for i in range(14):  # past the program choice's trials
+            batch = _offsets_batch([64, 64, 64, 64] if i == 0 else [3, 1, 5, 2][: 1 + i % 4], i)
+            _assert_close(compiled(batch), model(batch), f"call {i}")
+        model.offsets[:] = model.offsets[::-1].copy()  # changed in place: the rewrite must see it
+        batch = _offsets_batch([3, 4], 99)
+        _assert_close(compiled(batch), model(batch), "offsets changed")
+
+
+def test_numpy_offsets_repro_through_inductor():
+    """The issue's repro, exactly: ``dynamic=True``, Inductor on, R = 4, N = 64."""
+    torch.manual_seed(0)
+    model = _NumpyOffsets().eval()
+    backend = rocs.backend(["batch.u1", "batch.u2", "batch.u3"])
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    with torch.no_grad():
+        batch = _offsets_batch([64] * 4, 0)
+        _assert_close(compiled(batch), model(batch), "R=4, N=64")
+    assert backend.subgraphs[0].compiled_model is not None, "the graph should be rewritten"
+    assert backend.subgraphs[0].compiled_model.report().request_flops > 0
