@@ -361,3 +361,32 @@ def test_numpy_offsets_repro_through_inductor():
         _assert_close(compiled(batch), model(batch), "R=4, N=64")
     assert backend.subgraphs[0].compiled_model is not None, "the graph should be rewritten"
     assert backend.subgraphs[0].compiled_model.report().request_flops > 0
+
+
+class _RenormingUser(nn.Module):
+    """A request-side ``nn.Embedding(max_norm=...)``: each lookup renormalizes rows in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.user = nn.Embedding(20, 8, max_norm=1.0)
+        self.item = nn.Embedding(30, 8)
+        with torch.no_grad():
+            self.user.weight.mul_(5)
+
+    def forward(self, user_id, item_id):
+        return (self.user(user_id) * self.item(item_id)).sum(-1)
+
+
+def test_embedding_with_max_norm_runs_unshared_and_exact_with_its_reason():
+    torch.manual_seed(0)
+    model, twin = _RenormingUser().eval(), _RenormingUser().eval()
+    twin.load_state_dict(model.state_dict())
+    backend = rocs.backend(["user_id"], inductor=False)
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    with torch.no_grad(), pytest.warns(UserWarning, match=r"mutates .*max_norm"):
+        for i, counts in enumerate([[3, 1, 5], [2, 6], [4]]):
+            index = request_index(counts)
+            user, item = torch.randint(0, 20, (len(counts),)), torch.randint(0, 30, (len(index),))
+            _assert_close(compiled(user[index], item), twin(user[index], item), str(counts))
+            assert torch.equal(model.user.weight, twin.user.weight), "eager's renorm was lost"
+    assert "max_norm" in backend.subgraphs[0].fallback_reason
