@@ -172,7 +172,10 @@ class _Subgraph:
                 stacklevel=2,
             )
             self.fallback_reason = str(err)
-            self.plain = lower_plain(self.gm, args, self.options.inductor)
+            # Dynamo's compile of this frame is over: ``compile_fx`` would trace the graph
+            # outside dynamo's context (and fail on a baked scalar's ``.item()``), so the graph
+            # is compiled as a frame of its own at its first call instead.
+            self.plain = Lowered(self.gm, self.options.inductor, functional=False)
             return None
         # Without Inductor the compiled model runs its graph itself (as a direct program).
         runner = compiled

@@ -390,3 +390,83 @@ def test_embedding_with_max_norm_runs_unshared_and_exact_with_its_reason():
             _assert_close(compiled(user[index], item), twin(user[index], item), str(counts))
             assert torch.equal(model.user.weight, twin.user.weight), "eager's renorm was lost"
     assert "max_norm" in backend.subgraphs[0].fallback_reason
+
+
+# -- recompiles and Inductor through the tutorial's model -----------------------------------------
+
+
+class _TutorialRanker(nn.Module):
+    """The model of docs/tutorial.md, smaller tables."""
+
+    def __init__(self, num_items: int = 1000, dim: int = 32):
+        super().__init__()
+        self.item_emb = nn.Embedding(num_items, dim)
+        self.user_tower = nn.Sequential(nn.Linear(16, 128), nn.ReLU(), nn.Linear(128, dim))
+        self.history_proj = nn.Linear(dim, dim)
+        self.head = nn.Sequential(nn.Linear(3 * dim, 256), nn.ReLU(), nn.Linear(256, 1))
+
+    def forward(self, user_dense, history, item_id):
+        user = self.user_tower(user_dense)
+        hist = torch.relu(self.history_proj(self.item_emb(history).mean(1)))
+        item = self.item_emb(item_id)
+        return self.head(torch.cat([user, hist, item * user], dim=-1)).squeeze(-1)
+
+
+def _tutorial_batch(counts, seed):
+    g = torch.Generator().manual_seed(seed)
+    index = request_index(counts)
+    users = torch.randn(len(counts), 16, generator=g)
+    history = torch.randint(0, 1000, (len(counts), 50), generator=g)
+    items = torch.randint(0, 1000, (len(index),), generator=g)
+    return {"user_dense": users[index], "history": history[index], "item_id": items}
+
+
+def test_tutorial_model_does_not_recompile_across_r_n_and_request_row_strides():
+    """R = 1 hands the lowered graph request rows ``x[::N]`` of row stride ``N * D``, equal-sized
+    requests strided views, ragged ones gathered copies: one compile of the user's frame and one
+    of the rewritten graph serve them all (a stride guard recompiled on the first R = 1 batch)."""
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    model = _TutorialRanker().eval()
+    options = {"request_inputs": ["user_dense", "history"]}
+    compiled = torch.compile(model, backend="rocs", options=options, dynamic=True)
+    counters.clear()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # an Inductor fallback would warn
+        for i, counts in enumerate([(3, 1, 5), (200,), (2, 2, 2, 2), (1, 1), (64,) * 3, (5, 9)]):
+            batch = _tutorial_batch(counts, seed=i)
+            _assert_close(compiled(**batch), model(**batch), str(counts))
+            if i == 0:
+                first = dict(counters["frames"])
+    assert dict(counters["frames"]) == first, "a new R, N or request-row layout recompiled"
+    assert not counters["recompiles"]
+
+
+def test_a_one_row_batch_is_lowered_without_a_warning():
+    """Dynamo specializes a one-row batch; compiling that graph, Inductor asks dynamo to restart
+    its analysis (``TensorifyScalarRestartAnalysis``), which the backend passed off as an Inductor
+    failure with an empty reason and ran the graph uncompiled."""
+    torch.manual_seed(0)
+    model = _TutorialRanker().eval()
+    options = {"request_inputs": ["user_dense", "history"]}
+    compiled = torch.compile(model, backend="rocs", options=options, dynamic=True)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        for counts in [(3, 1, 5), (1,)]:
+            batch = _tutorial_batch(counts, seed=len(counts))
+            _assert_close(compiled(**batch), model(**batch), str(counts))
+
+
+def test_an_inductor_failure_without_a_message_still_names_its_reason():
+    from rocs_compiler.backend.lowering import describe_failure
+
+    class Quiet(RuntimeError):
+        pass
+
+    try:
+        raise Quiet()
+    except Quiet as err:
+        text = describe_failure(err)
+    assert text.startswith("Quiet (no message, raised at test_backend.py:"), text
+    assert describe_failure(ValueError("\n\nbad shape\nmore")) == "ValueError: bad shape"
