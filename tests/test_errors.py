@@ -504,7 +504,8 @@ def _renorm_example():
 def test_embedding_with_max_norm_is_refused_naming_the_module_before_it_runs():
     model = RenormingEmbedding().eval()
     before = model.user.weight.detach().clone()
-    with pytest.raises(rocs.CompileError, match=r"module 'user' \(Embedding\(max_norm=1.0\)\)") as err:
+    named = r"module 'user' \(Embedding\(max_norm=1.0\)\)"
+    with pytest.raises(rocs.CompileError, match=named) as err:
         rocs.compile(model, ["user_id"], example_kwargs=_renorm_example(), options=OPTIONS)
     assert "torch.renorm(model.user.weight" in str(err.value)  # the fix
     assert torch.equal(model.user.weight, before), "compiling renormalized the caller's weights"

@@ -80,7 +80,8 @@ def _compare(name, dtype, **options):
         # Both layouts round the same partials once; drop-in's request partial runs at more rows
         # (every run of equal rows is a request), which a GEMM kernel may sum in another order.
         other = cm(u=u[index], c=c)
-        assert bool(((other.float() - got.float()).abs() <= ulp(torch.maximum(other.abs(), got.abs()))).all())
+        one_ulp = ulp(torch.maximum(other.abs(), got.abs()))
+        assert bool(((other.float() - got.float()).abs() <= one_ulp).all())
     return want, got
 
 

@@ -552,9 +552,9 @@ def test_numpy_and_torch_scans_find_the_same_requests(counts, dtypes, width, tra
     conj = (torch.randint(0, 2, (len(counts), 1), generator=g) * (1 + 1j)).to(torch.complex64)
     leaves.append(conj[index].conj())  # a lazy conjugate, which numpy cannot read directly
     assert leaves[-1].is_conj()
-    rows = len(index)
+    rows, dense = len(index), torch.contiguous_format
     as_bytes = [
-        x.resolve_conj().clone(memory_format=torch.contiguous_format).view(torch.uint8).reshape(rows, -1)
+        x.resolve_conj().clone(memory_format=dense).view(torch.uint8).reshape(rows, -1)
         for x in leaves
     ]
     expected = [0] + [
@@ -597,7 +597,8 @@ def test_a_column_major_one_column_input_runs_drop_in_above_the_numpy_rows():
     torch.manual_seed(0)
     model = _UserColumn().eval()
     index = request_index([2, 1])
-    cm = rocs.compile(model, ["u"], example_kwargs={"u": torch.randn(2, 1)[index], "c": torch.randn(3, 8)})
+    example = {"u": torch.randn(2, 1)[index], "c": torch.randn(3, 8)}
+    cm = rocs.compile(model, ["u"], example_kwargs=example)
     counts = [300, 1, 350]
     index = request_index(counts)
     packed = np.asfortranarray(torch.randn(3, 2)[index].numpy())

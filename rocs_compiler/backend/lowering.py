@@ -132,8 +132,10 @@ def describe_failure(err: BaseException) -> str:
     if lines:
         return f"{type(err).__name__}: {lines[0]}"
     frames = traceback.extract_tb(err.__traceback__)
-    where = f", raised at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
-    return f"{type(err).__name__} (no message{where})"
+    if not frames:
+        return f"{type(err).__name__} (no message)"
+    where = f"{os.path.basename(frames[-1].filename)}:{frames[-1].lineno}"
+    return f"{type(err).__name__} (no message, raised at {where})"
 
 
 def lower_plain(gm: fx.GraphModule, example_inputs: Sequence[Any], use_inductor: bool) -> Callable:

@@ -332,8 +332,11 @@ class _NumpyOffsets(nn.Module):
 def _offsets_batch(counts, seed):
     gen = torch.Generator().manual_seed(seed)
     index = request_index(counts, shuffle=True, generator=gen)
-    user = {k: torch.randint(0, 10, (len(counts),), generator=gen)[index] for k in ("u1", "u2", "u3")}
-    return user | {k: torch.randint(0, 10, (len(index),), generator=gen) for k in ("i1", "i2", "i3", "i4")}
+    users = torch.randint(0, 10, (3, len(counts)), generator=gen)
+    ids = {k: users[i][index] for i, k in enumerate(("u1", "u2", "u3"))}
+    for k in ("i1", "i2", "i3", "i4"):
+        ids[k] = torch.randint(0, 10, (len(index),), generator=gen)
+    return ids
 
 
 def test_numpy_array_made_into_a_tensor_in_forward_is_a_constant():
