@@ -475,6 +475,64 @@ def test_model_mutating_an_input_is_rejected_or_exact():
     assert_outputs_match(got, expected, "shared layout")
 
 
+class RenormingEmbedding(nn.Module):
+    """A request-side table with ``max_norm``: every lookup renormalizes its rows in place (the
+    functionalized write became a graph output, returned as a [20, 8] tensor instead of [N])."""
+
+    def __init__(self, functional: bool = False):
+        super().__init__()
+        self.functional = functional
+        self.user = nn.Embedding(20, D, max_norm=None if functional else 1.0)
+        self.item = nn.Embedding(30, D)
+        with torch.no_grad():
+            self.user.weight.mul_(5)  # rows exceed the norm
+
+    def forward(self, user_id, item_id):
+        if self.functional:
+            u = torch.nn.functional.embedding(user_id, self.user.weight, max_norm=1.0)
+        else:
+            u = self.user(user_id)
+        return (u * self.item(item_id)).sum(-1)
+
+
+def _renorm_example():
+    gen = torch.Generator().manual_seed(0)
+    users = torch.randint(0, 20, (R,), generator=gen)
+    return {"user_id": users[INDEX], "item_id": torch.randint(0, 30, (N,), generator=gen)}
+
+
+def test_embedding_with_max_norm_is_refused_naming_the_module_before_it_runs():
+    model = RenormingEmbedding().eval()
+    before = model.user.weight.detach().clone()
+    named = r"module 'user' \(Embedding\(max_norm=1.0\)\)"
+    with pytest.raises(rocs.CompileError, match=named) as err:
+        rocs.compile(model, ["user_id"], example_kwargs=_renorm_example(), options=OPTIONS)
+    assert "torch.renorm(model.user.weight" in str(err.value)  # the fix
+    assert torch.equal(model.user.weight, before), "compiling renormalized the caller's weights"
+
+
+def test_functional_embedding_with_max_norm_is_refused_naming_the_parameter():
+    model = RenormingEmbedding(functional=True).eval()
+    with pytest.raises(rocs.CompileError, match=r"mutates parameter 'user.weight'.*max_norm"):
+        rocs.compile(model, ["user_id"], example_kwargs=_renorm_example(), options=OPTIONS)
+
+
+def test_the_suggested_fix_compiles_and_matches_the_renorming_model():
+    model, fixed = RenormingEmbedding().eval(), RenormingEmbedding().eval()
+    fixed.load_state_dict(model.state_dict())
+    table = fixed.user
+    with torch.no_grad():
+        table.weight.copy_(torch.renorm(table.weight, table.norm_type, 0, table.max_norm))
+    table.max_norm = None
+    example = _renorm_example()
+    cm = rocs.compile(fixed, ["user_id"], example_kwargs=example, options=OPTIONS)
+    with torch.no_grad():
+        expected = model(**example)
+        assert_outputs_match(cm(**example), expected, "drop-in")
+        shared = {"user_id": example["user_id"][[0, 3, 1]], "item_id": example["item_id"]}
+        assert_outputs_match(cm(**shared, candidate_to_request=INDEX), expected, "shared layout")
+
+
 class ReservedName(nn.Module):
     def forward(self, user, item, candidate_to_request):
         return user + item * candidate_to_request

@@ -46,25 +46,27 @@ def ints(high, *shape) -> Callable[[int], torch.Tensor]:
     return lambda rows: torch.randint(0, high, (rows, *shape))
 
 
-def assert_same(got, want) -> None:
+def assert_same(got, want, **tolerance) -> None:
     """Equal structure; tensors close (NaN where eager has NaN), everything else equal."""
     if isinstance(want, torch.Tensor):
         assert isinstance(got, torch.Tensor) and got.dtype == want.dtype, (type(got), want.dtype)
-        torch.testing.assert_close(got, want, equal_nan=True)
+        torch.testing.assert_close(got, want, equal_nan=True, **tolerance)
     elif isinstance(want, (tuple, list)):
         assert type(got) is type(want) and len(got) == len(want)
         for g, w in zip(got, want):
-            assert_same(g, w)
+            assert_same(g, w, **tolerance)
     elif isinstance(want, dict):
         assert type(got) is type(want) and list(got) == list(want)
         for k in want:
-            assert_same(got[k], want[k])
+            assert_same(got[k], want[k], **tolerance)
     else:
         assert got == want, (got, want)
 
 
-def differential(model, make_u, make_c, batches=tuple(BATCHES), **compile_kwargs):
-    """Compile on a 3-row replicated example, then compare every layout on every batch."""
+def differential(model, make_u, make_c, batches=tuple(BATCHES), tolerance=None, **compile_kwargs):
+    """Compile on a 3-row replicated example, then compare every layout on every batch
+    (``tolerance``: ``assert_close``'s ``rtol``/``atol`` where the defaults do not apply)."""
+    tolerance = tolerance or {}
     torch.manual_seed(1)
     u_all, c_all = make_u(4), make_c(8)
     example = {"u": u_all[[0, 0, 1]], "c": c_all[:3]}
@@ -74,14 +76,25 @@ def differential(model, make_u, make_c, batches=tuple(BATCHES), **compile_kwargs
         u, c = u_all[:requests], c_all[: len(index)]
         with torch.no_grad():
             want = model(u[index], c)
-            assert_same(cm(u=u, c=c, candidate_to_request=index), want)
-            assert_same(cm.call_replicated(u=u[index], c=c, candidate_to_request=index), want)
+            assert_same(cm(u=u, c=c, candidate_to_request=index), want, **tolerance)
+            replicated = cm.call_replicated(u=u[index], c=c, candidate_to_request=index)
+            assert_same(replicated, want, **tolerance)
             if batch != "empty_request":  # drop-in calls cannot express an empty request
-                assert_same(cm(u=u[index], c=c), want)
+                assert_same(cm(u=u[index], c=c), want, **tolerance)
     return cm
 
 
 CASES: dict[str, Callable[[], tuple]] = {}
+
+# Cases whose output magnifies float32 re-association past the default tolerance, in eager as in
+# the compiled model. Batch statistics over one request's rows (the "one_request" batch): the rows
+# are equal, their variance is 0, and batch_norm returns (x - mean(x)) / sqrt(0 + 1e-5), the
+# rounding residue of the mean magnified 316 times. The compiled model runs the same
+# batch_norm on the same gathered rows; only its linear runs at R = 1 row where eager runs
+# N = 5, and a GEMM kernel may round the two apart (MKL on AVX2 does, by 1.2e-7 here), which
+# arrives magnified: 3.5e-5 after the product with c. Bound for x and mean(x) each moved by
+# 1.2e-7 and |c| < 2.3: 2 * 1.2e-7 * 316 * 2.3 = 1.7e-4.
+ILL_CONDITIONED = {"batch_norm_with_batch_statistics": {"rtol": 1.3e-6, "atol": 5e-4}}
 
 
 def case(fn):
@@ -727,7 +740,7 @@ def prelu_and_channel_concatenation():
 def test_hostile_model(name):
     torch.manual_seed(0)
     model, make_u, make_c = CASES[name]()
-    differential(model, make_u, make_c)
+    differential(model, make_u, make_c, tolerance=ILL_CONDITIONED.get(name))
 
 
 # -- inputs ----------------------------------------------------------------------------------

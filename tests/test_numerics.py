@@ -77,7 +77,11 @@ def _compare(name, dtype, **options):
     with torch.no_grad():
         want = model(u[index], c)
         got = cm(u=u, c=c, candidate_to_request=index)
-        assert torch.equal(cm(u=u[index], c=c), got)  # both layouts compute the same
+        # Both layouts round the same partials once; drop-in's request partial runs at more rows
+        # (every run of equal rows is a request), which a GEMM kernel may sum in another order.
+        other = cm(u=u[index], c=c)
+        one_ulp = ulp(torch.maximum(other.abs(), got.abs()))
+        assert bool(((other.float() - got.float()).abs() <= one_ulp).all())
     return want, got
 
 
@@ -143,13 +147,20 @@ def test_float32_cancelling_terms_stay_within_eager_error():
 
 
 def test_without_defer_low_precision_is_bitwise():
-    """Sharing alone computes each row with the same ops as eager."""
+    """Sharing alone computes each row with the same ops as eager: bit for bit where the GEMM's
+    rows do not depend on its row count (the request tower runs at R rows, eager's at N), and
+    one rounding of a re-associated float32 sum apart, within one ulp, where they do."""
     torch.manual_seed(0)
     model = module(linear_head, **HEADS["split_linear"][1]()).to(torch.bfloat16)
     u, c, index = _batch(torch.bfloat16)
     cm = rocs.compile(model, ["u"], example_kwargs={"u": u[index[:4]], "c": c[:4]}, options={"defer": False})
     with torch.no_grad():
-        assert torch.equal(cm(u=u, c=c, candidate_to_request=index), model(u[index], c))
+        got, want = cm(u=u, c=c, candidate_to_request=index), model(u[index], c)
+        if torch.equal(model.a(u)[index], model.a(u[index])):
+            assert torch.equal(got, want)
+        else:  # the request linear's outputs moved by up to one ulp each; the head carries that
+            carried = ulp(model.a(u[index])) @ model.h.weight.float()[:, :64].abs().t()
+            assert bool(((got.float() - want.float()).abs() <= carried + 2 * ulp(want)).all())
 
 
 @pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")])

@@ -90,7 +90,7 @@ class _Subgraph:
     request_inputs: list[str]
     options: BackendOptions
     consts: list[tuple[int, torch.Tensor, int]] = field(default_factory=list)
-    scalars: list[tuple[int, Any]] = field(default_factory=list)
+    values: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # baked, compared
     variants: dict = field(default_factory=dict)
     plain: Optional[Callable] = None  # set when rocs does not rewrite this graph
     fallback_reason: Optional[str] = None
@@ -126,7 +126,7 @@ class _Subgraph:
         return any(
             args[i] is not value or tensor_version(value) != version
             for i, value, version in self.consts
-        ) or any(args[i].item() != value for i, value in self.scalars)
+        ) or any(not _same_value(args[i], value) for i, value in self.values)
 
     def _takes_shared(self, state: _SharedCall, leaves: dict) -> bool:
         requests = [p for p in leaves if dotted(p) in self._request_leaves()]
@@ -149,7 +149,9 @@ class _Subgraph:
             for i, s in enumerate(self.slots)
             if s.kind == "const"
         ]
-        self.scalars = [(i, args[i].item()) for i, s in enumerate(self.slots) if s.kind == "scalar"]
+        self.values = [
+            (i, args[i].detach().clone()) for i, s in enumerate(self.slots) if s.kind == "value"
+        ]
         # Aliases, not the caller's tensors: export marks its example inputs dynamic, and dynamo's
         # guards on the frame being compiled must not see that.
         leaves = {s.path: args[i].detach() for i, s in enumerate(self.slots) if s.kind == "input"}
@@ -174,7 +176,10 @@ class _Subgraph:
                 stacklevel=2,
             )
             self.fallback_reason = str(err)
-            self.plain = lower_plain(self.gm, args, self.options.inductor)
+            # Dynamo's compile of this frame is over: ``compile_fx`` would trace the graph
+            # outside dynamo's context (and fail on a baked scalar's ``.item()``), so the graph
+            # is compiled as a frame of its own at its first call instead.
+            self.plain = Lowered(self.gm, self.options.inductor, functional=False)
             return None
         # Without Inductor the compiled model runs its graph itself (as a direct program).
         runner = compiled
@@ -183,6 +188,11 @@ class _Subgraph:
         variant = _Variant(compiled, runner)
         self.variants[self._key(leaves)] = variant
         return variant
+
+
+def _same_value(now: torch.Tensor, baked: torch.Tensor) -> bool:
+    """Whether a scalar or NumPy array dynamo passed as a tensor still holds the baked value."""
+    return now.shape == baked.shape and now.dtype == baked.dtype and torch.equal(now, baked)
 
 
 # -- the backend ----------------------------------------------------------------------------------

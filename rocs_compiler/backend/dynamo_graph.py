@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import warnings
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -29,7 +30,7 @@ _MODULE_STATE_KEYS = {"_modules", "_parameters", "_buffers"}
 class Slot:
     """One dynamo placeholder: a model input, module state, a size/stride of an input, or other."""
 
-    kind: str  # "input" | "const" | "scalar" | "size" | "stride" | "unsupported"
+    kind: str  # "input" | "const" | "value" | "size" | "stride" | "unsupported"
     name: str  # dotted input name, a label for constants, or the source text
     path: tuple = ()  # input: (argument, key, key, ...)
     dim: Optional[int] = None
@@ -86,8 +87,10 @@ def classify(node: fx.Node) -> Slot:
         return Slot("unsupported", label)
     if getattr(grapharg, "pass_arg_as_tensor", False):
         # A Python float/int that dynamo passes as a 0-d tensor (unspecialized scalars under
-        # dynamic shapes). Its value is baked into the rewritten graph and checked at every call.
-        return Slot("scalar", label)
+        # dynamic shapes), or a NumPy array it passes as a tensor made by ``from_numpy`` at every
+        # call (a new tensor each time, so neither identity nor ``_version`` tracks it). Its value
+        # is baked into the rewritten graph and compared at every call.
+        return Slot("value", label)
     if isinstance(source, S.TensorPropertySource):
         path = _path_of(source.base)
         kind = {S.TensorProperty.SIZE: "size", S.TensorProperty.STRIDE: "stride"}.get(source.prop)
@@ -141,15 +144,19 @@ class GraphModel(nn.Module):
         self.gm = gm
         self._slots = slots
         self._const_attrs: dict[int, str] = {}
-        self._scalars: dict[int, tuple[Any, torch.dtype]] = {}
+        self._scalars: dict[int, tuple[Any, torch.dtype]] = {}  # 0-d values
         taken = set(dir(self))
         for i, (slot, value) in enumerate(zip(slots, values)):
             if slot.kind == "const":
                 attr = fresh_identifier(re.sub(r"\W", "_", slot.name).strip("_") or "state", taken)
                 self.register_buffer(attr, value.detach())
                 self._const_attrs[i] = attr
-            elif slot.kind == "scalar":
+            elif slot.kind == "value" and value.dim() == 0:
                 self._scalars[i] = (value.item(), value.dtype)
+            elif slot.kind == "value":  # a NumPy array: a constant the analysis may read
+                attr = fresh_identifier(re.sub(r"\W", "_", slot.name).strip("_") or "value", taken)
+                self.register_buffer(attr, value.detach().clone())
+                self._const_attrs[i] = attr
         self.eval()
 
     def _run(self, args: tuple, kwargs: dict):
@@ -158,9 +165,9 @@ class GraphModel(nn.Module):
         leaves = named_leaves(bind_inputs(inspect.signature(self.forward), args, kwargs))
         graph_args = []
         for i, slot in enumerate(self._slots):
-            if slot.kind == "const":
+            if i in self._const_attrs:
                 graph_args.append(getattr(self, self._const_attrs[i]))
-            elif slot.kind == "scalar":
+            elif slot.kind == "value":
                 # Made here, not held as a buffer, so that export sees a constant it can fold.
                 graph_args.append(torch.tensor(self._scalars[i][0], dtype=self._scalars[i][1]))
             elif slot.kind == "input":
@@ -169,7 +176,10 @@ class GraphModel(nn.Module):
                 graph_args.append(leaves[slot.name].size(slot.dim))
             else:
                 graph_args.append(leaves[slot.name].stride(slot.dim))
-        with fx_traceback.preserve_node_meta():
+        with fx_traceback.preserve_node_meta(), warnings.catch_warnings():
+            # Dynamo spells ``x.new_tensor(array)`` as ``torch.tensor(from_numpy(array))``, which
+            # warns about copy-constructing from a tensor; the user's code did no such thing.
+            warnings.filterwarnings("ignore", "To copy construct from a tensor", UserWarning)
             out = fx.Interpreter(self.gm).run(*graph_args)
         return tuple(out) if isinstance(out, (list, tuple)) else (out,)
 

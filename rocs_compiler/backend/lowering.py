@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import traceback
 import warnings
 from typing import Any, Callable, Sequence
 
@@ -23,11 +25,19 @@ class Lowered(nn.Module):
     values hold the batch elsewhere than dim 0 (``[L, R, D]``, heads merged into ``[R*H, L, d]``)
     is compiled dynamic only: with unbacked sizes Inductor computed wrong values for such graphs
     (an ``nn.TransformerEncoder`` over ``[L, B, D]``).
+
+    Tensors reach the compiled graph with the strides of a contiguous tensor of their shape:
+    dynamo guards on strides, and the runtime hands over views whose strides change with the
+    batch (the request rows of equal-sized requests are one row in every N, ``x[::N]``), so each
+    new layout would recompile, and past dynamo's recompile limit run uncompiled. Only strides of
+    size-1 dims differing, the tensor is re-strided without a copy; any other layout is copied,
+    unless the graph is not ``functional`` and may write to its inputs.
     """
 
-    def __init__(self, gm: fx.GraphModule, use_inductor: bool):
+    def __init__(self, gm: fx.GraphModule, use_inductor: bool, functional: bool = True):
         super().__init__()
         self.gm = gm
+        self._copy_layouts = functional  # a graph that writes to its inputs must get the originals
         self._batched = [
             n.meta.get(PLACEMENT, Role.CONST) != Role.CONST for n in gm.graph.nodes if n.op == "placeholder"
         ]
@@ -58,7 +68,7 @@ class Lowered(nn.Module):
         except Exception as err:
             # Bad inputs fail the FX graph too and propagate from here; Inductor is not blamed.
             out = self.gm(*args)
-            self._errors.append(f"{strategy}: {type(err).__name__}: {_first_line(err)}")
+            self._errors.append(f"{strategy}: {describe_failure(err)}")
             self._strategies.pop(0)
             if self._succeeded or not self._strategies:
                 warnings.warn(
@@ -72,17 +82,37 @@ class Lowered(nn.Module):
         return out
 
     def _prepare(self, strategy: str, args: tuple) -> tuple:
-        if strategy != "unbacked":
-            return args
         from torch._dynamo.decorators import mark_unbacked
 
         out = []
         for value, batched in zip(args, self._batched):
-            if batched and isinstance(value, torch.Tensor) and value.dim():
-                value = value.detach()  # mark an alias, never the caller's tensor
-                mark_unbacked(value, 0)
+            if isinstance(value, torch.Tensor):
+                value = _with_contiguous_strides(value, self._copy_layouts)
+                if strategy == "unbacked" and batched and value.dim():
+                    value = value.detach()  # mark an alias, never the caller's tensor
+                    mark_unbacked(value, 0)
             out.append(value)
         return tuple(out)
+
+
+def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def _with_contiguous_strides(value: torch.Tensor, copy: bool) -> torch.Tensor:
+    """``value`` with the strides ``torch.empty(value.shape)`` has. A tensor that is contiguous
+    but for the strides of size-1 dims (which address nothing) is re-strided without a copy;
+    any other layout is copied when ``copy`` is set."""
+    want = _contiguous_strides(value.shape)
+    if value.stride() == want:
+        return value
+    if value.is_contiguous():
+        return value.as_strided(value.shape, want)
+    return value.contiguous() if copy else value
 
 
 def _batch_moves(gm: fx.GraphModule) -> bool:
@@ -95,21 +125,37 @@ def _batch_moves(gm: fx.GraphModule) -> bool:
     return False
 
 
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else ""
+def describe_failure(err: BaseException) -> str:
+    """``Type: first line of the message``; for an exception raised without a message, where it
+    was raised, so that a warning always says why."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    if lines:
+        return f"{type(err).__name__}: {lines[0]}"
+    frames = traceback.extract_tb(err.__traceback__)
+    if not frames:
+        return f"{type(err).__name__} (no message)"
+    where = f"{os.path.basename(frames[-1].filename)}:{frames[-1].lineno}"
+    return f"{type(err).__name__} (no message, raised at {where})"
 
 
 def lower_plain(gm: fx.GraphModule, example_inputs: Sequence[Any], use_inductor: bool) -> Callable:
-    """Lower a dynamo graph that rocs does not rewrite (Inductor, or the graph itself)."""
-    if use_inductor:
-        try:
-            from torch._inductor.compile_fx import compile_fx
+    """Lower a dynamo graph that rocs does not rewrite, while dynamo compiles its frame: with
+    Inductor, or as the graph itself when Inductor fails (with a warning naming why).
 
+    Dynamo's requests to restart its analysis (``RestartAnalysis``: Inductor asking for a float to
+    be specialized, say) are not failures: they propagate, dynamo traces the frame again and
+    calls the backend anew."""
+    if use_inductor:
+        from torch._dynamo.exc import RestartAnalysis
+        from torch._inductor.compile_fx import compile_fx
+
+        try:
             return compile_fx(gm, list(example_inputs))
+        except RestartAnalysis:
+            raise
         except Exception as err:
             warnings.warn(
-                f"rocs: Inductor failed, running the FX graph instead: {type(err).__name__}: {err}",
+                f"rocs: Inductor failed, running the FX graph instead: {describe_failure(err)}",
                 stacklevel=2,
             )
     return gm.forward

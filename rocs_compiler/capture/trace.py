@@ -35,6 +35,7 @@ from ..formats.leaves import (
     register_dataclasses,
 )
 from .reads import Reads, recording
+from .side_effects import reject_renorming_embeddings, reject_state_mutation
 
 _ASSERTION_OPS = {
     torch.ops.aten._assert_scalar.default,
@@ -174,6 +175,7 @@ def capture(
 ) -> CapturedGraph:
     """Capture ``model``; ``strict_fallback=False`` skips the strict (dynamo) route, which
     resets dynamo's caches and so must not run inside a ``torch.compile`` backend."""
+    reject_renorming_embeddings(model)
     call = describe_example(model, example_args, example_kwargs, request_inputs, unbatched_inputs)
     signature, leaves, tensor_names, batched = call.signature, call.leaves, call.input_names, call.batched
     flat, treespec = pytree.tree_flatten(call.bound)
@@ -248,8 +250,7 @@ def _lift_to_attrs(program, tensor_names):
     """Copy the exported graph, turning parameter/buffer/constant inputs into get_attr nodes."""
     src = program.graph_module.graph
     specs = program.graph_signature.input_specs
-    if program.graph_signature.buffers_to_mutate or program.graph_signature.user_inputs_to_mutate:
-        raise CompileError("the model mutates a buffer or an input in forward; rocs needs a pure forward")
+    reject_state_mutation(program)
     root = nn.Module()
     graph = fx.Graph()
     env: dict[fx.Node, Any] = {}

@@ -31,18 +31,30 @@ class Requests(NamedTuple):
     counts: list[int]
 
 
+def _dense_rows(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as ``[rows, k]`` with strides ``(k, 1)``, which a view as another dtype needs.
+
+    ``contiguous()`` is not enough: a ``[B, 1]`` column of a column-major array (strides
+    ``(1, B)``) counts as contiguous, since the stride of a size-1 dim addresses nothing, and is
+    returned as it is; its elements are dense, so it is re-strided without a copy."""
+    flat = x.reshape(x.shape[0], -1).contiguous()
+    if flat.shape[1] == 1 and flat.stride(1) != 1:
+        flat = flat.as_strided(flat.shape, (1, 1))
+    return flat
+
+
 def _bit_rows(x: torch.Tensor) -> torch.Tensor:
     """``x``'s rows as integers with the same bits (complex128 as pairs of int64)."""
-    flat = x.resolve_conj().resolve_neg().reshape(x.shape[0], -1)
+    flat = _dense_rows(x.resolve_conj().resolve_neg())
     if flat.is_floating_point() or flat.is_complex():
-        flat = flat.contiguous().view(_BITS[min(flat.element_size(), 8)])
+        flat = flat.view(_BITS[min(flat.element_size(), 8)])
     return flat
 
 
 def _byte_rows(x: torch.Tensor) -> torch.Tensor:
     """``x``'s rows as bytes (so rows of inputs of different dtypes can be compared at once)."""
     x = x.resolve_conj().resolve_neg()  # lazy conjugate/negative views hold other bits
-    return x.reshape(x.shape[0], -1).contiguous().view(torch.uint8)
+    return _dense_rows(x).view(torch.uint8)
 
 
 # Up to this many rows, CPU leaves are compared through numpy: a few microseconds per call

@@ -13,6 +13,7 @@ import sys
 import textwrap
 import warnings
 
+import numpy as np
 import pytest
 import torch
 import torch._dynamo.testing as dynamo_testing
@@ -309,3 +310,166 @@ def test_bad_inputs_do_not_switch_inductor_off():
     with pytest.raises(RuntimeError):
         lowered(torch.randn(3, 5))  # wrong width: the FX graph fails as well
     assert lowered.uses_inductor and len(lowered._strategies) == 2
+
+
+# -- values dynamo passes as tensors --------------------------------------------------------------
+
+
+class _NumpyOffsets(nn.Module):
+    """Per-field id offsets held as a NumPy array and made into a tensor in forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.offsets = np.array((0, 10, 20, 30, 40, 50, 60), dtype=np.int64)
+        self.emb, self.head = nn.Embedding(70, 8), nn.Linear(7 * 8, 1)
+
+    def forward(self, batch):
+        ids = torch.stack([batch[k] for k in ("u1", "u2", "u3", "i1", "i2", "i3", "i4")], 1)
+        ids = ids + ids.new_tensor(self.offsets).unsqueeze(0)
+        return self.head(self.emb(ids).flatten(1)).squeeze(-1)
+
+
+def _offsets_batch(counts, seed):
+    gen = torch.Generator().manual_seed(seed)
+    index = request_index(counts, shuffle=True, generator=gen)
+    users = torch.randint(0, 10, (3, len(counts)), generator=gen)
+    ids = {k: users[i][index] for i, k in enumerate(("u1", "u2", "u3"))}
+    for k in ("i1", "i2", "i3", "i4"):
+        ids[k] = torch.randint(0, 10, (len(index),), generator=gen)
+    return ids
+
+
+def test_numpy_array_made_into_a_tensor_in_forward_is_a_constant():
+    torch.manual_seed(0)
+    model = _NumpyOffsets().eval()
+    options = {"request_inputs": ["batch.u1", "batch.u2", "batch.u3"], "inductor": False}
+    compiled = torch.compile(model, backend="rocs", dynamic=True, options=options)
+    with torch.no_grad():
+        for i in range(14):  # past the program choice's trials
+            batch = _offsets_batch([64, 64, 64, 64] if i == 0 else [3, 1, 5, 2][: 1 + i % 4], i)
+            _assert_close(compiled(batch), model(batch), f"call {i}")
+        model.offsets[:] = model.offsets[::-1].copy()  # changed in place: the rewrite must see it
+        batch = _offsets_batch([3, 4], 99)
+        _assert_close(compiled(batch), model(batch), "offsets changed")
+
+
+def test_numpy_offsets_repro_through_inductor():
+    """The issue's repro, exactly: ``dynamic=True``, Inductor on, R = 4, N = 64."""
+    torch.manual_seed(0)
+    model = _NumpyOffsets().eval()
+    backend = rocs.backend(["batch.u1", "batch.u2", "batch.u3"])
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    with torch.no_grad():
+        batch = _offsets_batch([64] * 4, 0)
+        _assert_close(compiled(batch), model(batch), "R=4, N=64")
+    assert backend.subgraphs[0].compiled_model is not None, "the graph should be rewritten"
+    assert backend.subgraphs[0].compiled_model.report().request_flops > 0
+
+
+class _RenormingUser(nn.Module):
+    """A request-side ``nn.Embedding(max_norm=...)``: each lookup renormalizes rows in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.user = nn.Embedding(20, 8, max_norm=1.0)
+        self.item = nn.Embedding(30, 8)
+        with torch.no_grad():
+            self.user.weight.mul_(5)
+
+    def forward(self, user_id, item_id):
+        return (self.user(user_id) * self.item(item_id)).sum(-1)
+
+
+def test_embedding_with_max_norm_runs_unshared_and_exact_with_its_reason():
+    torch.manual_seed(0)
+    model, twin = _RenormingUser().eval(), _RenormingUser().eval()
+    twin.load_state_dict(model.state_dict())
+    backend = rocs.backend(["user_id"], inductor=False)
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    with torch.no_grad(), pytest.warns(UserWarning, match=r"mutates .*max_norm"):
+        for i, counts in enumerate([[3, 1, 5], [2, 6], [4]]):
+            index = request_index(counts)
+            user, item = torch.randint(0, 20, (len(counts),)), torch.randint(0, 30, (len(index),))
+            _assert_close(compiled(user[index], item), twin(user[index], item), str(counts))
+            assert torch.equal(model.user.weight, twin.user.weight), "eager's renorm was lost"
+    assert "max_norm" in backend.subgraphs[0].fallback_reason
+
+
+# -- recompiles and Inductor through the tutorial's model -----------------------------------------
+
+
+class _TutorialRanker(nn.Module):
+    """The model of docs/tutorial.md, smaller tables."""
+
+    def __init__(self, num_items: int = 1000, dim: int = 32):
+        super().__init__()
+        self.item_emb = nn.Embedding(num_items, dim)
+        self.user_tower = nn.Sequential(nn.Linear(16, 128), nn.ReLU(), nn.Linear(128, dim))
+        self.history_proj = nn.Linear(dim, dim)
+        self.head = nn.Sequential(nn.Linear(3 * dim, 256), nn.ReLU(), nn.Linear(256, 1))
+
+    def forward(self, user_dense, history, item_id):
+        user = self.user_tower(user_dense)
+        hist = torch.relu(self.history_proj(self.item_emb(history).mean(1)))
+        item = self.item_emb(item_id)
+        return self.head(torch.cat([user, hist, item * user], dim=-1)).squeeze(-1)
+
+
+def _tutorial_batch(counts, seed):
+    g = torch.Generator().manual_seed(seed)
+    index = request_index(counts)
+    users = torch.randn(len(counts), 16, generator=g)
+    history = torch.randint(0, 1000, (len(counts), 50), generator=g)
+    items = torch.randint(0, 1000, (len(index),), generator=g)
+    return {"user_dense": users[index], "history": history[index], "item_id": items}
+
+
+def test_tutorial_model_does_not_recompile_across_r_n_and_request_row_strides():
+    """R = 1 hands the lowered graph request rows ``x[::N]`` of row stride ``N * D``, equal-sized
+    requests strided views, ragged ones gathered copies: one compile of the user's frame and one
+    of the rewritten graph serve them all (a stride guard recompiled on the first R = 1 batch)."""
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    model = _TutorialRanker().eval()
+    options = {"request_inputs": ["user_dense", "history"]}
+    compiled = torch.compile(model, backend="rocs", options=options, dynamic=True)
+    counters.clear()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # an Inductor fallback would warn
+        for i, counts in enumerate([(3, 1, 5), (200,), (2, 2, 2, 2), (1, 1), (64,) * 3, (5, 9)]):
+            batch = _tutorial_batch(counts, seed=i)
+            _assert_close(compiled(**batch), model(**batch), str(counts))
+            if i == 0:
+                first = dict(counters["frames"])
+    assert dict(counters["frames"]) == first, "a new R, N or request-row layout recompiled"
+    assert not counters["recompiles"]
+
+
+def test_a_one_row_batch_is_lowered_without_a_warning():
+    """Dynamo specializes a one-row batch; compiling that graph, Inductor asks dynamo to restart
+    its analysis (``TensorifyScalarRestartAnalysis``), which the backend passed off as an Inductor
+    failure with an empty reason and ran the graph uncompiled."""
+    torch.manual_seed(0)
+    model = _TutorialRanker().eval()
+    options = {"request_inputs": ["user_dense", "history"]}
+    compiled = torch.compile(model, backend="rocs", options=options, dynamic=True)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        for counts in [(3, 1, 5), (1,)]:
+            batch = _tutorial_batch(counts, seed=len(counts))
+            _assert_close(compiled(**batch), model(**batch), str(counts))
+
+
+def test_an_inductor_failure_without_a_message_still_names_its_reason():
+    from rocs_compiler.backend.lowering import describe_failure
+
+    class Quiet(RuntimeError):
+        pass
+
+    try:
+        raise Quiet()
+    except Quiet as err:
+        text = describe_failure(err)
+    assert text.startswith("Quiet (no message, raised at test_backend.py:"), text
+    assert describe_failure(ValueError("\n\nbad shape\nmore")) == "ValueError: bad shape"

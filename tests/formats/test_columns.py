@@ -94,3 +94,21 @@ def test_export_takes_the_column_pieces():
     with torch.no_grad():
         got = program.module()(X=pieces, candidate_to_request=INDEX)
         torch.testing.assert_close(got, model(x))
+
+
+@pytest.mark.parametrize("request_columns", [("X[:, 0:1]",), ("X[:, 0:4]",)])
+def test_column_major_x_above_the_numpy_rows(request_columns):
+    """``X`` from ``torch.from_numpy`` of a Fortran-ordered array: its ``[N, 1]`` request column
+    counts as contiguous but has a last stride of N; the torch scan of batches above 512 rows
+    crashed viewing it as bytes."""
+    import numpy as np
+
+    model, compiled = _compiled(request_columns)
+    index = torch.tensor([0] * 300 + [1] + [2] * 350)
+    x = torch.from_numpy(np.asfortranarray(_rows(3, index, seed=2).numpy()))
+    assert x.stride() == (1, len(index))
+    with torch.no_grad():
+        want = model(x)
+        for _ in range(13):  # past the program choice's trials
+            torch.testing.assert_close(compiled(X=x), want)
+        torch.testing.assert_close(compiled(X=x, candidate_to_request=index), want)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from models_for_tests import (
     DICT_FEATURES,
@@ -525,6 +526,7 @@ _LEAF_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, tor
 
 
 @settings(max_examples=60, deadline=None)
+@example(counts=[2, 1, 3], dtypes=[torch.float32], width=0, transpose=True, seed=0)
 @given(
     counts=st.lists(st.integers(1, 4), min_size=1, max_size=8),
     dtypes=st.lists(st.sampled_from(_LEAF_DTYPES), min_size=1, max_size=3),
@@ -543,14 +545,18 @@ def test_numpy_and_torch_scans_find_the_same_requests(counts, dtypes, width, tra
     for dtype in dtypes:
         values = (torch.randint(0, 2, (len(counts), width + 1), generator=g) * 2.0 - 1.0) * 0.0
         values = values + torch.randint(0, 3, values.shape, generator=g)  # few values: collisions
-        if transpose:  # a non-contiguous view, rows strided
-            values = values.t().contiguous().t()
-        leaves.append(values.to(dtype)[index])
+        leaf = values.to(dtype)[index]
+        if transpose:  # column-major, as ``from_numpy`` of a Fortran array (a [N, 1] one too)
+            leaf = leaf.t().clone(memory_format=torch.contiguous_format).t()
+        leaves.append(leaf)
     conj = (torch.randint(0, 2, (len(counts), 1), generator=g) * (1 + 1j)).to(torch.complex64)
     leaves.append(conj[index].conj())  # a lazy conjugate, which numpy cannot read directly
     assert leaves[-1].is_conj()
-    rows = len(index)
-    as_bytes = [x.resolve_conj().contiguous().view(torch.uint8).reshape(rows, -1) for x in leaves]
+    rows, dense = len(index), torch.contiguous_format
+    as_bytes = [
+        x.resolve_conj().clone(memory_format=dense).view(torch.uint8).reshape(rows, -1)
+        for x in leaves
+    ]
     expected = [0] + [
         r for r in range(1, rows) if any(not torch.equal(b[r], b[r - 1]) for b in as_bytes)
     ]
@@ -559,6 +565,50 @@ def test_numpy_and_torch_scans_find_the_same_requests(counts, dtypes, width, tra
     found = rd.detect_requests(leaves, rows)
     assert found.starts.tolist() == expected
     assert found.counts == [b - a for a, b in zip(expected, expected[1:] + [rows])]
+
+
+@pytest.mark.parametrize("width", [1, 3])
+def test_column_major_leaves_are_scanned_above_the_numpy_rows(width):
+    """A ``[N, 1]`` column-major leaf (strides ``(1, N)``) counts as contiguous, so the torch scan
+    (batches above ``NUMPY_ROWS``) viewed it as bytes with a last stride of N and crashed."""
+    from rocs_compiler.runtime import request_detection as rd
+
+    counts = [300, 1, 350]
+    index = request_index(counts)
+    values = torch.arange(3.0 * (width + 1)).reshape(3, width + 1)[index].numpy()
+    leaf = torch.from_numpy(np.asfortranarray(values))[:, :width]  # a column piece of a packed X
+    assert leaf.stride() == (1, len(index)) and len(index) > rd.NUMPY_ROWS
+    found = rd.detect_requests([leaf], len(index))
+    assert found.counts == counts
+    assert rows_consistent(leaf, leaf[found.starts], found.index)
+
+
+class _UserColumn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.user = nn.Linear(1, 8)
+        self.mlp = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 1))
+
+    def forward(self, u, c):
+        return self.mlp(torch.cat([torch.tanh(self.user(u)), c], -1)).squeeze(-1)
+
+
+def test_a_column_major_one_column_input_runs_drop_in_above_the_numpy_rows():
+    torch.manual_seed(0)
+    model = _UserColumn().eval()
+    index = request_index([2, 1])
+    example = {"u": torch.randn(2, 1)[index], "c": torch.randn(3, 8)}
+    cm = rocs.compile(model, ["u"], example_kwargs=example)
+    counts = [300, 1, 350]
+    index = request_index(counts)
+    packed = np.asfortranarray(torch.randn(3, 2)[index].numpy())
+    u = torch.from_numpy(packed)[:, :1]
+    c = torch.randn(len(index), 8)
+    assert u.stride() == (1, len(index))
+    with torch.no_grad():
+        expected = model(u, c)
+        for _ in range(13):  # past the program choice's trials
+            torch.testing.assert_close(cm(u, c), expected, rtol=1e-5, atol=1e-6)
 
 
 def test_uniform_groupings_are_ordinary_tensors_made_once():
