@@ -194,8 +194,11 @@ _MAX_END = 2**63 - 1  # ``x[:, ...]`` as captured: ``slice(x, 0, 0, 922337203685
 
 
 def _compile_time_ints(node: fx.Node) -> Optional[list[int]]:
-    """The entries of a 1-D int64/int32 tensor computed from constants only (a lifted literal
-    list, a constant tensor, a buffer, through copies or casts), or None."""
+    """The entries of a 1-D int64/int32 tensor computed from literals only (a list written in
+    forward or kept as a Python list attribute, which export lifts as ``lifted_tensor_*``, through
+    copies or casts, or ``arange``), or None. A buffer or tensor attribute is model state that
+    the runtime follows when it is written after compile; the runs built here from its values
+    would not follow it, so it is left as written."""
     val = val_of(node)
     if (
         role_of(node) != Role.CONST
@@ -213,6 +216,8 @@ def _compile_time_ints(node: fx.Node) -> Optional[list[int]]:
         seen.add(current)
         if current.op not in ("get_attr", "call_function"):
             return None
+        if current.op == "get_attr" and "lifted_tensor" not in str(current.target):
+            return None  # model state (buffer, tensor attribute) may change after compile
         stack.extend(current.all_input_nodes)
     return Fold.of(node).evaluate(node.graph.owning_module).tolist()
 

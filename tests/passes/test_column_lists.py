@@ -146,8 +146,10 @@ class Selected(nn.Module):
         return self.user(ids.long()).sum((1, 2)) * X[:, 5]
 
 
-def test_index_select_splits_and_negative_entries_stay_as_written():
-    for columns, fired in [(torch.tensor([2, 0, 1]), 1), ([2, -6, 1], 0), ([2, 0, 1], 1)]:
+def test_literal_lists_split_and_state_or_negative_entries_stay_as_written():
+    # A tensor attribute is state the compiled model follows (it may be written after compile):
+    # left as written; a Python list is a literal.
+    for columns, fired in [(torch.tensor([2, 0, 1]), 0), ([2, -6, 1], 0), ([2, 0, 1], 1)]:
         torch.manual_seed(0)
         model = Selected(columns).eval()
         compiled = _compile(model, _categorical_rows, "X[:, 0:5]")
@@ -155,3 +157,22 @@ def test_index_select_splits_and_negative_entries_stay_as_written():
         report = compiled.report()
         assert report.pass_counts["index_of_cat"] == fired, (columns, report.pass_counts)
         assert _roles(report, "model.user") == {"REQUEST" if fired else "CANDIDATE"}, columns
+
+
+class BufferColumns(Selected):
+    """The column list as a registered buffer, which a user may write after compiling."""
+
+    def __init__(self, columns):
+        super().__init__(columns)
+        del self.columns
+        self.register_buffer("columns", columns)
+
+
+def test_a_buffer_column_list_is_left_as_written_and_followed_when_rewritten():
+    torch.manual_seed(0)
+    model = BufferColumns(torch.tensor([2, 0, 1])).eval()
+    compiled = _compile(model, _categorical_rows, "X[:, 0:5]")
+    assert compiled.report().pass_counts["index_of_cat"] == 0
+    _check_both_layouts(model, compiled, _categorical_rows)
+    model.columns.copy_(torch.tensor([1, 1, 0]))  # written in place after compile
+    _check_both_layouts(model, compiled, _categorical_rows)
