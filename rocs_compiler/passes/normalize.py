@@ -31,6 +31,8 @@ from typing import Optional
 import torch
 from torch import fx
 
+from ..ir.folded import Fold
+from ..ir.roles import Role
 from ..ir.symbolic import same_size
 from .concat import as_concat, role_of, val_of
 from .engine import Builder, Rewrite
@@ -116,6 +118,126 @@ def _select_of_cat(b: Builder, node: fx.Node) -> Optional[fx.Node]:
         if lo <= index < hi:
             return b.call(aten.select.int, piece, info.dim, index - lo)
     return None
+
+
+def _index_of_cat(b: Builder, node: fx.Node) -> Optional[fx.Node]:
+    """``cat(pieces, d)[..., I]`` (``index`` with one index list, at dim ``d``, or
+    ``index_select(cat, d, I)``) with every entry of ``I`` known at compile time, in
+    ``[0, size)``: equal to ``cat([pieces[k][..., I_r - offset_k] for each run r], d)``, where
+    the runs ``I_r`` are the maximal runs of consecutive entries of ``I`` inside one piece ``k``
+    (each row's columns are picked one by one, in the order of ``I``, so grouping them by piece
+    and concatenating back changes nothing). A run of ascending neighbours is a slice, any
+    other run an ``index_select`` whose index is read from ``I`` itself (a constant subgraph
+    that cleanup folds). Only over a concatenation that mixes roles (the split pays off there);
+    negative or out-of-range entries leave the op as it is, to fail or wrap as eager does, and
+    so do more than ``_MAX_RUNS`` runs (a list alternating pieces: one op per run).
+
+    The runs are read once, at compile time: an index tensor held in a buffer or a tensor
+    attribute and written in place after compiling is not followed (a literal list or a Python
+    list attribute cannot change that way; guards compare lists by value)."""
+    found = _column_list(node)
+    if found is None:
+        return None
+    source, dim, index = found
+    info = as_concat(_through_full_slices(source))
+    if info is None or not info.mixed or dim % info.ndim != info.dim:
+        return None
+    values = _compile_time_ints(index)
+    if not values or not all(0 <= v < sum(info.sizes) for v in values):
+        return None
+    runs: list[list[int]] = []  # [piece, first position in I, end position in I]
+    for at, value in enumerate(values):
+        piece = next(k for k, (lo, hi) in enumerate(info.offsets) if lo <= value < hi)
+        if runs and runs[-1][0] == piece:
+            runs[-1][2] = at + 1
+        else:
+            runs.append([piece, at, at + 1])
+    if len(runs) > _MAX_RUNS:
+        return None
+    parts = [_run_of(b, info, index, values, *run) for run in runs]
+    return parts[0] if len(parts) == 1 else b.call(aten.cat.default, parts, info.dim)
+
+
+_MAX_RUNS = 64
+
+
+def _column_list(node: fx.Node) -> Optional[tuple[fx.Node, int, fx.Node]]:
+    """``(source, dim, I)`` of ``index(source, [None] * dim + [I])`` or
+    ``index_select(source, dim, I)``."""
+    if node.target == aten.index_select.default:
+        source, dim, index = node.args[:3]
+        return (source, dim, index) if isinstance(index, fx.Node) else None
+    if node.target != aten.index.Tensor:
+        return None
+    source, indices = node.args[:2]
+    given = [k for k, i in enumerate(indices) if i is not None]
+    if len(given) != 1 or not isinstance(indices[given[0]], fx.Node):
+        return None
+    return source, given[0], indices[given[0]]
+
+
+def _through_full_slices(node):
+    """``x`` for ``x[:, ...]`` (``slice(x, d, 0, end)`` with ``end`` past every size)."""
+    while _is_full_slice(node):
+        node = node.args[0]
+    return node
+
+
+def _is_full_slice(node) -> bool:
+    if not isinstance(node, fx.Node) or node.target != aten.slice.Tensor:
+        return False
+    start, end, step = (list(node.args) + [0, None, None, 1][len(node.args) - 1:])[2:5]
+    return start in (0, None) and step == 1 and (end is None or end == _MAX_END)
+
+
+_MAX_END = 2**63 - 1  # ``x[:, ...]`` as captured: ``slice(x, 0, 0, 9223372036854775807)``
+
+
+def _compile_time_ints(node: fx.Node) -> Optional[list[int]]:
+    """The entries of a 1-D int64/int32 tensor computed from literals only (a list written in
+    forward or kept as a Python list attribute, which export lifts as ``lifted_tensor_*``, through
+    copies or casts, or ``arange``), or None. A buffer or tensor attribute is model state that
+    the runtime follows when it is written after compile; the runs built here from its values
+    would not follow it, so it is left as written."""
+    val = val_of(node)
+    if (
+        role_of(node) != Role.CONST
+        or not isinstance(val, torch.Tensor)
+        or val.dim() != 1
+        or val.dtype not in (torch.int64, torch.int32)
+        or not isinstance(val.shape[0], int)
+    ):
+        return None
+    stack, seen = [node], set()
+    while stack:  # constants only: a constant-role placeholder (an unbatched input) varies
+        current = stack.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        if current.op not in ("get_attr", "call_function"):
+            return None
+        if current.op == "get_attr" and "lifted_tensor" not in str(current.target):
+            return None  # model state (buffer, tensor attribute) may change after compile
+        stack.extend(current.all_input_nodes)
+    return Fold.of(node).evaluate(node.graph.owning_module).tolist()
+
+
+def _run_of(b: Builder, info, index: fx.Node, values: list[int], piece: int, first: int, end: int):
+    """``pieces[piece][..., I[first:end] - offset]``: the piece itself, a slice or an
+    ``index_select``."""
+    x, dim = info.pieces[piece], info.dim
+    lo, hi = info.offsets[piece]
+    local = [v - lo for v in values[first:end]]
+    if local == list(range(local[0], local[0] + len(local))):
+        if (local[0], len(local)) == (0, hi - lo):
+            return x
+        return b.call(aten.slice.Tensor, x, dim, local[0], local[0] + len(local))
+    run = index
+    if (first, end) != (0, len(values)):
+        run = b.call(aten.slice.Tensor, index, 0, first, end)
+    if lo:
+        run = b.call(aten.sub.Tensor, run, lo)
+    return b.call(aten.index_select.default, x, dim, run)
 
 
 def _embedding_bag_rows(b: Builder, node: fx.Node) -> Optional[fx.Node]:
@@ -263,6 +385,8 @@ def normalize_rewrites() -> list[Rewrite]:
         Rewrite("slice_of_cat", frozenset({aten.slice}), _slice_of_cat, "slice of a cat -> piece"),
         Rewrite("select_of_cat", frozenset({aten.select}), _select_of_cat,
                 "select of a cat -> select of the piece"),
+        Rewrite("index_of_cat", frozenset({aten.index, aten.index_select}), _index_of_cat,
+                "constant column list of a cat -> cat of the pieces' slices and selections"),
         Rewrite("split_of_cat", frozenset({operator.getitem}), _split_of_cat,
                 "split of a cat + getitem -> slice"),
         Rewrite("narrow_of_cat", frozenset({aten.narrow}), _narrow_of_cat,

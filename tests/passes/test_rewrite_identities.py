@@ -135,6 +135,8 @@ SAMPLES: dict[str, Sample] = {
     "group_role_runs": Sample(lambda m, u, c: torch.cat([u, u * 2, c, c + 1], -1), VEC),
     "slice_of_cat": Sample(on_vec(lambda m, x: x[..., :3] * 2), VEC),
     "select_of_cat": Sample(on_vec(lambda m, x: x.select(1, 4) * 2), VEC),
+    # u = columns 0-2, c = 3-6: runs c[1, 3] (selected), u whole, c[2, 0] (selected), c[1:3]
+    "index_of_cat": Sample(on_vec(lambda m, x: x[:, [4, 6, 0, 1, 2, 5, 3, 4, 5]] * 2), VEC),
     "flatten_mixed_cat": Sample(lambda m, u, c: torch.cat([torch.cat([u, c], -1), c * 2], -1), VEC),
     "split_of_cat": Sample(on_vec(lambda m, x: x.split([2, 5], -1)[1] * 2), VEC),
     "narrow_of_cat": Sample(on_vec(lambda m, x: x.narrow(1, 3, 4) * 2), VEC),
