@@ -208,18 +208,7 @@ class _Planner:
         run_taints(gm, [call.leaves[n] for n in cg.input_names], self.visit)
 
     def _module(self, node: fx.Node) -> nn.Module | None:
-        """The plain Linear / LayerNorm whose call ``node`` is."""
-        if node.op != "call_function":
-            return None
-        family = packet(node.target)
-        if family not in (aten.linear, aten.layer_norm):
-            return None
-        try:
-            module = self.model.get_submodule(source_module(node))
-        except AttributeError:
-            return None
-        wanted = nn.Linear if family is aten.linear else nn.LayerNorm
-        return module if type(module) is wanted else None
+        return plain_layer_of(self.model, node)
 
     def visit(self, node: fx.Node, value: Any, taints: dict) -> torch.Tensor | None:
         self.taints = taints
@@ -344,3 +333,19 @@ def _feeds_contraction(gm: fx.GraphModule) -> dict[fx.Node, bool]:
             for u in node.users
         )
     return feeds
+
+
+def plain_layer_of(model: nn.Module, node: fx.Node) -> nn.Module | None:
+    """The plain ``nn.Linear`` or ``nn.LayerNorm`` of ``model`` whose call ``node`` is."""
+    if node.op != "call_function":
+        return None
+    op = packet(node.target)
+    if op not in (aten.linear, aten.layer_norm):
+        return None
+    try:
+        module = model.get_submodule(source_module(node))
+    except AttributeError:
+        return None
+    wanted = nn.Linear if op is aten.linear else nn.LayerNorm
+    return module if type(module) is wanted else None
+

@@ -37,10 +37,9 @@ import torch
 from torch import fx, nn
 
 from ..analysis.driver import analyze, source_module
-from ..analysis.op_groups import packet
 from ..analysis.segments import Ranges, lane_ranges, request_columns, run_taints
 from ..capture.trace import capture, describe_example
-from .glm_generic import GLMReport, infer_example_kwargs
+from .glm_generic import GLMReport, infer_example_kwargs, plain_layer_of
 from .layers import GLMLinear
 
 __all__ = ["glm_from_zero_blocks"]
@@ -137,18 +136,7 @@ class _BlockFinder:
         run_taints(gm, [call.leaves[n] for n in cg.input_names], self.visit)
 
     def _module(self, node: fx.Node) -> nn.Module | None:
-        """The plain ``nn.Linear`` or ``nn.LayerNorm`` whose call ``node`` is."""
-        if node.op != "call_function":
-            return None
-        family = packet(node.target)
-        if family not in (aten.linear, aten.layer_norm):
-            return None
-        try:
-            module = self.model.get_submodule(source_module(node))
-        except AttributeError:
-            return None
-        wanted = nn.Linear if family is aten.linear else nn.LayerNorm
-        return module if type(module) is wanted else None
+        return plain_layer_of(self.model, node)
 
     def visit(self, node: fx.Node, value: Any, taints: dict) -> torch.Tensor | None:
         module = self._module(node)
