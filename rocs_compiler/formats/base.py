@@ -6,8 +6,8 @@ original model where that one runs instead. The compiled model (``runtime/compil
 is one class that holds one format; layouts, checks, the program choice, reports and weight
 refresh are its own, never a format's.
 
-- :class:`LeafFormat`: tensors by argument name, dict keys, list items and dataclass fields
-  (``leaves.py`` names them); the program takes the call as it is.
+- :class:`InputFormat` itself: tensors by argument name, dict keys, list items and dataclass
+  fields (``leaves.py`` names them); the program takes the call as it is.
 - ``columns.ColumnFormat``: column ranges of one packed 2-D argument (``"X[:, 0:12]"``); the
   program takes the argument as a dict of column views.
 - ``kjt.KJTFormat``: keys of TorchRec ``KeyedJaggedTensor`` arguments
@@ -111,8 +111,6 @@ class InputFormat:
         }
         return replace_leaves(self.signature, args, kwargs, gathered)
 
-
-LeafFormat = InputFormat
 
 
 @dataclass
