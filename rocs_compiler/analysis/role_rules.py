@@ -160,22 +160,23 @@ def bind_arguments(node: fx.Node) -> dict:
 
 def lookup(target: Any) -> Optional[Rule]:
     """The op's own rule, else its family's (every elementwise op shares one)."""
-    rule = _RULES.get(target)
-    if rule is None and isinstance(target, torch._ops.OpOverload):
-        rule = _RULES.get(target.overloadpacket)
-    if rule is None and op_groups.is_elementwise(target):
-        rule = elementwise_rule
-    return rule
+    return _registered(_RULES, target, elementwise_rule)
 
 
 def lane_of(target: Any) -> Optional[Lane]:
     """The op's lane, found as :func:`lookup` finds its rule; None for an op without a rule."""
-    lane = _LANES.get(target)
-    if lane is None and isinstance(target, torch._ops.OpOverload):
-        lane = _LANES.get(target.overloadpacket)
-    if lane is None and op_groups.is_elementwise(target):
-        lane = Lane.ELEMENTWISE
-    return lane
+    return _registered(_LANES, target, Lane.ELEMENTWISE)
+
+
+def _registered(table: dict, target: Any, elementwise: Any) -> Any:
+    """``table``'s entry for the overload, else for its packet, else ``elementwise`` for an
+    elementwise op; None otherwise."""
+    entry = table.get(target)
+    if entry is None and isinstance(target, torch._ops.OpOverload):
+        entry = table.get(target.overloadpacket)
+    if entry is None and op_groups.is_elementwise(target):
+        entry = elementwise
+    return entry
 
 
 def registered_ops() -> list[Any]:
