@@ -13,8 +13,6 @@ distinct count (at most about ``sqrt(2 N)`` of them).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Optional
@@ -74,16 +72,21 @@ class _CallGroups:
 _CALL: ContextVar[Optional[_CallGroups]] = ContextVar("rocs_call_groups", default=None)
 
 
-@contextmanager
-def call_groups(index: Optional[torch.Tensor], uniform: Optional[int] = None) -> Iterator[None]:
+class call_groups:  # noqa: N801 - used as a function: ``with call_groups(index):``
     """Within the block, ``group_by_request(index, ...)`` is computed once and reused; with
     ``uniform`` (the caller's knowledge that requests are equal-sized and contiguous) it needs
-    no pass over the index's values."""
-    token = _CALL.set(_CallGroups(index, uniform) if index is not None else None)
-    try:
-        yield
-    finally:
-        _CALL.reset(token)
+    no pass over the index's values. A plain class, not a generator: it opens every call."""
+
+    __slots__ = ("_scope", "_token")
+
+    def __init__(self, index: Optional[torch.Tensor], uniform: Optional[int] = None):
+        self._scope = _CallGroups(index, uniform) if index is not None else None
+
+    def __enter__(self) -> None:
+        self._token = _CALL.set(self._scope)
+
+    def __exit__(self, *exc) -> None:
+        _CALL.reset(self._token)
 
 
 def group_by_request(idx: torch.Tensor, num_requests: int) -> list[RequestGroup]:
