@@ -8,6 +8,9 @@ N / R per request), the script times
 - ``shared``: ``cm(**batch.kwargs, candidate_to_request=idx)`` (request inputs with R rows);
 - ``drop-in``: ``cm(**batch.replicated())`` (the original call; includes finding the requests),
 
+(for the DeepCTR-Torch models, whose one packed input ``X`` holds the request features as
+column ranges, the shared call passes ``X`` with its request columns replicated, as they come),
+
 where ``cm = rocs.compile(model, request_inputs, example_kwargs=<replicated batch of 2
 requests with 4 and 3 candidates>)``, all under ``torch.no_grad()`` with one torch thread. It
 prints a Markdown table of eager time / compiled time per model and cell, the cells below
@@ -42,6 +45,8 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib.util
 import math
 import statistics
 import sys
@@ -109,11 +114,46 @@ def _model_case(name: str) -> Case:
     return Case(name, build, requests, batch)
 
 
+class _DeepCTRCase:
+    """A DeepCTR-Torch model: one packed input ``X``, request features named by column range.
+    Built on first use, so that runs without it never import DeepCTR (whose import starts a
+    thread that prints a version notice)."""
+
+    def __init__(self, name: str):
+        self.name = f"deepctr_{name}"
+        self._model_name = name
+
+    @functools.cached_property
+    def _case(self) -> Case:
+        from models_zoo import deepctr_models
+
+        model, user, _ = deepctr_models.build(self._model_name)
+
+        def batch(counts: Sequence[int]) -> Batch:
+            x, index = deepctr_models.draw(model, user, counts, seed=1)
+            return Batch({"X": x}, index, ())  # request columns replicated in both layouts
+
+        ranges = tuple(deepctr_models.request_ranges(model, user))
+        return Case(self.name, lambda: deepctr_models.build(self._model_name)[0], ranges, batch)
+
+    def __getattr__(self, field: str):
+        return getattr(self._case, field)
+
+
+def _deepctr_cases() -> list:
+    if importlib.util.find_spec("deepctr_torch") is None:  # the ecosystem extra
+        return []
+    from models_zoo.deepctr_models import TINY
+
+    return [_DeepCTRCase(name) for name in TINY]
+
+
 def all_cases() -> dict[str, Case]:
     cases = [_zoo_case(name) for name in ZOO]
     cases += [_zoo_case(name, "glm") for name in ("dcnv2", "finalmlp", "wukong")]
     cases += [_zoo_case(name, "dca") for name in ("bst", "hstu")]
     cases += [_model_case(name) for name in MODELS]
+    cases += _deepctr_cases()
     return {c.name: c for c in cases}
 
 

@@ -12,6 +12,9 @@ written, with request inputs ``u*`` (R rows in the shared layout) and candidate 
 - ``autoint``: multi-head self-attention over field embeddings;
 - ``fibinet``: SENET field re-weighting and a bilinear interaction;
 - ``deepfm``: FM second-order term over field embeddings plus a DNN;
+- ``logistic_regression``: one weight per id field, summed (a tiny model: the per-call cost
+  decides it);
+- ``fm``: a factorization machine (first order plus pairwise field interactions), also tiny;
 - ``wide_deep``: wide linear parts on each side, a deep MLP on the concatenation;
 - ``gru_history``, ``lstm_history``: a recurrent encoder over the request's history, then
   attention from the candidate over its outputs (DIEN-like);
@@ -175,6 +178,37 @@ class DeepFM(nn.Module):
         return fm + self.dnn(x.flatten(1)).squeeze(1)
 
 
+class LogisticRegression(nn.Module):
+    """A logistic regression over id fields, as CTR libraries write it: one weight per id
+    (a width-1 embedding per field), concatenated, summed, plus a bias."""
+
+    def __init__(self):
+        super().__init__()
+        self.user = nn.ModuleList(nn.Embedding(VOCAB, 1) for _ in range(FU))
+        self.item = nn.ModuleList(nn.Embedding(VOCAB, 1) for _ in range(FC))
+        self.bias = nn.Parameter(torch.zeros(1))
+
+    def forward(self, u_ids, c_ids):
+        user = [t(u_ids[:, i]) for i, t in enumerate(self.user)]
+        item = [t(c_ids[:, i]) for i, t in enumerate(self.item)]
+        return torch.sigmoid(torch.cat(user + item, dim=1).sum(1) + self.bias)
+
+
+class FactorizationMachine(nn.Module):
+    """A factorization machine: the logistic regression's first order plus the pairwise
+    interactions of the field embeddings, ``0.5 * ((sum v)^2 - sum v^2)``."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = LogisticRegression()
+        self.fields = Fields()
+
+    def forward(self, u_ids, c_ids):
+        x = self.fields(u_ids, c_ids)
+        second = 0.5 * (x.sum(1).pow(2) - x.pow(2).sum(1)).sum(1)
+        return torch.sigmoid(torch.logit(self.first(u_ids, c_ids)) + second)
+
+
 class WideDeep(nn.Module):
     def __init__(self):
         super().__init__()
@@ -242,6 +276,8 @@ MODELS = {
     "gru_history": (lambda: RecurrentHistory("gru"), HISTORY_INPUTS),
     "lstm_history": (lambda: RecurrentHistory("lstm"), HISTORY_INPUTS),
     "transformer_history": (TransformerHistory, HISTORY_INPUTS),
+    "logistic_regression": (LogisticRegression, FIELD_INPUTS),
+    "fm": (FactorizationMachine, FIELD_INPUTS),
     "no_share": (NoShare, DENSE_INPUTS),
     "mixed_norm": (MixedNorm, DENSE_INPUTS),
 }

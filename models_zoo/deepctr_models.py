@@ -18,6 +18,8 @@ VOCAB = {"user_id": 50, "gender": 3, "item_id": 60, "cate_id": 10}
 USER = ["user_id", "gender", "age"]
 USER_WIDTH = 2 * EMBED + 1  # two user embeddings and the dense age, as a DNN input sees them
 MODELS = ("deepfm", "wdl", "dcn", "din", "mmoe")
+# Without a DNN: WDL is a logistic regression over the features, DeepFM a factorization machine.
+TINY = ("lr", "fm")
 
 
 def _columns(history: bool = False):
@@ -38,7 +40,8 @@ def _columns(history: bool = False):
 
 
 def build(name: str, seed: int = 0):
-    """(model, request feature names, request FLOPs per request derived by hand)."""
+    """(model, request feature names, request FLOPs per request derived by hand; None for the
+    ``TINY`` models)."""
     from deepctr_torch.models import DCN, DIN, MMOE, WDL, DeepFM
 
     torch.manual_seed(seed)
@@ -54,6 +57,10 @@ def build(name: str, seed: int = 0):
                      device="cpu")  # fmt: skip
         # 3 experts (256, 128) and 2 gates (64,), each a first layer over the input.
         return model.eval(), USER, 2 * USER_WIDTH * (3 * 256 + 2 * 64)
+    if name in TINY:
+        columns = _columns()
+        cls = WDL if name == "lr" else DeepFM
+        return cls(columns, columns, dnn_hidden_units=(), device="cpu").eval(), USER, None
     cls = {"deepfm": DeepFM, "wdl": WDL, "dcn": DCN}[name]
     columns = _columns()
     model = cls(columns, columns, device="cpu")

@@ -16,6 +16,7 @@ compiled model is called with ``X`` whole: :class:`ColumnFormat` splits it into 
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 from dataclasses import dataclass
@@ -42,6 +43,10 @@ class ColumnSplit:
     width: int
     request: tuple[tuple[int, int], ...]
 
+    @functools.cached_property  # read on every call of the compiled model
+    def piece_slices(self) -> tuple[tuple[str, slice], ...]:
+        return tuple((key, slice(start, stop)) for key, start, stop, _ in self.pieces())
+
     def pieces(self) -> list[tuple[str, int, int, bool]]:
         """``(key, start, stop, request-side)`` for ranges covering every column in order."""
         out, at = [], 0
@@ -64,7 +69,7 @@ class ColumnSplit:
                 f"input {self.argument!r} must be a tensor with {self.width} columns (dim 1), "
                 f"as at compile time; got {shape}"
             )
-        return {key: value[:, start:stop] for key, start, stop, _ in self.pieces()}
+        return {key: value[:, columns] for key, columns in self.piece_slices}
 
 
 def parse(request_inputs: Sequence[str]) -> tuple[dict[str, list[tuple[int, int]]], list[str]]:
@@ -188,6 +193,12 @@ def to_pieces(
     signature: inspect.Signature, splits: list[ColumnSplit], args: tuple, kwargs: Mapping[str, Any]
 ) -> tuple[tuple, dict]:
     """The call with every split argument replaced by its dict of column views."""
+    if not args and all(s.argument in kwargs for s in splits):
+        # The common keyword call of top-level packed arguments: no binding needed.
+        kwargs = dict(kwargs)
+        for split in splits:
+            kwargs[split.argument] = split.split(kwargs[split.argument])
+        return (), kwargs
     bound = bind_inputs(signature, args, dict(kwargs))
     for split in splits:
         bound = with_leaf(bound, split.argument, split.split(leaf_at(bound, split.argument)))

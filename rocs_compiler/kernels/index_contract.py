@@ -91,22 +91,28 @@ def check_candidate_to_request(
         check_index_range(index, num_requests, where=where)
 
 
-def check_index_range(index: torch.Tensor, num_requests: int, *, where: str = "") -> None:
-    """Raise unless every value of the int64 ``[N]`` ``index`` lies in ``[0, num_requests)``."""
-    num_candidates = index.shape[0]
-    if num_candidates == 0:
-        return
+def index_bounds(index: torch.Tensor) -> tuple[int, int]:
+    """(min, max) of a non-empty int64 ``[N]`` ``index``, read with one device sync."""
     if not index.is_cuda:
-        if num_candidates <= _SMALL:  # reading a few values beats a reduction and two reads
+        if index.shape[0] <= _SMALL:  # reading a few values beats a reduction and two reads
             values = index.tolist()
-            low, high = min(values), max(values)
-        else:
-            low, high = (v.item() for v in torch.aminmax(index))
-    else:
-        low, high = torch.stack(torch.aminmax(index)).tolist()  # one device sync
+            return min(values), max(values)
+        low, high = torch.aminmax(index)
+        return low.item(), high.item()
+    low, high = torch.stack(torch.aminmax(index)).tolist()
+    return low, high
+
+
+def check_index_range(index: torch.Tensor, num_requests: int, *, where: str = "") -> int:
+    """Raise unless every value of the int64 ``[N]`` ``index`` lies in ``[0, num_requests)``;
+    return the largest value plus one (0 for an empty index): the requests it reaches."""
+    if index.shape[0] == 0:
+        return 0
+    low, high = index_bounds(index)
     if low < 0 or high >= num_requests:
         prefix = f"{where}: " if where else ""
         raise IndexRangeError(
             f"{prefix}{INDEX_NAME} values must lie in [0, {num_requests}) (R = rows of the "
             f"request inputs); got values in [{low}, {high}]"
         )
+    return high + 1

@@ -43,7 +43,7 @@ from .program_choice import (
     now,
 )
 from .guards import NO_GUARDS
-from .request_detection import detect_requests, rows_consistent
+from .request_detection import detect_requests, reduce_rows
 from .weights import WeightRefresh
 from ..formats.leaves import GRAPH_OUTPUT, bind_inputs, is_tensor, named_leaves, replace_leaves
 
@@ -76,11 +76,21 @@ class InputContract:
         # without binding or a tree walk when every parameter is given and none is a constant.
         nested = plain and not self.constant_inputs
         self._param_names = frozenset(params) if nested else None
+        # Positional calls of such a forward are named by parameter order, without binding.
+        self._param_order = tuple(params) if nested and all(
+            p.kind == p.POSITIONAL_OR_KEYWORD for p in params.values()
+        ) else None
         self._input_set = frozenset(self.input_names)
         self.batched_inputs = [n for n in self.input_names if self.batched[n]]
         self.candidate_inputs = [n for n in self.batched_inputs if n not in self.request_inputs]
 
     def leaves(self, args: tuple, kwargs: dict) -> dict[str, Any]:
+        order = self._param_order
+        if args and order is not None and len(args) + len(kwargs) == len(order):
+            named = dict(zip(order, args))
+            if len(named) == len(args) and named.keys().isdisjoint(kwargs):
+                kwargs = {**named, **kwargs}
+                args = ()
         if not args and kwargs.keys() == self._keyword_names:
             if all(isinstance(v, torch.Tensor) for v in kwargs.values()):
                 return kwargs
@@ -275,11 +285,11 @@ class CompiledModel(nn.Module):
         return self._forward_leaves(call.args, call.kwargs, call.index, choosing, call.replicated)
 
     def _forward_leaves(self, args, kwargs, index, choosing: bool, replicated=frozenset()):
-        leaves = self.contract.leaves(args, kwargs)
+        leaves = given = self.contract.leaves(args, kwargs)
         if replicated and index is not None:
             leaves = self._reduce_leaves(leaves, index, replicated)
         if choosing:
-            return self._forward_choosing(args, kwargs, leaves, index)
+            return self._forward_choosing(args, kwargs, leaves, index, given)
         uniform = None
         if index is None:
             requests, index, uniform = self._group(leaves)
@@ -287,9 +297,11 @@ class CompiledModel(nn.Module):
             requests, index = self._check_shared(leaves, index)
         return self._run(args, kwargs, leaves, requests, index, uniform)
 
-    def _forward_choosing(self, args, kwargs, leaves, index):
+    def _forward_choosing(self, args, kwargs, leaves, index, given):
         """``forward`` running the shared or the plain program, whichever this call's bucket
-        chose (``runtime/program_choice.py``); every check of the shared layout runs first."""
+        chose (``runtime/program_choice.py``); every check of the shared layout runs first.
+        ``given`` are the leaves as called: request leaves that came with one row per candidate
+        (checked constant per request into ``leaves``) are the plain program's as they are."""
         choice, contract = self._choice, self.contract
         if index is None:
             return self._dropin_choosing(args, kwargs, leaves)
@@ -299,23 +311,23 @@ class CompiledModel(nn.Module):
         key = bucket("shared", num_candidates, rows)
         program = choice.decided(key)
         if program == PLAIN:  # a decided bucket is called directly: no closures per call
-            return self._shared_plain(leaves, index)
+            return self._shared_plain(leaves, index, given)
         if program == SHARED:
             return self._run(args, kwargs, leaves, *self._check_shared(leaves, index))
         return choice.run(
             key,
             lambda: self._run(args, kwargs, leaves, *self._check_shared(leaves, index)),
-            lambda: self._shared_plain(leaves, index),
+            lambda: self._shared_plain(leaves, index, given),
             lambda: self._settle_if_clear(key, num_candidates, rows),
         )
 
-    def _shared_plain(self, leaves: dict, index: torch.Tensor):
+    def _shared_plain(self, leaves: dict, index: torch.Tensor, given: dict):
         """A shared-layout call run by the plain program, after the layout's checks."""
         request_inputs = self.contract.request_inputs
         # The plain program's CPU gathers of request rows check the index's range.
         gathers = bool(request_inputs) and not leaves[request_inputs[0]].is_cuda
         self._check_shared(leaves, index, check_range=not gathers)
-        return self._run_plain(leaves, index)
+        return self._run_plain(leaves, index, given)
 
     def _dropin_choosing(self, args, kwargs, leaves):
         """A drop-in call under the program choice: the requests are found first (their number
@@ -371,17 +383,22 @@ class CompiledModel(nn.Module):
         except Exception:  # noqa: BLE001 - the prior is optional: without it buckets are measured
             return 0.0, 0.0
 
-    def _run_plain(self, leaves: dict, index: Optional[torch.Tensor]):
-        """The plain program on replicated inputs (gathered with ``index`` in the shared layout)."""
+    def _run_plain(self, leaves: dict, index: Optional[torch.Tensor], given=None):
+        """The plain program on replicated inputs (gathered with ``index`` in the shared layout,
+        unless ``given`` has them with one row per candidate already)."""
         if self._input_specs is not None:
             self._input_specs.check(leaves)
         names, request = self.contract.input_names, self._request_set
         if index is None:
             inputs = [leaves[n] for n in names]
         else:
+            source = leaves
+            if given is not None and given is not leaves:
+                request = {n for n in request if given[n] is leaves[n]}
+                source = given
             try:
                 inputs = [
-                    leaves[n].index_select(0, index) if n in request else leaves[n] for n in names
+                    source[n].index_select(0, index) if n in request else source[n] for n in names
                 ]
             except IndexError:
                 first = self.contract.request_inputs[0]
@@ -625,10 +642,9 @@ class CompiledModel(nn.Module):
         num_candidates = index.shape[0]
         if others:
             num_requests = self._batch_rows(leaves, others)
-        else:
-            check_index_range(index, num_candidates)
-            num_requests = int(index.max()) + 1 if num_candidates else 0
-        check_index_range(index, num_requests)
+            check_index_range(index, num_requests)
+        else:  # the requests are those the index reaches
+            num_requests = check_index_range(index, num_candidates)
         leaves = dict(leaves)
         for name in replicated:
             value = leaves[name]
@@ -644,8 +660,7 @@ class CompiledModel(nn.Module):
         contract = self.contract
         self._check_index(leaves, index)
         num_candidates = index.shape[0]
-        check_index_range(index, num_candidates)
-        num_requests = int(index.max()) + 1 if num_candidates else 0
+        num_requests = check_index_range(index, num_candidates)
         requests = {}
         for name in contract.request_inputs:
             value = leaves[name]
@@ -689,8 +704,7 @@ def _has_request_work(graph_module: Optional[nn.Module]) -> bool:
 
 
 def _reduce_replicated(name: str, value: torch.Tensor, index: torch.Tensor, num_requests: int):
-    shared = value.new_zeros((num_requests, *value.shape[1:]))
-    shared.index_copy_(0, index, value)
-    if value.shape[0] and not rows_consistent(value, shared, index):
+    shared, consistent = reduce_rows(value, index, num_requests)
+    if not consistent:
         raise InputError(f"request input {name!r} varies within a request")
     return shared

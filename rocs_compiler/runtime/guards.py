@@ -69,28 +69,33 @@ class _Spec:
 
 @dataclass
 class _Fast:
-    """The per-call comparison: entry i is ``dicts[i].get(keys[i], MISSING)``, compiled as
-    ``values[i]``."""
+    """The per-call comparison: ``getters[i](args[i])`` is ``expected[i]`` while the model is
+    the one compiled. Entries of one table (a parent's ``_modules``, a module's ``__dict__``)
+    are read together, by one ``operator.itemgetter`` of the keys that hold something and one
+    ``isdisjoint`` of those that must stay absent; the others read a module's class (``type``)
+    and a traced class's ``forward`` (``_FORWARD``). :meth:`seal` builds them."""
 
     registrations: int = -1  # ``weights.registrations()`` when these lists were made
-    dicts: list = field(default_factory=list)
-    keys: list = field(default_factory=list)
-    values: list = field(default_factory=list)
-    missing: list = field(default_factory=list)
+    getters: list = field(default_factory=list)
+    args: list = field(default_factory=list)
+    expected: list = field(default_factory=list)
     same_dicts: list = field(default_factory=list)  # objects compared by identity, again
     same_keys: list = field(default_factory=list)
     same: list = field(default_factory=list)
     typed_dicts: list = field(default_factory=list)  # the numbers again: ``2 == 2.0``, by type
     typed_keys: list = field(default_factory=list)
     types: list = field(default_factory=list)
-    modules: list = field(default_factory=list)
-    classes: list = field(default_factory=list)
     called: list = field(default_factory=list)  # classes whose forward was traced
-    forwards: list = field(default_factory=list)
     contents: list = field(default_factory=list)  # containers read, compared by value
     snapshots: list = field(default_factory=list)
+    tables: dict = field(default_factory=dict)  # id -> (table, {key: value}, {absent keys})
 
     def entry(self, table: dict, key: str, value: Any, by_identity: bool = False) -> None:
+        _, present, absent = self.tables.setdefault(id(table), (table, {}, set()))
+        if value is MISSING:
+            absent.add(key)
+            return
+        present[key] = value
         if by_identity:  # a tensor or object whose ``==`` may say equal for another one
             self.same_dicts.append(table)
             self.same_keys.append(key)
@@ -99,10 +104,22 @@ class _Fast:
             self.typed_dicts.append(table)
             self.typed_keys.append(key)
             self.types.append(type(value))
-        self.dicts.append(table)
-        self.keys.append(key)
-        self.values.append(value)
-        self.missing.append(MISSING)
+
+    def check(self, getter: Any, arg: Any, expected: Any) -> None:
+        self.getters.append(getter)
+        self.args.append(arg)
+        self.expected.append(expected)
+
+    def seal(self) -> "_Fast":
+        for table, present, absent in self.tables.values():
+            if present:
+                self.check(operator.itemgetter(*present), table, tuple(present.values()))
+                if len(present) == 1:
+                    self.expected[-1] = self.expected[-1][0]
+            if absent:
+                self.check(table.keys().isdisjoint, frozenset(absent), True)
+        self.tables = {}
+        return self
 
     def holds(self) -> bool:
         # Entries are compared with ``==``, which Python short-cuts by identity, so an unchanged
@@ -112,17 +129,19 @@ class _Fast:
         if self.registrations != registrations():
             return False
         try:
-            if list(map(dict.get, self.dicts, self.keys, self.missing)) != self.values:
+            if list(map(operator.call, self.getters, self.args)) != self.expected:
                 return False
-        except Exception:  # noqa: BLE001 - an ``__eq__`` that cannot say: a change
+        except Exception:  # noqa: BLE001 - a key gone, or an ``__eq__`` that cannot say
             return False
-        return (
-            list(map(type, map(dict.get, self.typed_dicts, self.typed_keys))) == self.types
-            and all(map(operator.is_, map(dict.get, self.same_dicts, self.same_keys), self.same))
-            and list(map(type, self.modules)) == self.classes
-            and list(map(_FORWARD, self.called)) == self.forwards
-            and self.contents == self.snapshots
-        )
+        if self.types and (
+            list(map(type, map(dict.get, self.typed_dicts, self.typed_keys))) != self.types
+        ):
+            return False
+        if self.same and not all(
+            map(operator.is_, map(dict.get, self.same_dicts, self.same_keys), self.same)
+        ):
+            return False
+        return not self.contents or self.contents == self.snapshots
 
 
 class Guards:
@@ -291,8 +310,7 @@ def _resolve(model: nn.Module, spec: _Spec) -> _Fast:
         if type(module) is not cls:
             old, new = cls.__name__, type(module).__name__
             raise _refuse(f"{_where(path)} was replaced since compile ({old} -> {new})")
-        fast.modules.append(module)
-        fast.classes.append(cls)
+        fast.check(type, module, cls)
     for group in spec.same_modules:
         if len({id(modules[p]) for p in group}) > 1:
             first, *others = group
@@ -305,7 +323,7 @@ def _resolve(model: nn.Module, spec: _Spec) -> _Fast:
             raise _refuse(f"{cls.__name__}.forward was replaced since compile")
         if cls not in fast.called:
             fast.called.append(cls)
-            fast.forwards.append(forward)
+            fast.check(_FORWARD, cls, forward)
     for (path, name), expected in spec.attrs.items():
         own = object.__getattribute__(modules[path], "__dict__")
         value = own.get(name, MISSING)
@@ -339,4 +357,4 @@ def _resolve(model: nn.Module, spec: _Spec) -> _Fast:
             first = _where(group[0][0], group[0][2])
             what = f"{_where(*untied[0])} is no longer tied to {first}"
             raise _refuse(f"{what} (one tensor at compile time)")
-    return fast
+    return fast.seal()

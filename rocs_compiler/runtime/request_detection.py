@@ -138,3 +138,22 @@ def group_requests(request_leaves: Sequence[torch.Tensor], rows: int) -> tuple[t
 def rows_consistent(replicated: torch.Tensor, shared: torch.Tensor, index: torch.Tensor) -> bool:
     """True when every replicated row equals its request's shared row, bit for bit."""
     return bool((_bit_rows(shared.index_select(0, index)) == _bit_rows(replicated)).all())
+
+
+def reduce_rows(replicated: torch.Tensor, index: torch.Tensor, num_requests: int):
+    """``(shared, consistent)``: one row per request, taken from one of its rows (from another
+    request's for a request without rows, zeros when there are none), and whether every
+    replicated row equals its request's row, bit for bit. Small CPU batches are compared
+    through numpy (see ``NUMPY_ROWS``)."""
+    rows = replicated.shape[0]
+    small_cpu = replicated.device.type == "cpu" and index.device.type == "cpu"
+    if 0 < rows <= NUMPY_ROWS and small_cpu:
+        bits = _numpy_byte_rows(replicated, rows)
+        where = index.numpy()
+        row_of = np.zeros(num_requests, dtype=np.int64)
+        row_of[where] = np.arange(rows)  # a row of each request (any one: all must be equal)
+        consistent = bits[row_of[where]].tobytes() == bits.tobytes()  # one memcmp
+        return replicated.index_select(0, torch.from_numpy(row_of)), consistent
+    shared = replicated.new_zeros((num_requests, *replicated.shape[1:]))
+    shared.index_copy_(0, index, replicated)
+    return shared, not rows or rows_consistent(replicated, shared, index)
