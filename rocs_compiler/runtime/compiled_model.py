@@ -36,6 +36,7 @@ from .program_choice import (
     CLEAR_GAIN,
     CLEAR_SAVING,
     DROPIN_MARGIN,
+    margin_for,
     PLAIN,
     SHARED,
     ProgramChoice,
@@ -319,6 +320,7 @@ class CompiledModel(nn.Module):
             lambda: self._run(args, kwargs, leaves, *self._check_shared(leaves, index)),
             lambda: self._shared_plain(leaves, index, given),
             lambda: self._settle_if_clear(key, num_candidates, rows),
+            margin=self._margin(num_candidates, rows),
         )
 
     def _shared_plain(self, leaves: dict, index: torch.Tensor, given: dict):
@@ -356,22 +358,30 @@ class CompiledModel(nn.Module):
             lambda: self._run_plain(leaves, None),
             lambda: self._settle_if_clear(key, rows, num_requests),
             shared_extra=finding if alone else 0.0,
-            margin=DROPIN_MARGIN if alone else 0.0,
+            margin=self._margin(rows, num_requests, DROPIN_MARGIN if alone else 0.0),
         )
 
     def _settle_if_clear(self, key: tuple, rows: int, num_requests: int) -> Optional[str]:
         """``SHARED`` (and the bucket settled) when, for ``rows`` candidates of ``num_requests``
         requests, the cost model's FLOP ideal reaches ``CLEAR_GAIN`` and the saving
         ``CLEAR_SAVING``; else None (measure)."""
-        if self._unit_flops is None:
-            object.__setattr__(self, "_unit_flops", self._flops_per_unit())
-        per_request, per_candidate = self._unit_flops
-        shared = num_requests * per_request + rows * per_candidate
-        plain = rows * (per_request + per_candidate)
+        shared, plain = self._flops(rows, num_requests)
         if shared <= 0 or plain < CLEAR_GAIN * shared or plain - shared < CLEAR_SAVING:
             return None
         self._choice.settle(key, SHARED)
         return SHARED
+
+    def _margin(self, rows: int, num_requests: int, margin: float = 0.0) -> float:
+        """The lead the shared program needs in a measured bucket (``margin_for``)."""
+        shared, plain = self._flops(rows, num_requests)
+        return margin_for(plain / shared if shared > 0 else 0.0, margin)
+
+    def _flops(self, rows: int, num_requests: int) -> tuple[float, float]:
+        """(shared, plain) FLOPs of a call, by the pipeline's counts; (0, 0) when unknown."""
+        if self._unit_flops is None:
+            object.__setattr__(self, "_unit_flops", self._flops_per_unit())
+        per_request, per_candidate = self._unit_flops
+        return num_requests * per_request + rows * per_candidate, rows * (per_request + per_candidate)
 
     def _flops_per_unit(self) -> tuple[float, float]:
         """(FLOPs per request, FLOPs per candidate), as the pipeline counted them; (0, 0), which
@@ -434,6 +444,7 @@ class CompiledModel(nn.Module):
             lambda: self._run(args, kwargs, leaves, requests, index),
             lambda: self._run_plain(leaves, None),  # the replicated rows, as the model takes them
             lambda: self._settle_if_clear(key, index.shape[0], num_requests),
+            margin=self._margin(index.shape[0], num_requests),
         )
 
     def _run(self, args, kwargs, leaves, requests, index, uniform: Optional[int] = None):

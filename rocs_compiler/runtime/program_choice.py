@@ -10,7 +10,9 @@ both.
 
 A bucket whose FLOP ideal (the pipeline's FLOPs per request and per candidate) reaches
 :data:`CLEAR_GAIN` with a saving of at least :data:`CLEAR_SAVING` FLOPs is settled on the shared
-program without trials, whose cost would be the slower program's.
+program without trials, whose cost would be the slower program's; one whose ideal is below
+:data:`LOW_GAIN` keeps the shared program only if it leads by :data:`LOW_GAIN_MARGIN`
+(:func:`margin_for`).
 
 A drop-in call finds its requests before it knows its bucket: that time counts toward the shared
 program only, and once every bucket of a row count (a *row class*,
@@ -37,6 +39,11 @@ TRIALS = 6  # timed calls per program; the first of each is discarded (allocatio
 CLEAR_GAIN = 2.0
 CLEAR_SAVING = 1e7
 DROPIN_MARGIN = 0.10  # relative lead the shared program needs in a drop-in bucket
+# A bucket whose FLOP ideal is below LOW_GAIN has next to nothing to share: its shared program is
+# the plain one rewritten, and a tie in five timed calls is noise. The shared program must then
+# lead by LOW_GAIN_MARGIN, so that a model with nothing to share keeps its own ops.
+LOW_GAIN = 1.05
+LOW_GAIN_MARGIN = 0.05
 
 
 class ProgramChoice:
@@ -129,6 +136,12 @@ class ProgramChoice:
     def decisions(self) -> dict[tuple, str]:
         """``{bucket: program}`` decided so far (for reports and tests)."""
         return dict(self._decided)
+
+
+def margin_for(ideal: float, margin: float = 0.0) -> float:
+    """The lead the shared program needs in a bucket whose FLOP ideal (plain FLOPs over shared
+    FLOPs; 0 when unknown) is ``ideal``, at least ``margin``."""
+    return max(margin, LOW_GAIN_MARGIN) if 0.0 < ideal < LOW_GAIN else margin
 
 
 def bucket(layout: str, rows: int, requests: int = 0) -> tuple:

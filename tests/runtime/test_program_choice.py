@@ -79,13 +79,13 @@ def test_once_a_row_count_shares_its_other_buckets_compare_without_a_margin(monk
     monkeypatch.setattr(ProgramChoice, "run", run)
     model = USER_ITEM_MLP.build()
     cm = USER_ITEM_MLP.compile(model)
-    two, six = USER_ITEM_MLP.batch([3, 3], seed=1), USER_ITEM_MLP.batch([1] * 6, seed=2)
+    two, four = USER_ITEM_MLP.batch([3, 3], seed=1), USER_ITEM_MLP.batch([2, 2, 1, 1], seed=2)
     with torch.no_grad():
         cm(**two.replicated())  # 6 rows, 2 requests: the first trial, nothing shares yet
         cm._choice.settle(bucket("dropin", 6, 2), SHARED)
-        cm(**six.replicated())  # 6 rows, 6 requests: another bucket of the row count
+        cm(**four.replicated())  # 6 rows, 4 requests: another bucket of the row count
     (first, extra_first, margin_first), (second, extra_second, margin_second) = seen
-    assert first == bucket("dropin", 6, 2) and second == bucket("dropin", 6, 6)
+    assert first == bucket("dropin", 6, 2) and second == bucket("dropin", 6, 4)
     assert extra_first > 0 and margin_first == program_choice.DROPIN_MARGIN
     assert extra_second == 0.0 and margin_second == 0.0
 
@@ -243,3 +243,28 @@ def test_a_bucket_with_a_clear_flop_gain_is_settled_without_trials(monkeypatch):
         batch = USER_ITEM_MLP.batch([2, 1], seed=2)
         small(**batch.kwargs, candidate_to_request=batch.candidate_to_request)
     assert small.program_choices() == {}  # a small bucket is measured first
+
+
+def test_a_bucket_with_nothing_to_share_keeps_the_plain_program_unless_shared_clearly_leads():
+    """FLOP ideal below ``LOW_GAIN``: the shared program is the plain one rewritten, and a lead
+    smaller than ``LOW_GAIN_MARGIN`` in five timed calls is noise."""
+    assert program_choice.margin_for(1.0) == program_choice.LOW_GAIN_MARGIN
+    assert program_choice.margin_for(1.0, 0.10) == 0.10  # a larger margin stands
+    assert program_choice.margin_for(0.0) == 0.0  # no FLOP count: measured as it is
+    assert program_choice.margin_for(3.0) == 0.0
+
+    class NoShare(nn.Module):  # the request features enter through a product: nothing shares
+        def __init__(self):
+            super().__init__()
+            self.mlp = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+
+        def forward(self, u, c):
+            return self.mlp(u * c).squeeze(-1)
+
+    torch.manual_seed(0)
+    u, c = torch.randn(2, 8), torch.randn(5, 8)
+    index = torch.tensor([0, 0, 0, 1, 1])
+    cm = rocs.compile(NoShare().eval(), ["u"], example_kwargs=dict(u=u[index], c=c))
+    assert cm._margin(5, 2) == program_choice.LOW_GAIN_MARGIN
+    assert cm._margin(5, 2, program_choice.DROPIN_MARGIN) == program_choice.DROPIN_MARGIN
+    assert USER_ITEM_MLP.compile(USER_ITEM_MLP.build())._margin(16, 1) == 0.0
