@@ -66,9 +66,11 @@ def compile(  # noqa: A001 - mirrors torch.compile
             raise
         return _eager_fallback(model, prepared, err, unbatched)
     captured = result.captured
+    # Through the wrapper a format compiled (its stand-ins translated back): the user's model.
+    watched, reads, weight_names = prepared.watched(model, captured.reads, captured.param_names)
     plain = None
     if options.autotune:
-        plain = PlainProgram(plain_graph(result), prepared.model, captured.param_names)
+        plain = PlainProgram(plain_graph(result), watched, weight_names)
 
     def report_builder(num_candidates: int, num_requests: int):
         from .report.build import build_report
@@ -77,9 +79,9 @@ def compile(  # noqa: A001 - mirrors torch.compile
 
     compiled = CompiledModel(
         result.shared_graph, _contract(captured), captured.placeholder_of, report_builder, model,
-        weight_names=captured.param_names, plain=plain, unit_flops=result.unit_flops,
-        input_format=prepared.format, weights_from=prepared.model,
-        guards=Guards(prepared.model, captured.reads, captured.param_names),
+        weight_names=weight_names, plain=plain, unit_flops=result.unit_flops,
+        input_format=prepared.format, weights_from=watched,
+        guards=Guards(watched, reads, weight_names),
     )  # fmt: skip
     compiled.pipeline_result = result  # logical and shared graphs, for inspection tools
     compiled._mislabel.finding = example_finding(compiled.contract, prepared.args, prepared.kwargs)
