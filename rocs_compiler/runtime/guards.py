@@ -260,9 +260,10 @@ def _same_value(a: Any, b: Any) -> bool:
 
 def _same_data(a: Any, b: Any) -> bool:
     """:func:`_same_value`, or objects of one type whose dataclass fields (items, for lists and
-    dicts; function and arguments, for a ``functools.partial``) are so: a config built again with equal values reads as the graph read it (a replaced
-    TorchRec collection's table configs). Such an object is then compared by identity per call,
-    as every object that is not plain data."""
+    dicts; function and arguments, for a ``functools.partial``) are so: a config built again
+    with equal values reads as the graph read it (a replaced TorchRec collection's table
+    configs). Such an object is then compared by identity per call, as every object that is not
+    plain data."""
     if _same_value(a, b):
         return True
     if type(a) is not type(b):
