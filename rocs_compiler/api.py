@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import warnings
 from typing import Any, Mapping, Optional, Sequence
 
+import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 
 from .capture.trace import describe_example
 from .errors import CompileError
@@ -66,9 +69,11 @@ def compile(  # noqa: A001 - mirrors torch.compile
             raise
         return _eager_fallback(model, prepared, err, unbatched)
     captured = result.captured
+    # Through the wrapper a format compiled (its stand-ins translated back): the user's model.
+    watched, reads, weight_names = prepared.watched(model, captured.reads, captured.param_names)
     plain = None
     if options.autotune:
-        plain = PlainProgram(plain_graph(result), prepared.model, captured.param_names)
+        plain = PlainProgram(plain_graph(result), watched, weight_names)
 
     def report_builder(num_candidates: int, num_requests: int):
         from .report.build import build_report
@@ -77,13 +82,50 @@ def compile(  # noqa: A001 - mirrors torch.compile
 
     compiled = CompiledModel(
         result.shared_graph, _contract(captured), captured.placeholder_of, report_builder, model,
-        weight_names=captured.param_names, plain=plain, unit_flops=result.unit_flops,
-        input_format=prepared.format, weights_from=prepared.model,
-        guards=Guards(prepared.model, captured.reads, captured.param_names),
+        weight_names=weight_names, plain=plain, unit_flops=result.unit_flops,
+        input_format=prepared.format, weights_from=watched,
+        guards=Guards(watched, reads, weight_names),
+        recompile=_recompiler(
+            model, request_inputs, example_inputs, example_kwargs or {}, options, unbatched
+        ),
     )  # fmt: skip
     compiled.pipeline_result = result  # logical and shared graphs, for inspection tools
     compiled._mislabel.finding = example_finding(compiled.contract, prepared.args, prepared.kwargs)
     return compiled
+
+
+def _recompiler(model, request_inputs, example_inputs, example_kwargs, options, unbatched):
+    """``recompile(dtype, device)``: ``model`` compiled again as moved there, on the example moved
+    the same way, with the same options; what a compiled model's move to another floating dtype
+    runs (``runtime/dtype_move.py``)."""
+
+    def recompile(dtype: torch.dtype, device: torch.device) -> CompiledModel:
+        how = f"compile the model in that dtype yourself: rocs.compile(model.to({dtype}), ...)"
+        try:
+            moved = copy.deepcopy(model).to(device, dtype)
+        except Exception as err:  # noqa: BLE001 - any failure to copy: say what to do instead
+            raise CompileError(
+                f"moving a compiled model to {dtype} compiles a copy of its model in {dtype}, "
+                f"and the model could not be copied ({type(err).__name__}: {err}); {how}"
+            ) from err
+
+        def convert(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device, dtype) if t.is_floating_point() else t.to(device)
+
+        args, kwargs = pytree.tree_map_only(
+            torch.Tensor, convert, (tuple(example_inputs), dict(example_kwargs))
+        )
+        try:
+            return compile(
+                moved, request_inputs, args, kwargs, options=options, unbatched_inputs=unbatched
+            )
+        except CompileError as err:
+            raise CompileError(
+                f"moving a compiled model to {dtype} compiles its model again in {dtype}, which "
+                f"failed: {err}"
+            ) from err
+
+    return recompile
 
 
 def _contract(described) -> InputContract:

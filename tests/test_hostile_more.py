@@ -9,6 +9,7 @@ compute per candidate; a wrong row anywhere fails the case.
 
 from __future__ import annotations
 
+import copy
 import threading
 from typing import Callable
 
@@ -861,6 +862,24 @@ def test_a_compiled_model_moved_to_another_dtype_takes_inputs_of_that_dtype():
     with torch.no_grad():
         want = model.double()(u.double()[index], c.double())
         torch.testing.assert_close(cm(u=u.double(), c=c.double(), candidate_to_request=index), want)
+
+
+def test_a_compiled_model_moved_to_bfloat16_is_the_bfloat16_model_compiled():
+    """Moved after compiling in float32, the split partials still sum in float32 and round once
+    (issue 22, C10): equal to compiling the bfloat16 model, within one ulp of its eager."""
+    model, cm, u, c, index = _compiled_head()
+    cm = cm.to(torch.bfloat16)
+    eager = copy.deepcopy(model).to(torch.bfloat16)
+    u, c = u.bfloat16(), c.bfloat16()
+    direct = rocs.compile(eager, ["u"], example_kwargs={"u": u[index], "c": c})
+    with torch.no_grad():
+        want = eager(u[index], c)
+        for _ in range(13):
+            got = cm(u=u, c=c, candidate_to_request=index)
+            assert got.dtype == torch.bfloat16
+            torch.testing.assert_close(got, direct(u=u, c=c, candidate_to_request=index))
+            spacing = torch.finfo(torch.bfloat16).eps * want.float().abs().clamp_min(1e-30)
+            assert bool(((got.float() - want.float()).abs() <= spacing).all())
 
 
 # -- capture limits: refused clearly, or run eagerly when asked --------------------------------

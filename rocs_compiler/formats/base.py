@@ -124,6 +124,53 @@ class Prepared:
     kwargs: dict
     format: InputFormat
     failure: Optional[Exception] = None  # a CompileError met while preparing: nothing to capture
+    # Modules of ``model`` that are shallow copies of the user's, each with the user's module it
+    # stands in for (``kjt_lookups.py`` copies the parents of the modules it replaces).
+    stand_ins: dict[nn.Module, nn.Module] = field(default_factory=dict)
+
+    def watched(
+        self, user_model: nn.Module, reads: dict, weight_names: Mapping[str, str]
+    ) -> tuple[nn.Module, dict, dict[str, str]]:
+        """What the compiled model follows (weights) and guards (structure, attributes):
+        ``(module, reads, weight names)``, given capture's reads and weight names of ``model``.
+
+        ``model`` itself, unless it holds stand-ins: their child tables are their own, so a
+        module the user replaces after compiling (``model.over_arch = ...``) is seen only in
+        ``user_model``. Then it is ``user_model``, with each stand-in's reads taken as its
+        original's and each weight named by its path in ``user_model``. Identity relied on: a
+        stand-in shares its original's parameters, buffers and attribute values (a shallow copy),
+        so the same tensor is found under the user's path; the reads of modules of ours (the
+        wrappers) are not the user's to change and are left out by the guards, which skip a
+        module ``user_model`` does not reach.
+        """
+        if not self.stand_ins:
+            return self.model, reads, dict(weight_names)
+        paths: dict[int, str] = {}
+        for named in (
+            user_model.named_parameters(remove_duplicate=False),
+            user_model.named_buffers(remove_duplicate=False),
+        ):
+            for path, tensor in named:
+                paths.setdefault(id(tensor), path)
+        names = {}
+        for attr, name in weight_names.items():
+            tensor = _registered(self.model, name)
+            # A name with no tensor behind it (a constant lifted from forward) is no weight in
+            # either model: an empty name, which never resolves, keeps it that way.
+            names[attr] = paths.get(id(tensor), "") if tensor is not None else ""
+        originals = {self.stand_ins.get(module, module): table for module, table in reads.items()}
+        return user_model, originals, names
+
+
+def _registered(model: nn.Module, name: str) -> Optional[torch.Tensor]:
+    """The parameter or buffer registered in ``model`` under the dotted ``name``, or None."""
+    prefix, _, leaf = name.rpartition(".")
+    try:
+        owner = model.get_submodule(prefix)
+    except AttributeError:
+        return None
+    found = owner._parameters.get(leaf, owner._buffers.get(leaf))
+    return found if isinstance(found, torch.Tensor) else None
 
 
 def prepare_leaves(

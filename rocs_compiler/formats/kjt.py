@@ -415,10 +415,11 @@ def prepare_kjt(model, request_inputs, example_args, example_kwargs) -> Prepared
     names = rest + [name for split in splits for name in split.request_names()]
     input_format = KJTFormat(signature, splits, rest, not _has_embedding_collection(model))
     try:
-        wrapper = pieces_model(with_padded_lookups(model), splits)
+        lookups, stand_ins = with_padded_lookups(model)
     except CompileError as err:
         return Prepared(model, names, (), {}, input_format, failure=err)
+    wrapper = pieces_model(lookups, splits)
     for split in splits:
         bound[split.argument] = _marked(split.pieces(bound[split.argument], _EXAMPLE_WIDTH))
     args, kwargs = rebuild_call(signature, bound)
-    return Prepared(wrapper, names, args, kwargs, input_format)
+    return Prepared(wrapper, names, args, kwargs, input_format, stand_ins=stand_ins)

@@ -1,7 +1,9 @@
 """A TorchRec model whose embedding collections take the padded KJT (``kjt_padded.py``):
 ``EmbeddingBagCollection`` pools padded rows (``kjt_pooling.py``), ``EmbeddingCollection`` looks
 them up (``kjt_sequences.py``); the modules on the way are shallow copies, parameters and
-buffers the model's own, so weight updates are seen."""
+buffers the model's own, so weight updates are seen. The copies are named with the user's
+modules they stand in for: the compiled model follows and guards the user's model through them
+(``Prepared.watched``), so a module the user replaces later is seen, never the copy's old one."""
 
 from __future__ import annotations
 
@@ -29,9 +31,9 @@ def _collections(model: nn.Module) -> dict[str, type]:
     }
 
 
-def with_padded_lookups(model: nn.Module) -> nn.Module:
+def with_padded_lookups(model: nn.Module) -> tuple[nn.Module, dict[nn.Module, nn.Module]]:
     """``model`` with every ``EmbeddingBagCollection`` and ``EmbeddingCollection`` taking
-    :class:`PaddedKJT` as well.
+    :class:`PaddedKJT` as well, and its stand-ins: each copy with the module it copies.
 
     The modules from the root to each collection are shallow copies with their own child
     tables; everything else, parameters and buffers included, is the model's own.
@@ -44,21 +46,21 @@ def with_padded_lookups(model: nn.Module) -> nn.Module:
             "read by those"
         )
     if "" in collections:
-        return collections[""](model)
+        return collections[""](model), {}
     root = _copy_module(model)
-    copies = {id(root)}
+    stand_ins = {root: model}
     for path, padded in collections.items():
         *parents, leaf = path.split(".")
         parent = root
         for name in parents:
             child = parent._modules[name]
-            if id(child) not in copies:
-                child = _copy_module(child)
-                copies.add(id(child))
-                parent._modules[name] = child
+            if child not in stand_ins:
+                stand_in = _copy_module(child)
+                stand_ins[stand_in] = child
+                parent._modules[name] = child = stand_in
             parent = child
         parent._modules[leaf] = padded(parent._modules[leaf])
-    return root
+    return root, stand_ins
 
 
 def _copy_module(module: nn.Module) -> nn.Module:

@@ -43,6 +43,7 @@ from .program_choice import (
     bucket,
     now,
 )
+from .dtype_move import dtype_move
 from .guards import NO_GUARDS
 from .request_detection import detect_requests, reduce_rows
 from .weights import WeightRefresh
@@ -189,6 +190,7 @@ class CompiledModel(nn.Module):
         input_format: Optional[InputFormat] = None,
         weights_from: Optional[nn.Module] = None,
         guards=NO_GUARDS,  # ``runtime/guards.py``: the model is still the one compiled
+        recompile: Optional[Callable[[torch.dtype, torch.device], "CompiledModel"]] = None,
     ):
         super().__init__()
         self.graph_module = graph_module
@@ -230,6 +232,9 @@ class CompiledModel(nn.Module):
         # Not a submodule: the compiled graph holds aliases of its weights and follows them.
         object.__setattr__(self, "_original", original)
         object.__setattr__(self, "_weights_from", weights_from)
+        # ``runtime/dtype_move.py``: the original compiled again for a move to another dtype.
+        object.__setattr__(self, "_recompile", recompile)
+        object.__setattr__(self, "_original_is_copy", False)  # a moved copy, after such a move
 
     @property
     def is_fallback(self) -> bool:
@@ -265,6 +270,7 @@ class CompiledModel(nn.Module):
             return self._run_original(args, kwargs, None if replicated else index)
         choosing = self._choosing()
         if choosing and not replicated:
+            self._refresh_copy()
             original = input_format.original_program(self._original, args, kwargs, index)
             if original is not None:
                 if original.index is not None and not index_trusted():
@@ -558,6 +564,13 @@ class CompiledModel(nn.Module):
         return self._runner
 
     def _apply(self, fn, recurse=True):
+        if self._recompile is not None:
+            held = self._weights.held() if self._weights is not None else []
+            inputs = self._input_specs.empty_tensors() if self._input_specs is not None else []
+            target = dtype_move(fn, held + inputs)
+            if target is not None:  # compiled again for the new dtype
+                self._adopt(self._recompile(*target))
+                return self
         # ``.to()`` and friends may replace the graph's buffers: rebuild the runner on next call,
         # and find out again which weights still alias the original's.
         object.__setattr__(self, "_runner", None)
@@ -569,6 +582,27 @@ class CompiledModel(nn.Module):
         if self._weights is not None:
             self._weights.bind()
         return out
+
+    def _adopt(self, new: "CompiledModel") -> None:
+        """Run ``new``'s programs (compiled from a moved copy of the original, which its eager
+        paths run), still guarding the original and following its weights, as cast copies."""
+        base = self._weights_from if self._weights_from is not None else self._original
+        for name, value in vars(new).items():
+            if name not in _MODULE_STATE and name not in _KEPT_ON_MOVE:
+                object.__setattr__(self, name, value)
+        self.graph_module = new.graph_module
+        if new._weights is not None:
+            object.__setattr__(self, "_weights", new._weights.following(base))
+        if self._plain is not None:
+            self._plain.follow(base)
+        object.__setattr__(self, "_original_is_copy", True)
+
+    def _refresh_copy(self) -> None:
+        """Before the eager model runs: a moved copy's weights are the graph's cast copies of
+        the original's, brought up to date by a refresh."""
+        weights = self._weights
+        if self._original_is_copy and weights is not None and not weights.current():
+            weights.refresh()
 
     # -- conventions ---------------------------------------------------------------------------
 
@@ -704,6 +738,11 @@ class CompiledModel(nn.Module):
         gathered = {n: requests[n].index_select(0, index) for n in self.contract.request_inputs}
         call_args, call_kwargs = replace_leaves(self.contract.signature, args, kwargs, gathered)
         return self._original(*call_args, **call_kwargs)
+
+
+# What ``_adopt`` leaves as it is: nn.Module's own state, and what watches the original.
+_MODULE_STATE = frozenset(vars(nn.Module()))
+_KEPT_ON_MOVE = frozenset({"_guards", "_weights_from", "_recompile"})
 
 
 def _has_request_work(graph_module: Optional[nn.Module]) -> bool:

@@ -26,7 +26,8 @@ value), an attribute set again to an equal value, weights replaced by new tensor
 where they were) pass, and the fast lists are rebuilt; anything else is refused. Plain data is
 compared by type and value (``2`` is not ``2.0``); lists, dicts and sets of plain data read by
 forward are also compared by value on every call (in-place edits); other objects (functions,
-tensors held as plain attributes, config objects) by identity.
+tensors held as plain attributes, config objects) by identity, except that a dataclass read again
+equal field by field (a replaced module's config) passes the rebuild.
 
 Not seen: in-place changes inside objects held by identity (``self.cfg.scale = 2``), class
 attributes other than ``forward`` changed on the class, and forward hooks registered after
@@ -36,7 +37,9 @@ compiling (their effect is not part of the graph).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import enum
+import functools
 import math
 import operator
 import threading
@@ -274,6 +277,29 @@ def _same_value(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
+def _same_data(a: Any, b: Any) -> bool:
+    """:func:`_same_value`, or objects of one type whose dataclass fields (items, for lists and
+    dicts; function and arguments, for a ``functools.partial``) are so: a config built again
+    with equal values reads as the graph read it (a replaced TorchRec collection's table
+    configs). Such an object is then compared by identity per call, as every object that is not
+    plain data."""
+    if _same_value(a, b):
+        return True
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(map(_same_data, a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same_data(v, b[k]) for k, v in a.items())
+    if dataclasses.is_dataclass(a) and not isinstance(a, type):
+        return all(
+            _same_data(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a)
+        )
+    if isinstance(a, functools.partial):  # a config's initializer, made per config
+        return a.func is b.func and _same_data((a.args, a.keywords), (b.args, b.keywords))
+    return False
+
+
 # -- the model as it is -------------------------------------------------------------------------
 
 
@@ -333,12 +359,12 @@ def _resolve(model: nn.Module, spec: _Spec) -> _Fast:
                 raise _refuse(f"{what} ({_show(value)}; compiled with the class's)")
             fast.entry(own, name, MISSING)
             continue
-        if not _same_value(value, expected):
+        if not _same_data(value, expected):
             hint = " (call model.eval())" if name == "training" and value is True else ""
             change = f"{_show(expected)} -> {_show(value)}"
             raise _refuse(f"{_where(path, name)} changed since compile ({change}){hint}")
         fast.entry(own, name, value, by_identity=not _is_plain(value))
-        if isinstance(value, (list, dict, set)) and value is not expected:
+        if isinstance(value, (list, dict, set)) and value is not expected and _is_plain(value):
             fast.contents.append(value)
             fast.snapshots.append(expected)
     for group in spec.weights:

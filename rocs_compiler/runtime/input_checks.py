@@ -52,6 +52,10 @@ class InputSpecs:
             specs[name] = _Spec(val.dtype, val.device, sizes, is_batched)
         return cls(specs)
 
+    def empty_tensors(self) -> list[torch.Tensor]:
+        """An empty tensor of each input's dtype and device (what a move is probed with)."""
+        return [torch.empty(0, dtype=s.dtype, device=s.device) for s in self._specs.values()]
+
     def moved(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "InputSpecs":
         """The specs after ``module._apply(fn)``: floating inputs follow a dtype change as the
         weights do, every input follows a device change."""

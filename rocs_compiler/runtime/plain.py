@@ -52,6 +52,12 @@ class PlainProgram:
         if self._weights is not None:
             self._weights.bind()
 
+    def follow(self, model: nn.Module) -> None:
+        """Follow ``model``'s weights instead, by the same names (``WeightRefresh.following``)."""
+        if self._weights is not None:
+            self._weights = self._weights.following(model)
+        self._runner = None
+
     def _program(self) -> Callable:
         weights, epoch = self._weights, 0
         if weights is not None:

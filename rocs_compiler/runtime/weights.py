@@ -179,6 +179,15 @@ class WeightRefresh:
         self._registrations = -1
         self._reloads = -1
 
+    def following(self, model: nn.Module) -> "WeightRefresh":
+        """The same graph's weights kept equal to ``model``'s, by the same names (a graph
+        compiled from a moved copy of ``model`` follows ``model`` with cast copies)."""
+        return WeightRefresh(self._gm, model, self._names)
+
+    def held(self) -> list[torch.Tensor]:
+        """The graph module's tensors that stand for the model's weights (no folded constants)."""
+        return [getattr(self._gm, w.attr) for w in self._weights]
+
     def current(self) -> bool:
         """True when no weight was written or reassigned since the last refresh (per call)."""
         return (

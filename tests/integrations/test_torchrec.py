@@ -413,3 +413,114 @@ def test_shared_calls_with_inverse_indices_may_run_the_original_model():
             ):
                 torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     assert any(k[0] == "shared-original" for k in compiled.program_choices())
+
+
+# -- submodules replaced after compiling (issue 22, A6) -----------------------------------------
+# The KJT wrapper compiles shallow copies of the modules above each collection; the compiled
+# model must still follow the user's model: a replaced module of the same class and equal
+# attributes is followed with its new weights, anything else refused naming its path.
+
+
+def _replaced_is_followed(model, compiled, replace) -> None:
+    """After ``replace(model)``, every layout (past the program choice's trials) equals the
+    changed eager model, which differs from the model compiled."""
+    from rocs_compiler.runtime.program_choice import TRIALS
+
+    batch = zoo.draw([3, 1, 2], seed=11, histories=[2, 0, 4])
+    with torch.no_grad():
+        before = model(batch.dense, batch.kjt)
+        replace(model)
+        assert not torch.allclose(model(batch.dense, batch.kjt), before)
+        for _ in range(2 * TRIALS + 1):
+            _check_layouts(model, compiled, batch)
+
+
+def _replaced_is_refused(model, compiled, replace, match: str) -> None:
+    batch = zoo.draw([2, 2], seed=12)
+    replace(model)
+    with torch.no_grad():
+        for call in (
+            lambda: compiled(batch.dense, batch.kjt),
+            lambda: compiled(batch.dense, batch.shared),
+            lambda: compiled(batch.dense, batch.shared, candidate_to_request=batch.index),
+        ):
+            with pytest.raises(rocs.CompileError, match=match):
+                call()
+
+
+def _over_arch(layer_sizes):
+    from torchrec.models.dlrm import OverArch
+
+    torch.manual_seed(21)
+    return OverArch(in_features=18, layer_sizes=layer_sizes).eval()  # dense + 6 pairwise dots
+
+
+def test_a_replaced_over_arch_of_the_same_shape_is_followed():
+    model, request, _ = zoo.build("dlrm")
+    compiled = _compile(model, request)
+    _replaced_is_followed(model, compiled, lambda m: setattr(m, "over_arch", _over_arch([16, 1])))
+
+
+@pytest.mark.parametrize(
+    "replacement, match",
+    [
+        (lambda: _over_arch([8, 1]), r"over_arch\.model\.0\._mlp\.0\._linear\.weight .*shape"),
+        (lambda: nn.Sequential(nn.Linear(18, 1)).eval(), r"model\.over_arch was replaced"),
+    ],
+    ids=["another_shape", "another_class"],
+)
+def test_a_replaced_over_arch_of_another_shape_or_class_is_refused(replacement, match):
+    model, request, _ = zoo.build("dlrm")
+    compiled = _compile(model, request)
+    new = replacement()
+    _replaced_is_refused(model, compiled, lambda m: setattr(m, "over_arch", new), match)
+
+
+def _set_collection(model, collection) -> None:
+    torch.manual_seed(22)
+    collection.reset_parameters()
+    model.sparse_arch.embedding_bag_collection = collection.eval()
+
+
+@pytest.mark.parametrize("configs", ["the_same", "equal"])
+def test_a_replaced_embedding_bag_collection_of_the_same_tables_is_followed(configs):
+    """Built from the compiled collection's table configs, or from new configs equal to them
+    (a dataclass compared field by field, its initializer by function and arguments)."""
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    model, request, _ = zoo.build("dlrm")
+    compiled = _compile(model, request)
+    old = model.sparse_arch.embedding_bag_collection
+    tables = old.embedding_bag_configs() if configs == "the_same" else None
+    new = EmbeddingBagCollection(tables=tables) if tables is not None else zoo.collection()
+    _replaced_is_followed(model, compiled, lambda m: _set_collection(m, new))
+
+
+class _OtherCollection(type(zoo.collection())):
+    """An ``EmbeddingBagCollection`` subclass: another class, another forward."""
+
+
+def test_a_replaced_embedding_bag_collection_of_other_tables_or_class_is_refused():
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    model, request, _ = zoo.build("dlrm")
+    compiled = _compile(model, request)
+    configs = model.sparse_arch.embedding_bag_collection.embedding_bag_configs()
+    bigger = [
+        EmbeddingBagConfig(name=c.name, embedding_dim=c.embedding_dim,
+                           num_embeddings=c.num_embeddings + 5, feature_names=c.feature_names,
+                           pooling=c.pooling)
+        for c in configs
+    ]  # fmt: skip
+    new = EmbeddingBagCollection(tables=bigger)
+    where = r"model\.sparse_arch\.embedding_bag_collection"
+    _replaced_is_refused(
+        model, compiled, lambda m: _set_collection(m, new), f"{where}._embedding_bag_configs"
+    )
+    model, request, _ = zoo.build("dlrm")
+    compiled = _compile(model, request)
+    other = _OtherCollection(tables=configs)
+    _replaced_is_refused(
+        model, compiled, lambda m: _set_collection(m, other), f"{where} was replaced"
+    )
