@@ -114,8 +114,10 @@ class Schema:
         counts = set(rows.values())
         if len(counts) > 1:
             detail = ", ".join(f"{n}: {r}" for n, r in rows.items())
-            worst = min(rows, key=rows.get)
-            raise RequestError(f"candidate lists disagree in length ({detail})", worst)
+            lengths = list(rows.values())
+            usual = max(lengths, key=lengths.count)
+            odd = next(n for n, r in rows.items() if r != usual)  # the one that disagrees
+            raise RequestError(f"candidate lists disagree in length ({detail})", odd)
         num = counts.pop()
         if num == 0:
             raise RequestError("a request needs at least one candidate", next(iter(rows)))

@@ -126,3 +126,20 @@ def kjt_alone(model, body: dict) -> Any:
     )
     with torch.no_grad():
         return model(torch.tensor(cand["dense_features"]), kjt)
+
+
+# -- factories a Ray replica calls (imported there by name: tests/serving is on its PYTHONPATH) --
+
+
+def two_tower_factory():
+    return zoo_compiled("two_tower")[1]
+
+
+def dict_factory():
+    from models_for_tests import DICT_FEATURES
+
+    return DICT_FEATURES.compile(options={})
+
+
+def kjt_factory():
+    return kjt_model()[1]

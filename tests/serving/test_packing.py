@@ -137,7 +137,7 @@ def test_a_good_request_is_packed_with_padding_and_jagged_rows():
         (_body(candidates__item_dense=[[1, 2, 3], [4, 5, 6]]), "item_dense", "shape [2, 2]"),
         (_body(request__user_dense=[1, "a", 2]), "user_dense", "must hold numbers"),
         (_body(candidates__item_dense=[[1, 2], [3]]), "item_dense", "not a regular array"),
-        (_body(candidates__item_id=[1, 2, 3]), "item_dense", "disagree in length"),
+        (_body(candidates__item_id=[1, 2, 3]), "item_id", "disagree in length"),
         (_body(candidates__item_id=[], candidates__item_dense=[], candidates__tags=[]),
          "item_id", "at least one candidate"),
         (_body(candidates__tags=[[1], [[2]]]), "tags", "a list of ids per row"),
