@@ -210,5 +210,9 @@ def deployment(
         # it is looser than the replicas' (which answer with Retry-After and a JSON error).
         "max_queued_requests": max(64, 2 * settings.max_queued * max(replicas, 1)),
         "ray_actor_options": {"num_cpus": settings.replica_cpus},
+        # On shutdown a replica finishes its requests (they take milliseconds): checked often,
+        # given up after a few seconds.
+        "graceful_shutdown_wait_loop_s": 0.2,
+        "graceful_shutdown_timeout_s": 5.0,
     }
     return serve.deployment(Scorer).options(**options).bind(source, settings, model_name)

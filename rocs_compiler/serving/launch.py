@@ -55,10 +55,26 @@ def run(app: Any, name: str = "rocs", route_prefix: str = "/"):
     return serve.run(app, name=name, route_prefix=route_prefix, blocking=False)
 
 
+def run_many(apps: dict[str, Any]) -> dict[str, Any]:
+    """Deploy several applications at once, each under ``/<name>``: their handles by name.
+    Their replicas start together (one after another, each waits for its model to load)."""
+    targets = [serve.RunTarget(app, name=name, route_prefix=f"/{name}") for name, app in apps.items()]
+    return dict(zip(apps, serve.run_many(targets)))
+
+
 def stop() -> None:
     """Shut Serve and Ray down (this process's local Ray: every process it started exits)."""
     try:
         if ray.is_initialized():
             serve.shutdown()
+    finally:
+        ray.shutdown()
+
+
+def leave(name: str) -> None:
+    """Remove the application ``name`` from a cluster this process joined, and disconnect."""
+    try:
+        if ray.is_initialized():
+            serve.delete(name)
     finally:
         ray.shutdown()

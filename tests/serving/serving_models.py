@@ -12,7 +12,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # models_for_tests
 
 import rocs_compiler as rocs  # noqa: E402
-from models_zoo import ZOO  # noqa: E402
+from models_zoo import ZOO  # noqa: E402,F401 - also for other test modules
 from models_zoo.batch import get_leaf  # noqa: E402
 
 NO_AUTOTUNE = {"autotune": False}
@@ -133,12 +133,6 @@ def kjt_alone(model, body: dict) -> Any:
 
 def two_tower_factory():
     return zoo_compiled("two_tower")[1]
-
-
-def dict_factory():
-    from models_for_tests import DICT_FEATURES
-
-    return DICT_FEATURES.compile(options={})
 
 
 def kjt_factory():

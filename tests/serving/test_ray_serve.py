@@ -1,16 +1,20 @@
-"""The Ray Serve deployment, end to end: one local Ray for this module, three deployments (a zoo
-model, a dict-input model, a KJT model), reused by every test.
+"""Serving end to end: a zoo model and a KJT model deployed once on this process's Ray (the
+handle path and HTTP), and ``rocs serve`` of a saved dict-input model in a subprocess with its
+own Ray (HTTP, overload, SIGTERM), started first so that the two cold starts overlap. Every test
+reuses them.
 
 Ray starts once for the whole run: this module is one xdist group (the README's and .ci/run's
 ``pytest -n 2 --dist loadgroup`` keep it on one worker), with ``num_cpus=2``, no dashboard, and
-HTTP on 127.0.0.1 at a free port. Every request loop is bounded in count and time, and the
-teardown checks that no process Ray started is left.
+HTTP on 127.0.0.1 at free ports. Every request loop is bounded in count and time; the teardown
+and the SIGTERM test check that no process either Ray started is left.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
 import time
 import urllib.error
@@ -24,6 +28,8 @@ import torch
 pytest.importorskip("ray.serve", reason="the serving tests need the serve extra (ray[serve])")
 
 import serving_models as H  # noqa: E402
+import rocs_compiler as rocs  # noqa: E402
+from models_for_tests import DICT_FEATURES  # noqa: E402
 from models_zoo import ZOO  # noqa: E402
 from rocs_compiler.serving import launch  # noqa: E402
 from rocs_compiler.serving.deployment import deployment  # noqa: E402
@@ -33,11 +39,10 @@ pytestmark = pytest.mark.xdist_group("ray")
 
 HERE = Path(__file__).resolve().parent
 TIMEOUT_S = 60  # any one HTTP request or handle call
+COMMAND_START_S, COMMAND_STOP_S = 240, 60
 # Batches of up to 400 candidates, a wait long enough that concurrent requests meet.
 TWO_TOWER = ServeSettings(max_batch_candidates=400, batch_wait_ms=100, replica_cpus=0,
                           body_limit=2**20)  # fmt: skip
-# A small queue and a long wait, so that a burst overflows it.
-DICT = ServeSettings(max_queued=2, batch_wait_ms=300, replica_cpus=0)
 KJT = ServeSettings(max_batch_candidates=1000, batch_wait_ms=100, replica_cpus=0)
 
 
@@ -67,30 +72,31 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _http(url: str, body=None, raw: bytes | None = None):
+    """(status, JSON answer, headers with lower-case names) of a GET, or of a POST of ``body``."""
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as answer:
+            status, text, headers = answer.status, answer.read(), answer.headers
+    except urllib.error.HTTPError as err:
+        status, text, headers = err.code, err.read(), err.headers
+    try:
+        value = json.loads(text or b"null")
+    except ValueError:  # Serve's own errors are plain text
+        value = {"error": text.decode(errors="replace"), "field": None}
+    return status, value, {k.lower(): v for k, v in headers.items()}
+
+
 class Server:
     def __init__(self, url: str, handles: dict, started_s: float):
         self.url, self.handles, self.started_s = url, handles, started_s
 
-    def post(self, name: str, body, raw: bytes | None = None, path: str = "score"):
-        data = raw if raw is not None else json.dumps(body).encode()
-        request = urllib.request.Request(f"{self.url}/{name}/{path}", data=data,
-                                         headers={"Content-Type": "application/json"})  # fmt: skip
-        return self._open(request)
+    def post(self, name: str, body, raw: bytes | None = None):
+        return _http(f"{self.url}/{name}/score", body, raw)
 
     def get(self, name: str, path: str):
-        return self._open(urllib.request.Request(f"{self.url}/{name}/{path}"))
-
-    @staticmethod
-    def _open(request):
-        try:
-            with urllib.request.urlopen(request, timeout=TIMEOUT_S) as answer:
-                return answer.status, json.loads(answer.read()), dict(answer.headers)
-        except urllib.error.HTTPError as err:
-            text = err.read()
-            try:
-                return err.code, json.loads(text or b"null"), dict(err.headers)
-            except ValueError:  # Serve's own errors are plain text
-                return err.code, {"error": text.decode(errors="replace"), "field": None}, dict(err.headers)
+        return _http(f"{self.url}/{name}/{path}")
 
     def score(self, name: str, body):
         return self.handles[name].score.remote(body).result(timeout_s=TIMEOUT_S)
@@ -99,8 +105,55 @@ class Server:
         return self.handles[name].stats.remote().result(timeout_s=TIMEOUT_S)
 
 
+class Command:
+    """``rocs serve ARTIFACT`` in a subprocess, started before this module's own Ray so that the
+    two cold starts overlap (they mostly wait)."""
+
+    def __init__(self, tmp: Path):
+        self.model = DICT_FEATURES.build()
+        compiled = DICT_FEATURES.compile(self.model, options={})
+        self.artifact = tmp / "dict_features.pt2"
+        rocs.save(rocs.export(compiled), self.artifact)
+        self.port = launch.free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = tmp / "serve.log"
+        self.log = open(self.log_path, "w+")
+        command = [sys.executable, "-m", "rocs_compiler.cli.main", "serve", str(self.artifact),
+                   "--port", str(self.port), "--max-batch-candidates", "512",
+                   # a small queue and a long wait, so that a burst overflows it
+                   "--max-queued", "2", "--batch-wait-ms", "300"]  # fmt: skip
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def output(self) -> str:
+        return self.log_path.read_text()
+
+    def ready(self) -> None:
+        """Wait (bounded) until the command answers ``GET /healthz``."""
+        deadline = time.monotonic() + COMMAND_START_S
+        while time.monotonic() < deadline and self.process.poll() is None:
+            try:
+                if _http(f"{self.url}/healthz")[0] == 200:
+                    return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                time.sleep(1)
+        raise AssertionError(f"rocs serve did not come up:\n{self.output()}")
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=30)
+        self.log.close()
+
+
 @pytest.fixture(scope="module")
-def server():
+def command(tmp_path_factory):
+    started = Command(tmp_path_factory.mktemp("serve"))
+    yield started
+    started.close()
+
+
+@pytest.fixture(scope="module")
+def server(command):
     start = time.monotonic()
     port = launch.free_port()
     paths = [str(HERE), str(HERE.parent), str(HERE.parents[1])]
@@ -109,12 +162,11 @@ def server():
     try:
         apps = {
             "two_tower": deployment(H.two_tower_factory, TWO_TOWER, name="two_tower"),
-            "dict": deployment(H.dict_factory, DICT, name="dict"),
             "kjt": deployment(H.kjt_factory, KJT, name="kjt"),
         }
-        handles = {n: launch.run(app, name=n, route_prefix=f"/{n}") for n, app in apps.items()}
+        handles = launch.run_many(apps)
         started = time.monotonic() - start
-        print(f"\n[serving tests] Ray and three deployments up in {started:.1f} s", file=sys.stderr)
+        print(f"\n[serving tests] Ray and two deployments up in {started:.1f} s", file=sys.stderr)
         yield Server(f"http://127.0.0.1:{port}", handles, started)
         ray_processes = _descendants(os.getpid()) | before
     finally:
@@ -239,15 +291,13 @@ def test_health_and_info(server):
     assert info["batch"]["max_batch_candidates"] == 1000
 
 
-def test_dict_input_model_over_http(server):
-    from models_for_tests import DICT_FEATURES
-
-    model = DICT_FEATURES.build()
+def test_dict_input_model_over_http(command):
+    command.ready()
     bodies = H.dense_requests(DICT_FEATURES.batch([3, 1], seed=4), DICT_FEATURES.request_inputs)
     for body in bodies:
-        status, answer, _ = server.post("dict", body)
+        status, answer, _ = _http(f"{command.url}/score", body)
         assert status == 200 and set(answer["scores"]) == {"ctr", "cvr", "user"}
-        _assert_scores(answer["scores"], H.dense_alone(model, body))
+        _assert_scores(answer["scores"], H.dense_alone(command.model, body))
 
 
 def test_kjt_model_requests_batched(server):
@@ -263,15 +313,36 @@ def test_kjt_model_requests_batched(server):
     _assert_scores(answer["scores"], H.kjt_alone(model, bodies[1]))
 
 
-def test_a_full_queue_answers_503_with_retry_after(server):
-    from models_for_tests import DICT_FEATURES
-
+def test_a_full_queue_answers_503_with_retry_after(command):
+    command.ready()
     body = H.dense_requests(DICT_FEATURES.batch([2], seed=5), DICT_FEATURES.request_inputs)[0]
     with ThreadPoolExecutor(8) as pool:
-        answers = list(pool.map(lambda _: server.post("dict", body), range(8), timeout=TIMEOUT_S * 2))
+        answers = list(pool.map(lambda _: _http(f"{command.url}/score", body), range(8),
+                                timeout=TIMEOUT_S * 2))  # fmt: skip
     statuses = sorted(status for status, _, _ in answers)
     assert 200 in statuses and 503 in statuses, statuses
-    refused = [(answer, headers) for status, answer, headers in answers if status == 503]
-    answer, headers = refused[0]
-    headers = {k.lower(): v for k, v in headers.items()}
+    answer, headers = next((a, h) for status, a, h in answers if status == 503)
     assert headers.get("retry-after") == "1" and "max_queued" in answer["error"]
+
+
+def test_rocs_serve_serves_a_saved_program_and_stops_on_sigterm(command):
+    """Last of the tests using the command: it stops it."""
+    command.ready()
+    process, url = command.process, command.url
+    status, info, _ = _http(f"{url}/info")
+    assert status == 200 and info["kind"] == "saved program", command.output()
+    assert info["batch"]["max_batch_candidates"] == 512
+    body = H.dense_requests(DICT_FEATURES.batch([6], seed=2), info["request_inputs"])[0]
+    status, answer, _ = _http(f"{url}/score", body)
+    assert status == 200
+    _assert_scores(answer["scores"], H.dense_alone(command.model, body))
+    processes = _descendants(process.pid)
+    assert processes, "Ray started no process"
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=COMMAND_STOP_S) == 0, command.output()
+    assert f"at {url}/score" in command.output()
+    deadline = time.monotonic() + COMMAND_STOP_S
+    while time.monotonic() < deadline and any(map(_alive, processes)):
+        time.sleep(0.5)
+    left = [pid for pid in processes if _alive(pid)]
+    assert not left, f"processes left after rocs serve stopped: {left}"
