@@ -78,8 +78,12 @@ def build_compiled(name: str, threads: int, autotune: bool = False):
     torch.set_num_threads(threads)
     entry = _entry(name)
     example = entry.make_batch([4, 3], seed=1).replicated()
-    return rocs.compile(build_model(name), list(entry.request_inputs), example_kwargs=example,
-                        options={"autotune": autotune})  # fmt: skip
+    return rocs.compile(
+        build_model(name),
+        list(entry.request_inputs),
+        example_kwargs=example,
+        options={"autotune": autotune},
+    )
 
 
 # -- load ----------------------------------------------------------------------------------------
@@ -102,10 +106,12 @@ def request_pool(name: str, size: int, low: int, high: int, users: int, seed: in
     bodies = []
     for r, user in enumerate(user_of):
         rows = (index == r).nonzero().flatten()
-        bodies.append({
-            "request": {n: v[user] for n, v in flat_u.items() if n in requests},
-            "candidates": {n: v[rows] for n, v in flat_c.items() if n not in requests},
-        })  # fmt: skip
+        bodies.append(
+            {
+                "request": {n: v[user] for n, v in flat_u.items() if n in requests},
+                "candidates": {n: v[rows] for n, v in flat_c.items() if n not in requests},
+            }
+        )
     return bodies
 
 
@@ -243,12 +249,17 @@ def measure_model(name: str, args) -> dict:
     from rocs_compiler.serving.deployment import deployment
     from rocs_compiler.serving.settings import ServeSettings
 
-    pool = request_pool(name, args.pool, args.min_candidates, args.max_candidates, args.users,
-                        args.seed)  # fmt: skip
+    pool = request_pool(
+        name, args.pool, args.min_candidates, args.max_candidates, args.users, args.seed
+    )
     bare = bare_times(name, pool, args)
     factory = functools.partial(build_compiled, name, args.threads, args.autotune)
-    common = dict(max_batch_candidates=args.max_batch_candidates, batch_wait_ms=args.batch_wait_ms,
-                  threads=args.threads, replica_cpus=0)  # fmt: skip
+    common = {
+        "max_batch_candidates": args.max_batch_candidates,
+        "batch_wait_ms": args.batch_wait_ms,
+        "threads": args.threads,
+        "replica_cpus": 0,
+    }
     variants = {
         "per request": ServeSettings(plain=True, max_batch_requests=1, **common),
         "plain packed": ServeSettings(plain=True, **common),
@@ -258,8 +269,9 @@ def measure_model(name: str, args) -> dict:
     fixed_qps = args.fixed_qps
     for variant, settings in variants.items():
         app_name = f"{name}-{variant.replace(' ', '-')}"
-        handle = launch.run(deployment(factory, settings, name=app_name), name=app_name,
-                            route_prefix=f"/{app_name}")  # fmt: skip
+        handle = launch.run(
+            deployment(factory, settings, name=app_name), name=app_name, route_prefix=f"/{app_name}"
+        )
         for body in pool[:4]:
             handle.score.remote(body).result()  # warm up (and the program choice's first calls)
         run = asyncio.run
@@ -271,11 +283,20 @@ def measure_model(name: str, args) -> dict:
         row["max_qps_slo"] = max_qps_under_slo(handle, pool, start, args)
         fixed = run(open_loop(handle, pool, fixed_qps, args.duration, args.max_requests, 99))
         row["fixed_qps"], row["fixed_p50_ms"], row["fixed_p99_ms"] = (
-            fixed_qps, fixed["p50_ms"], fixed["p99_ms"],
-        )  # fmt: skip
+            fixed_qps,
+            fixed["p50_ms"],
+            fixed["p99_ms"],
+        )
         if variant == "rocs packed":
-            one = run(closed_loop(handle, pool[: args.overhead_requests], 1, args.duration,
-                                  args.overhead_requests * 3))  # fmt: skip
+            one = run(
+                closed_loop(
+                    handle,
+                    pool[: args.overhead_requests],
+                    1,
+                    args.duration,
+                    args.overhead_requests * 3,
+                )
+            )
             row["overhead_ms"] = one["p50_ms"] - bare["alone_ms"]
         rows[variant] = row
         serve.delete(app_name)
@@ -284,22 +305,31 @@ def measure_model(name: str, args) -> dict:
 
 
 def table(results: list[dict], args) -> str:
-    head = (f"| model | variant | closed-loop QPS | candidates/s | p50 / p99 ms | max QPS at p99 < "
-            f"{args.slo_ms:g} ms | p50 / p99 ms at fixed QPS | notes |")
+    head = (
+        f"| model | variant | closed-loop QPS | candidates/s | p50 / p99 ms | max QPS at p99 < "
+        f"{args.slo_ms:g} ms | p50 / p99 ms at fixed QPS | notes |"
+    )
     lines = [head, "|" + "---|" * 8]
     for result in results:
         for variant, row in result["rows"].items():
             note = ""
             if variant == "rocs packed":
-                note = (f"served {result['served_speedup']:.2f}x over plain packed; in-process "
-                        f"{result['bare']['in_process_speedup']:.2f}x; overhead "
-                        f"{row['overhead_ms']:.2f} ms at p50")  # fmt: skip
-            lines.append(
-                f"| {result['model']} | {variant} | {row['qps']:.1f} | {row['candidates_per_s']:.0f} "
-                f"| {row['p50_ms']:.1f} / {row['p99_ms']:.1f} | {row['max_qps_slo']:.1f} "
-                f"| {row['fixed_p50_ms']:.1f} / {row['fixed_p99_ms']:.1f} at {row['fixed_qps']:.1f} "
-                f"| {note} |"
-            )
+                note = (
+                    f"served {result['served_speedup']:.2f}x over plain packed; in-process "
+                    f"{result['bare']['in_process_speedup']:.2f}x; overhead "
+                    f"{row['overhead_ms']:.2f} ms at p50"
+                )
+            cells = [
+                result["model"],
+                variant,
+                f"{row['qps']:.1f}",
+                f"{row['candidates_per_s']:.0f}",
+                f"{row['p50_ms']:.1f} / {row['p99_ms']:.1f}",
+                f"{row['max_qps_slo']:.1f}",
+                f"{row['fixed_p50_ms']:.1f} / {row['fixed_p99_ms']:.1f} at {row['fixed_qps']:.1f}",
+                note,
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -325,9 +355,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     add("--cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
     add("--seed", type=int, default=0)
-    add("--autotune", action="store_true",
+    add(
+        "--autotune",
+        action="store_true",
         help="keep the program choice on (its first ~12 calls per batch-size bucket alternate "
-        "two programs, which a short run mostly measures)")  # fmt: skip
+        "two programs, which a short run mostly measures)",
+    )
     return parser
 
 

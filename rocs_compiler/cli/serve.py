@@ -37,29 +37,56 @@ def add_command(sub, common, positive) -> None:
     command.add_argument(
         "--host", default="127.0.0.1", help="HTTP address (default 127.0.0.1; 0.0.0.0 for all)"
     )
-    command.add_argument("--replicas", type=positive, default=1, metavar="K",
-                         help="replicas of the model (default 1)")  # fmt: skip
     command.add_argument(
-        "--max-batch-candidates", type=positive, default=8192, metavar="C",
+        "--replicas",
+        type=positive,
+        default=1,
+        metavar="K",
+        help="replicas of the model (default 1)",
+    )
+    command.add_argument(
+        "--max-batch-candidates",
+        type=positive,
+        default=8192,
+        metavar="C",
         help="candidates of all requests in one call, at most (default 8192); a larger request "
         "runs alone",
-    )  # fmt: skip
-    command.add_argument("--max-batch-requests", type=positive, default=64, metavar="B",
-                         help="requests in one call, at most (default 64)")  # fmt: skip
+    )
     command.add_argument(
-        "--batch-wait-ms", type=float, default=2.0, metavar="W",
+        "--max-batch-requests",
+        type=positive,
+        default=64,
+        metavar="B",
+        help="requests in one call, at most (default 64)",
+    )
+    command.add_argument(
+        "--batch-wait-ms",
+        type=float,
+        default=2.0,
+        metavar="W",
         help="how long a request waits for others to share its call (default 2)",
-    )  # fmt: skip
-    command.add_argument("--max-queued", type=positive, default=256, metavar="Q",
-                         help="requests a replica holds before answering 503 (default 256)")  # fmt: skip
-    command.add_argument("--threads", type=positive, metavar="T",
-                         help="torch threads per replica (and CPUs reserved for it)")  # fmt: skip
+    )
     command.add_argument(
-        "--address", metavar="ADDRESS",
+        "--max-queued",
+        type=positive,
+        default=256,
+        metavar="Q",
+        help="requests a replica holds before answering 503 (default 256)",
+    )
+    command.add_argument(
+        "--threads",
+        type=positive,
+        metavar="T",
+        help="torch threads per replica (and CPUs reserved for it)",
+    )
+    command.add_argument(
+        "--address",
+        metavar="ADDRESS",
         help="join a running Ray cluster ('auto', or ray://HOST:10001) instead of starting Ray",
-    )  # fmt: skip
-    command.add_argument("--plain", action="store_true",
-                         help="serve the program on replicated rows (the baseline)")  # fmt: skip
+    )
+    command.add_argument(
+        "--plain", action="store_true", help="serve the program on replicated rows (the baseline)"
+    )
     command.set_defaults(func=cmd_serve)
 
 
@@ -102,8 +129,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         console.note(f"deploying {args.artifact} ({args.replicas} replica(s))")
         launch.run(deployment(artifact, settings, replicas=args.replicas), name=name)
         url = f"http://{args.host}:{args.port}"
-        print(f"rocs serve: {args.artifact} at {url}/score (GET {url}/info, {url}/healthz); "
-              "Ctrl-C stops", flush=True)  # fmt: skip
+        print(
+            f"rocs serve: {args.artifact} at {url}/score (GET {url}/info, {url}/healthz); "
+            "Ctrl-C stops",
+            flush=True,
+        )
         while not stopping.wait(0.5):
             pass
         console.note("stopping")

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Optional
+from typing import Any
 
 from ray import serve
 from starlette.requests import Request as HTTPRequest
@@ -45,7 +45,7 @@ class Overloaded(RuntimeError):
 class _Queued:
     """A checked request waiting for a batch, with the request cap of its deployment."""
 
-    __slots__ = ("request", "max_requests")
+    __slots__ = ("max_requests", "request")
 
     def __init__(self, request: Request, max_requests: int):
         self.request = request
@@ -71,7 +71,7 @@ class _Failed:
 class Scorer:
     """A served model in one replica (wrapped by :func:`deployment`)."""
 
-    def __init__(self, source: Any, settings: Optional[ServeSettings] = None, name: Optional[str] = None):
+    def __init__(self, source: Any, settings: ServeSettings | None = None, name: str | None = None):
         import torch
 
         from .served import served_model
@@ -101,8 +101,9 @@ class Scorer:
             return JSONResponse(protocol.error(f"no route {method} {path}; routes: {known}"), 404)
         try:
             length = http.headers.get("content-length")
-            protocol.check_size(int(length) if length and length.isdigit() else None,
-                                self.settings.body_limit)  # fmt: skip
+            protocol.check_size(
+                int(length) if length and length.isdigit() else None, self.settings.body_limit
+            )
             payload = protocol.decode(await http.body(), self.settings.body_limit)
             outputs = await self._score(payload)
         except RequestError as err:
@@ -121,8 +122,11 @@ class Scorer:
         return {"batches": self._batches, "recent": list(self._recent), "held": self._held}
 
     def info(self) -> dict:
-        return {**self.model.info(), "plain": self.settings.plain,
-                "batch": self.settings.describe()}  # fmt: skip
+        return {
+            **self.model.info(),
+            "plain": self.settings.plain,
+            "batch": self.settings.describe(),
+        }
 
     # -- scoring ---------------------------------------------------------------------------------
 
@@ -192,11 +196,11 @@ def _model_error(err: Exception) -> Exception:
 
 def deployment(
     source: Any,
-    settings: Optional[ServeSettings] = None,
+    settings: ServeSettings | None = None,
     *,
     name: str = "rocs",
     replicas: int = 1,
-    model_name: Optional[str] = None,
+    model_name: str | None = None,
 ):
     """A Serve application scoring with ``source`` (a path to a saved program, or a no-argument
     factory returning a compiled model or a loaded program: it runs in each replica)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any, Optional
+from typing import Any
 
 import ray
 from ray import serve
@@ -27,9 +27,9 @@ def start(
     port: int = 8000,
     host: str = "127.0.0.1",
     *,
-    address: Optional[str] = None,
-    num_cpus: Optional[int] = None,
-    pythonpath: Optional[list[str]] = None,
+    address: str | None = None,
+    num_cpus: int | None = None,
+    pythonpath: list[str] | None = None,
 ) -> None:
     """Start (or join, with ``address``) Ray and start Serve's HTTP proxy on ``host:port``.
 
@@ -58,7 +58,9 @@ def run(app: Any, name: str = "rocs", route_prefix: str = "/"):
 def run_many(apps: dict[str, Any]) -> dict[str, Any]:
     """Deploy several applications at once, each under ``/<name>``: their handles by name.
     Their replicas start together (one after another, each waits for its model to load)."""
-    targets = [serve.RunTarget(app, name=name, route_prefix=f"/{name}") for name, app in apps.items()]
+    targets = [
+        serve.RunTarget(app, name=name, route_prefix=f"/{name}") for name, app in apps.items()
+    ]
     return dict(zip(apps, serve.run_many(targets)))
 
 

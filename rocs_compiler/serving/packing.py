@@ -13,8 +13,9 @@ Plain module: no Ray, no HTTP; the deployment and the tests call it directly.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence, Union
+from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
@@ -36,7 +37,7 @@ class Packed:
     """One shared-layout call: leaves by field name, ``candidate_to_request`` and the number of
     candidates of each request (in order)."""
 
-    leaves: dict[str, Union[torch.Tensor, Jagged]]
+    leaves: dict[str, torch.Tensor | Jagged]
     index: torch.Tensor
     counts: list[int]
 
@@ -52,7 +53,7 @@ class Packed:
 def pack(schema: Schema, requests: Sequence[Request]) -> Packed:
     """One call for ``requests``, in order (each checked by ``schema.check``)."""
     counts = [r.num_candidates for r in requests]
-    leaves: dict[str, Union[torch.Tensor, Jagged]] = {}
+    leaves: dict[str, torch.Tensor | Jagged] = {}
     for f in schema.request_fields:
         rows = [r.request[f.name] for r in requests]
         leaves[f.name] = _jagged(rows) if f.jagged else _stack(rows)

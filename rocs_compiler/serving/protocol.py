@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -30,7 +30,7 @@ def decode(body: bytes, limit: int) -> Any:
         raise RequestError(f"malformed JSON: {err}", "body") from None
 
 
-def check_size(size: Optional[int], limit: int) -> None:
+def check_size(size: int | None, limit: int) -> None:
     if size is not None and size > limit:
         raise RequestError(f"body of {size} bytes is over the limit of {limit} bytes", "body", 413)
 
@@ -50,7 +50,7 @@ def scores(outputs: Any) -> dict:
     return {"scores": to_json(outputs)}
 
 
-def error(message: str, field: Optional[str] = None) -> dict:
+def error(message: str, field: str | None = None) -> dict:
     return {"error": " ".join(str(message).split()), "field": field}
 
 

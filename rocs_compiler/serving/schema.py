@@ -14,8 +14,9 @@ jagged field (a KJT key) takes a list of ids of any length per row.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,7 +30,7 @@ class RequestError(InputError):
     """A scoring request that does not fit the model: ``field`` names the feature (or the part
     of the body) at fault; ``status`` is the HTTP status it answers (400, or 413 for size)."""
 
-    def __init__(self, message: str, field: Optional[str] = None, status: int = 400):
+    def __init__(self, message: str, field: str | None = None, status: int = 400):
         super().__init__(message)
         self.field = field
         self.status = status
@@ -45,13 +46,17 @@ class Field:
     name: str
     side: str  # REQUEST or CANDIDATE
     dtype: torch.dtype
-    shape: tuple[Optional[int], ...] = ()
+    shape: tuple[int | None, ...] = ()
     jagged: bool = False  # a KeyedJaggedTensor key: a row is a list of ids of any length
 
     def describe(self) -> dict:
         shape = ["*"] if self.jagged else ["*" if s is None else s for s in self.shape]
-        return {"name": self.name, "side": self.side, "dtype": str(self.dtype).replace("torch.", ""),
-                "shape": shape}  # fmt: skip
+        return {
+            "name": self.name,
+            "side": self.side,
+            "dtype": str(self.dtype).replace("torch.", ""),
+            "shape": shape,
+        }
 
 
 @dataclass
@@ -102,12 +107,14 @@ class Schema:
         if not isinstance(payload, Mapping):
             raise RequestError(
                 f"the body must be an object with 'request' and 'candidates', got "
-                f"{type(payload).__name__}", "body",
-            )  # fmt: skip
+                f"{type(payload).__name__}",
+                "body",
+            )
         extra = sorted(set(payload) - {"request", "candidates"})
         if extra:
-            raise RequestError(f"unknown key {extra[0]!r}; the body has 'request' and 'candidates'",
-                               extra[0])  # fmt: skip
+            raise RequestError(
+                f"unknown key {extra[0]!r}; the body has 'request' and 'candidates'", extra[0]
+            )
         request = self._part(payload, "request", self.request_fields, REQUEST)
         candidates = self._part(payload, "candidates", self.candidate_fields, CANDIDATE)
         rows = {name: _rows(value, name) for name, value in candidates.items()}
@@ -122,8 +129,9 @@ class Schema:
         if num == 0:
             raise RequestError("a request needs at least one candidate", next(iter(rows)))
         checked_request = {f.name: self._row(f, request[f.name]) for f in self.request_fields}
-        checked_candidates = {f.name: self._rows(f, candidates[f.name], num)
-                              for f in self.candidate_fields}  # fmt: skip
+        checked_candidates = {
+            f.name: self._rows(f, candidates[f.name], num) for f in self.candidate_fields
+        }
         return Request(checked_request, checked_candidates, num)
 
     def _part(self, payload: Mapping, key: str, fields: list[Field], side: str) -> Mapping:
@@ -176,8 +184,9 @@ def _rows(value: Any, name: str) -> int:
     if not isinstance(value, (list, tuple)):
         raise RequestError(
             f"candidate feature {name!r} must be a list with one row per candidate, got "
-            f"{type(value).__name__}", name,
-        )  # fmt: skip
+            f"{type(value).__name__}",
+            name,
+        )
     return len(value)
 
 
@@ -185,14 +194,16 @@ def _tensor(f: Field, value: Any) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         kind = "f" if value.dtype.is_floating_point else ("b" if value.dtype == torch.bool else "i")
         if value.is_complex() or not _accepts(f.dtype, kind):
-            raise RequestError(f"{f.name!r} must hold {_expected(f.dtype)}, got {value.dtype}",
-                               f.name)  # fmt: skip
+            raise RequestError(
+                f"{f.name!r} must hold {_expected(f.dtype)}, got {value.dtype}", f.name
+            )
         return value.detach().to(f.dtype)
     try:
         array = np.asarray(value)
     except (ValueError, TypeError):  # ragged nested lists
-        raise RequestError(f"{f.name!r} is not a regular array of {_expected(f.dtype)}",
-                           f.name) from None  # fmt: skip
+        raise RequestError(
+            f"{f.name!r} is not a regular array of {_expected(f.dtype)}", f.name
+        ) from None
     if array.size == 0 and array.dtype.kind in "fO":  # ``[]`` is no float: it is empty
         return torch.zeros(array.shape, dtype=f.dtype)
     if array.dtype.kind not in _KINDS or not _accepts(f.dtype, array.dtype.kind):

@@ -19,7 +19,8 @@ which has no original, it is the program with every candidate its own request (R
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
@@ -43,7 +44,7 @@ class ServedModel:
         name: str,
         schema: Schema,
         shared: Callable[[Packed], Any],
-        plain: Optional[Callable[[Packed], Any]],
+        plain: Callable[[Packed], Any] | None,
         kind: str,
     ):
         self.name = name
@@ -72,7 +73,7 @@ class ServedModel:
         }
 
 
-def served_model(source: Any, name: Optional[str] = None) -> ServedModel:
+def served_model(source: Any, name: str | None = None) -> ServedModel:
     """A :class:`ServedModel` from a compiled model, a loaded program, a path to a saved program,
     or a no-argument factory returning one of them."""
     from ..export import LoadedProgram, load
@@ -105,7 +106,9 @@ def _model_name(compiled) -> str:
 
 def _from_compiled(cm, name: str) -> ServedModel:
     if cm.graph_module is None:
-        raise CompileError(f"{name}: the model runs eagerly ({cm.fallback_reason}); nothing to serve")
+        raise CompileError(
+            f"{name}: the model runs eagerly ({cm.fallback_reason}); nothing to serve"
+        )
     contract = cm.contract
     if isinstance(cm.input_format, ColumnFormat):
         raise InputError(
@@ -114,7 +117,9 @@ def _from_compiled(cm, name: str) -> ServedModel:
         )
     splits = list(cm.input_format.splits) if isinstance(cm.input_format, KJTFormat) else []
     kjt_arguments = {s.argument for s in splits}
-    values = {n.name: n.meta.get("val") for n in cm.graph_module.graph.nodes if n.op == "placeholder"}
+    values = {
+        n.name: n.meta.get("val") for n in cm.graph_module.graph.nodes if n.op == "placeholder"
+    }
     fields = []
     for leaf in contract.input_names:
         if leaf.split(".")[0] in kjt_arguments:
@@ -124,7 +129,9 @@ def _from_compiled(cm, name: str) -> ServedModel:
         fields.append(_field(name, leaf, val, contract.batched.get(leaf, False), side))
     for split in splits:
         if split.weighted:
-            raise InputError(f"{name}: weighted KeyedJaggedTensor {split.argument!r} is not served yet")
+            raise InputError(
+                f"{name}: weighted KeyedJaggedTensor {split.argument!r} is not served yet"
+            )
         for key in split.keys:
             side = REQUEST if key in split.request else CANDIDATE
             fields.append(Field(f"{split.argument}[{key}]", side, torch.int64, (), jagged=True))
@@ -183,7 +190,9 @@ def _from_program(program, name: str) -> ServedModel:
     in_spec = exported.call_spec.in_spec
     children = in_spec.children() if hasattr(in_spec, "children") else in_spec.children_specs
     kwargs_spec = children[1]
-    positions = named_leaves(pytree.tree_unflatten(list(range(kwargs_spec.num_leaves)), kwargs_spec))
+    positions = named_leaves(
+        pytree.tree_unflatten(list(range(kwargs_spec.num_leaves)), kwargs_spec)
+    )
     placeholders = {n.name: n for n in exported.graph.nodes if n.op == "placeholder"}
     user_inputs = list(exported.graph_signature.user_inputs)
     vals = {leaf: placeholders[user_inputs[i]].meta.get("val") for leaf, i in positions.items()}

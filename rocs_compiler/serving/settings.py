@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional
 
 from ..errors import OptionsError
 
@@ -31,14 +30,19 @@ class ServeSettings:
     max_queued: int = 256
     retry_after_s: int = 1
     body_limit: int = 32 * 2**20
-    threads: Optional[int] = None
+    threads: int | None = None
     plain: bool = False
     replica_cpus: float = 1.0
 
     def __post_init__(self):
         problems = []
-        for name in ("max_batch_candidates", "max_batch_requests", "max_queued", "body_limit",
-                     "retry_after_s"):  # fmt: skip
+        for name in (
+            "max_batch_candidates",
+            "max_batch_requests",
+            "max_queued",
+            "body_limit",
+            "retry_after_s",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 problems.append(f"{name} must be an integer >= 1, got {value!r}")

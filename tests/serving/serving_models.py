@@ -11,9 +11,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # models_for_tests
 
-import rocs_compiler as rocs  # noqa: E402
-from models_zoo import ZOO  # noqa: E402,F401 - also for other test modules
-from models_zoo.batch import get_leaf  # noqa: E402
+import rocs_compiler as rocs
+from models_zoo import ZOO
 
 NO_AUTOTUNE = {"autotune": False}
 
@@ -57,8 +56,10 @@ def dense_alone(model, body: dict) -> Any:
     """The original model on one request, its request rows replicated to its candidates."""
     candidates = {n: torch.tensor(v) for n, v in body["candidates"].items()}
     num = next(iter(candidates.values())).shape[0]
-    request = {n: torch.tensor(v).unsqueeze(0).expand(num, *torch.tensor(v).shape).contiguous()
-               for n, v in body["request"].items()}  # fmt: skip
+    request = {
+        n: torch.tensor(v).unsqueeze(0).expand(num, *torch.tensor(v).shape).contiguous()
+        for n, v in body["request"].items()
+    }
     with torch.no_grad():
         return model(**nested(_typed(model, {**request, **candidates})))
 
@@ -89,21 +90,27 @@ def kjt_requests(counts, seed=0) -> list[dict]:
     g = torch.Generator().manual_seed(seed)
     bodies = []
     for n in counts:
+
         def ids(key, k):
             vocab = tz.VOCAB["item_id" if key == "history" else key]
             return torch.randint(0, vocab, (k,), generator=g).tolist()
 
         history = int(torch.randint(0, tz.MAX_HISTORY + 1, (1,), generator=g))
-        bodies.append({
-            "request": {"sparse_features[user_id]": ids("user_id", 1),
-                        "sparse_features[history]": ids("history", history)},
-            "candidates": {
-                "dense_features": torch.randn(n, tz.DENSE, generator=g).tolist(),
-                "sparse_features[item_id]": [ids("item_id", 1) for _ in range(n)],
-                "sparse_features[item_tags]": [ids("item_tags", int(t)) for t in
-                                               torch.randint(0, 4, (n,), generator=g)],
-            },
-        })  # fmt: skip
+        bodies.append(
+            {
+                "request": {
+                    "sparse_features[user_id]": ids("user_id", 1),
+                    "sparse_features[history]": ids("history", history),
+                },
+                "candidates": {
+                    "dense_features": torch.randn(n, tz.DENSE, generator=g).tolist(),
+                    "sparse_features[item_id]": [ids("item_id", 1) for _ in range(n)],
+                    "sparse_features[item_tags]": [
+                        ids("item_tags", int(t)) for t in torch.randint(0, 4, (n,), generator=g)
+                    ],
+                },
+            }
+        )
     return bodies
 
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
-
 import serving_models as H
-import rocs_compiler as rocs
+import torch
 from models_for_tests import DICT_FEATURES
+
+import rocs_compiler as rocs
 from models_zoo import ZOO
 from rocs_compiler.serving import protocol
 from rocs_compiler.serving.packing import Jagged, pack, split
@@ -62,9 +62,10 @@ def test_dict_input_model_packed_equals_each_request_alone():
     model = DICT_FEATURES.build()
     served = served_model(DICT_FEATURES.compile(model, options=H.NO_AUTOTUNE))
     assert {f.name: f.side for f in served.schema.fields} == {
-        "features.user_age": REQUEST, "features.user_dense": REQUEST,
+        "features.user_age": REQUEST,
+        "features.user_dense": REQUEST,
         "features.item_dense": CANDIDATE,
-    }  # fmt: skip
+    }
     batch = DICT_FEATURES.batch(COUNTS, seed=4)
     bodies = H.dense_requests(batch, DICT_FEATURES.request_inputs)
     _check(served, model, bodies, H.dense_alone)
@@ -75,7 +76,9 @@ def test_kjt_model_packed_equals_each_request_alone():
     model, compiled = H.kjt_model()
     served = served_model(compiled)
     jagged = {f.name for f in served.schema.fields if f.jagged}
-    assert jagged == {f"sparse_features[{k}]" for k in ("user_id", "history", "item_id", "item_tags")}
+    assert jagged == {
+        f"sparse_features[{k}]" for k in ("user_id", "history", "item_id", "item_tags")
+    }
     _check(served, model, H.kjt_requests(COUNTS, seed=5), H.kjt_alone)
 
 
@@ -84,19 +87,23 @@ def test_outputs_split_per_request_keep_the_structure():
     parts = split(outputs, [2, 3])
     assert parts[0]["ctr"].tolist() == [0.0, 1.0] and parts[1]["ctr"].tolist() == [2.0, 3.0, 4.0]
     assert parts[1]["pair"][0].shape == (3, 2) and parts[1]["pair"][1] == 3.0
-    assert protocol.scores(parts[0]) == {"scores": {"ctr": [0.0, 1.0], "pair": [[[1.0, 1.0]] * 2, 3.0]}}
+    assert protocol.scores(parts[0]) == {
+        "scores": {"ctr": [0.0, 1.0], "pair": [[[1.0, 1.0]] * 2, 3.0]}
+    }
 
 
 # -- the check of one request ---------------------------------------------------------------------
 
-SCHEMA = Schema([
-    Field("user_id", REQUEST, torch.int64),
-    Field("user_dense", REQUEST, torch.float32, (3,)),
-    Field("history", REQUEST, torch.int64, (None,)),
-    Field("item_id", CANDIDATE, torch.int64),
-    Field("item_dense", CANDIDATE, torch.float32, (2,)),
-    Field("tags", CANDIDATE, torch.int64, (), jagged=True),
-])  # fmt: skip
+SCHEMA = Schema(
+    [
+        Field("user_id", REQUEST, torch.int64),
+        Field("user_dense", REQUEST, torch.float32, (3,)),
+        Field("history", REQUEST, torch.int64, (None,)),
+        Field("item_id", CANDIDATE, torch.int64),
+        Field("item_dense", CANDIDATE, torch.float32, (2,)),
+        Field("tags", CANDIDATE, torch.int64, (), jagged=True),
+    ]
+)
 
 
 def _body(**changes):
@@ -138,13 +145,16 @@ def test_a_good_request_is_packed_with_padding_and_jagged_rows():
         (_body(request__user_dense=[1, "a", 2]), "user_dense", "must hold numbers"),
         (_body(candidates__item_dense=[[1, 2], [3]]), "item_dense", "not a regular array"),
         (_body(candidates__item_id=[1, 2, 3]), "item_id", "disagree in length"),
-        (_body(candidates__item_id=[], candidates__item_dense=[], candidates__tags=[]),
-         "item_id", "at least one candidate"),
+        (
+            _body(candidates__item_id=[], candidates__item_dense=[], candidates__tags=[]),
+            "item_id",
+            "at least one candidate",
+        ),
         (_body(candidates__tags=[[1], [[2]]]), "tags", "a list of ids per row"),
         (_body(candidates__item_id=5), "item_id", "must be a list"),
         ({"request": [], "candidates": {}}, "request", "must be an object"),
     ],
-)  # fmt: skip
+)
 def test_a_bad_request_is_refused_naming_its_field(body, field, words):
     with pytest.raises(RequestError) as caught:
         SCHEMA.check(body)
@@ -164,7 +174,9 @@ def test_malformed_json_and_oversized_bodies():
 def test_tensors_and_arrays_are_taken_as_rows():
     import numpy as np
 
-    body = _body(request__user_dense=torch.tensor([1.0, 2, 3]), candidates__item_id=np.array([1, 2]))
+    body = _body(
+        request__user_dense=torch.tensor([1.0, 2, 3]), candidates__item_id=np.array([1, 2])
+    )
     request = SCHEMA.check(body)
     assert request.num_candidates == 2 and request.candidates["item_id"].dtype == torch.int64
     with pytest.raises(RequestError, match="must hold integers"):

@@ -27,13 +27,14 @@ import torch
 
 pytest.importorskip("ray.serve", reason="the serving tests need the serve extra (ray[serve])")
 
-import serving_models as H  # noqa: E402
-import rocs_compiler as rocs  # noqa: E402
-from models_for_tests import DICT_FEATURES  # noqa: E402
-from models_zoo import ZOO  # noqa: E402
-from rocs_compiler.serving import launch  # noqa: E402
-from rocs_compiler.serving.deployment import deployment  # noqa: E402
-from rocs_compiler.serving.settings import ServeSettings  # noqa: E402
+import serving_models as H
+from models_for_tests import DICT_FEATURES
+
+import rocs_compiler as rocs
+from models_zoo import ZOO
+from rocs_compiler.serving import launch
+from rocs_compiler.serving.deployment import deployment
+from rocs_compiler.serving.settings import ServeSettings
 
 pytestmark = pytest.mark.xdist_group("ray")
 
@@ -41,8 +42,9 @@ HERE = Path(__file__).resolve().parent
 TIMEOUT_S = 60  # any one HTTP request or handle call
 COMMAND_START_S, COMMAND_STOP_S = 240, 60
 # Batches of up to 400 candidates, a wait long enough that concurrent requests meet.
-TWO_TOWER = ServeSettings(max_batch_candidates=400, batch_wait_ms=100, replica_cpus=0,
-                          body_limit=2**20)  # fmt: skip
+TWO_TOWER = ServeSettings(
+    max_batch_candidates=400, batch_wait_ms=100, replica_cpus=0, body_limit=2**20
+)
 KJT = ServeSettings(max_batch_candidates=1000, batch_wait_ms=100, replica_cpus=0)
 
 
@@ -117,11 +119,23 @@ class Command:
         self.port = launch.free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = tmp / "serve.log"
-        self.log = open(self.log_path, "w+")
-        command = [sys.executable, "-m", "rocs_compiler.cli.main", "serve", str(self.artifact),
-                   "--port", str(self.port), "--max-batch-candidates", "512",
-                   # a small queue and a long wait, so that a burst overflows it
-                   "--max-queued", "2", "--batch-wait-ms", "300"]  # fmt: skip
+        self.log = open(self.log_path, "w+")  # noqa: SIM115 - open while the command runs
+        command = [
+            sys.executable,
+            "-m",
+            "rocs_compiler.cli.main",
+            "serve",
+            str(self.artifact),
+            "--port",
+            str(self.port),
+            "--max-batch-candidates",
+            "512",
+            # a small queue and a long wait, so that a burst overflows it
+            "--max-queued",
+            "2",
+            "--batch-wait-ms",
+            "300",
+        ]
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
 
     def output(self) -> str:
@@ -226,7 +240,9 @@ def test_a_request_over_the_cap_runs_alone(server, two_tower_model):
 def test_concurrent_http_clients(server, two_tower_model):
     bodies = _two_tower_bodies([3, 60, 1, 17, 120, 2, 9, 33], seed=11)
     with ThreadPoolExecutor(4) as pool:
-        answers = list(pool.map(lambda b: server.post("two_tower", b), bodies, timeout=TIMEOUT_S * 2))
+        answers = list(
+            pool.map(lambda b: server.post("two_tower", b), bodies, timeout=TIMEOUT_S * 2)
+        )
     for body, (status, answer, _) in zip(bodies, answers):
         assert status == 200
         _assert_scores(answer["scores"], H.dense_alone(two_tower_model, body))
@@ -251,9 +267,11 @@ def test_bad_input_answers_400_naming_the_field(server):
         (_bad(good, candidates__item_dense=[[1.0] * 5] * 2), "item_dense"),
         (_bad(good, candidates__item_id=[1.5, 2.5]), "item_id"),
         (_bad(good, candidates__item_id=[1, 2, 3]), "item_id"),
-        (_bad(good, candidates__item_id=[], candidates__item_cat=[], candidates__item_dense=[]),
-         "item_id"),
-    ]  # fmt: skip
+        (
+            _bad(good, candidates__item_id=[], candidates__item_cat=[], candidates__item_dense=[]),
+            "item_id",
+        ),
+    ]
     for body, field in cases:
         status, answer, _ = server.post("two_tower", body)
         assert status == 400 and answer["field"] == field, answer
@@ -287,7 +305,12 @@ def test_health_and_info(server):
     status, info, _ = server.get("kjt", "info")
     assert status == 200 and info["kind"] == "compiled"
     assert info["request_inputs"] == ["sparse_features[user_id]", "sparse_features[history]"]
-    assert {"name": "dense_features", "side": "candidate", "dtype": "float32", "shape": [4]} in info["inputs"]
+    assert {
+        "name": "dense_features",
+        "side": "candidate",
+        "dtype": "float32",
+        "shape": [4],
+    } in info["inputs"]
     assert info["batch"]["max_batch_candidates"] == 1000
 
 
@@ -317,8 +340,9 @@ def test_a_full_queue_answers_503_with_retry_after(command):
     command.ready()
     body = H.dense_requests(DICT_FEATURES.batch([2], seed=5), DICT_FEATURES.request_inputs)[0]
     with ThreadPoolExecutor(8) as pool:
-        answers = list(pool.map(lambda _: _http(f"{command.url}/score", body), range(8),
-                                timeout=TIMEOUT_S * 2))  # fmt: skip
+        answers = list(
+            pool.map(lambda _: _http(f"{command.url}/score", body), range(8), timeout=TIMEOUT_S * 2)
+        )
     statuses = sorted(status for status, _, _ in answers)
     assert 200 in statuses and 503 in statuses, statuses
     answer, headers = next((a, h) for status, a, h in answers if status == 503)
