@@ -22,6 +22,7 @@ answered with the model's outputs as tensors.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -85,6 +86,8 @@ class Scorer:
         self._held = 0
         self._batches = 0
         self._recent: deque = deque(maxlen=64)  # candidates per request of the latest batches
+        self._seconds: deque = deque(maxlen=1024)  # in the replica per request: wait, run, split
+        self._calls: deque = deque(maxlen=1024)  # of the model per batch: pack, call, split
         self._batch.set_max_batch_size(settings.max_batch_candidates)
         self._batch.set_batch_wait_timeout_s(settings.batch_wait_ms / 1000)
 
@@ -117,9 +120,21 @@ class Scorer:
         """The Python path: the model's outputs for one request, as tensors."""
         return await self._score(payload)
 
-    def stats(self) -> dict:
-        """Batches run so far and the candidate counts of the latest ones (tests, benchmarks)."""
-        return {"batches": self._batches, "recent": list(self._recent), "held": self._held}
+    def stats(self, reset: bool = False) -> dict:
+        """Batches run so far, the candidate counts of the latest ones, and the median time a
+        request spends in the replica and a batch in the model call (tests, benchmarks);
+        ``reset`` starts the timings afresh."""
+        stats = {
+            "batches": self._batches,
+            "recent": list(self._recent),
+            "held": self._held,
+            "replica_ms_p50": 1000 * _median(self._seconds),
+            "call_ms_p50": 1000 * _median(self._calls),
+        }
+        if reset:
+            self._seconds.clear()
+            self._calls.clear()
+        return stats
 
     def info(self) -> dict:
         return {
@@ -138,6 +153,7 @@ class Scorer:
                 f"retry after {settings.retry_after_s} s"
             )
         self._held += 1
+        start = time.perf_counter()
         try:
             request = self.schema.check(payload)
             if request.num_candidates > settings.max_batch_candidates:
@@ -147,6 +163,7 @@ class Scorer:
                 result = await self._batch(_Queued(request, settings.max_batch_requests))
         finally:
             self._held -= 1
+        self._seconds.append(time.perf_counter() - start)
         if isinstance(result, _Failed):
             raise result.error
         return result
@@ -172,10 +189,18 @@ class Scorer:
         return results
 
     def _call(self, requests: list[Request]) -> list:
+        start = time.perf_counter()
         packed = pack(self.schema, requests)
         self._batches += 1
         self._recent.append(packed.counts)
-        return split(self.model(packed, plain=self.settings.plain), packed.counts)
+        outputs = split(self.model(packed, plain=self.settings.plain), packed.counts)
+        self._calls.append(time.perf_counter() - start)
+        return outputs
+
+
+def _median(values) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2] if ordered else float("nan")
 
 
 def _route(http: HTTPRequest) -> str:
