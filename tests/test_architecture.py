@@ -20,7 +20,7 @@ MAX_ROOMS = 24
 # its own layer where it is listed in SIDEWAYS.
 LAYERS = [
     {"demo", "cli"},  # commands over the doors
-    {"backend"},  # the torch.compile door builds on the library door
+    {"backend", "serving"},  # doors that build on the library door and saved programs
     {"api", "export", "integrations", "layers"},  # doors and public homes
     {"pipeline"},
     {"transforms", "report"},

@@ -10,6 +10,7 @@
     rocs inspect ranker.pt2 --candidates 512              # a saved rocs.export program
     rocs export models_zoo:dlrm -o dlrm.pt2
     rocs export my_model.py:Ranker --weights ranker_state.pt ... -o ranker.pt2
+    rocs serve dlrm.pt2 --port 8000                      # Ray Serve (cli/serve.py)
     rocs zoo
     rocs bench dlrm din --quick                           # runs benchmarks/speed.py
 
@@ -55,6 +56,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from . import bench as cli_bench
+from . import serve as cli_serve
 from .output import Console, error_lines, third_party_silenced
 from ..errors import CompileError, InputError, TargetError
 from .input_specs import NOTATION, parse_spec
@@ -517,6 +519,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="compile with AOTInductor into a package (needs a C++ compiler)",
     )
+
+    cli_serve.add_command(sub, common, _positive)
 
     zoo = sub.add_parser(
         "zoo",

@@ -1,0 +1,226 @@
+"""A model behind the server: its input fields and the two ways to run a packed call.
+
+Three sources give a :class:`ServedModel` (:func:`served_model`):
+
+- a ``CompiledModel`` (``rocs.compile``): fields are its tensor inputs by compile-time name,
+  and KeyedJaggedTensor keys as ``"<argument>[<key>]"`` (a row is a list of ids); the shared call
+  is the compiled model's, with ``candidate_to_request`` taken on trust since packing built it;
+- a saved program (``rocs.save`` output, loaded with ``rocs.load``): fields are the program's
+  inputs (a KJT key as its padded pieces ``sparse_features.user_id.ids``/``.lengths``);
+- a path to such a file, or a no-argument factory returning any of the above (what a Ray
+  replica calls in its own process).
+
+``plain=True`` runs the same packed call as the original model would take it, request rows
+replicated to the candidates: the baseline a user compares on their own traffic. For a compiled
+model that is the original model (its input format gathers the rows); for a saved program,
+which has no original, it is the program with every candidate its own request (R = N).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from ..errors import CompileError, InputError
+from ..formats.columns import ColumnFormat
+from ..formats.kjt import KJTFormat
+from ..formats.leaves import named_leaves
+from ..formats.names import covers, nest
+from ..ir.graph_meta import INDEX_NAME
+from ..kernels.index_contract import trusted_index
+from .packing import Jagged, Packed
+from .schema import CANDIDATE, REQUEST, Field, Schema
+
+
+class ServedModel:
+    """A model's fields (:class:`Schema`), its name, and its shared and plain runs."""
+
+    def __init__(
+        self,
+        name: str,
+        schema: Schema,
+        shared: Callable[[Packed], Any],
+        plain: Callable[[Packed], Any] | None,
+        kind: str,
+    ):
+        self.name = name
+        self.schema = schema
+        self.kind = kind
+        self._shared = shared
+        self._plain = plain
+
+    @property
+    def has_plain(self) -> bool:
+        return self._plain is not None
+
+    def __call__(self, packed: Packed, plain: bool = False) -> Any:
+        if plain and self._plain is None:
+            raise CompileError(f"{self.name}: no original model to serve plain")
+        run = self._plain if plain else self._shared
+        with torch.inference_mode():
+            return run(packed)
+
+    def info(self) -> dict:
+        return {
+            "model": self.name,
+            "kind": self.kind,
+            "inputs": self.schema.describe(),
+            "request_inputs": [f.name for f in self.schema.request_fields],
+        }
+
+
+def served_model(source: Any, name: str | None = None) -> ServedModel:
+    """A :class:`ServedModel` from a compiled model, a loaded program, a path to a saved program,
+    or a no-argument factory returning one of them."""
+    from ..export import LoadedProgram, load
+    from ..runtime import CompiledModel
+
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        if not os.path.exists(path):
+            raise InputError(f"no such artifact: {path}")
+        return _from_program(load(path), name or os.path.basename(path))
+    if isinstance(source, CompiledModel):
+        return _from_compiled(source, name or _model_name(source))
+    if isinstance(source, LoadedProgram):
+        return _from_program(source, name or "program")
+    if callable(source):
+        return served_model(source(), name or getattr(source, "__name__", None))
+    raise InputError(
+        f"cannot serve a {type(source).__name__}: give a CompiledModel, a program from "
+        "rocs.load, a path to a saved program, or a factory returning one"
+    )
+
+
+def _model_name(compiled) -> str:
+    original = getattr(compiled, "_original", None)
+    return type(original).__name__ if original is not None else "compiled model"
+
+
+# -- a compiled model -----------------------------------------------------------------------------
+
+
+def _from_compiled(cm, name: str) -> ServedModel:
+    if cm.graph_module is None:
+        raise CompileError(
+            f"{name}: the model runs eagerly ({cm.fallback_reason}); nothing to serve"
+        )
+    contract = cm.contract
+    if isinstance(cm.input_format, ColumnFormat):
+        raise InputError(
+            f"{name}: models compiled with column ranges of a packed input are not served yet; "
+            "compile with the columns as separate inputs"
+        )
+    splits = list(cm.input_format.splits) if isinstance(cm.input_format, KJTFormat) else []
+    kjt_arguments = {s.argument for s in splits}
+    values = {
+        n.name: n.meta.get("val") for n in cm.graph_module.graph.nodes if n.op == "placeholder"
+    }
+    fields = []
+    for leaf in contract.input_names:
+        if leaf.split(".")[0] in kjt_arguments:
+            continue
+        val = values[cm.placeholder_of[leaf]]
+        side = REQUEST if any(covers(r, leaf) for r in contract.request_inputs) else CANDIDATE
+        fields.append(_field(name, leaf, val, contract.batched.get(leaf, False), side))
+    for split in splits:
+        if split.weighted:
+            raise InputError(
+                f"{name}: weighted KeyedJaggedTensor {split.argument!r} is not served yet"
+            )
+        for key in split.keys:
+            side = REQUEST if key in split.request else CANDIDATE
+            fields.append(Field(f"{split.argument}[{key}]", side, torch.int64, (), jagged=True))
+    schema = Schema(fields)
+    dense = [f.name for f in fields if not f.jagged]
+
+    def call(packed: Packed) -> dict:
+        kwargs = nest({tuple(n.split(".")): packed.leaves[n] for n in dense})
+        for split in splits:
+            kwargs[split.argument] = _kjt(split, packed)
+        return kwargs
+
+    def shared(packed: Packed) -> Any:
+        with trusted_index():
+            return cm(**call(packed), candidate_to_request=packed.index)
+
+    original = getattr(cm, "_original", None)  # the runtime keeps the model it was compiled from
+
+    def plain(packed: Packed) -> Any:
+        return cm.input_format.run_original(original, (), call(packed), packed.index)
+
+    return ServedModel(name, schema, shared, plain if original is not None else None, "compiled")
+
+
+def _kjt(split, packed: Packed):
+    """The shared-layout KeyedJaggedTensor of one argument: request keys with R rows, candidate
+    keys with N (TorchRec's stride per key)."""
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    keys = list(split.keys)
+    pieces: list[Jagged] = [packed.leaves[f"{split.argument}[{k}]"] for k in keys]
+    strides = [packed.num_requests if k in split.request else packed.num_candidates for k in keys]
+    return KeyedJaggedTensor(
+        keys=keys,
+        values=torch.cat([p.values for p in pieces]),
+        lengths=torch.cat([p.lengths for p in pieces]),
+        stride_per_key_per_rank=[[s] for s in strides],
+    )
+
+
+def _field(model: str, leaf: str, val: Any, batched: bool, side: str) -> Field:
+    if not isinstance(val, torch.Tensor) or not batched or val.dim() == 0:
+        raise InputError(
+            f"{model}: input {leaf!r} has no row per request or candidate (it is passed whole to "
+            "every call); a served model takes every tensor input per row"
+        )
+    shape = tuple(s if isinstance(s, int) else None for s in val.shape[1:])
+    return Field(leaf, side, val.dtype, shape)
+
+
+# -- a saved program ------------------------------------------------------------------------------
+
+
+def _from_program(program, name: str) -> ServedModel:
+    exported = program.program
+    in_spec = exported.call_spec.in_spec
+    children = in_spec.children() if hasattr(in_spec, "children") else in_spec.children_specs
+    kwargs_spec = children[1]
+    positions = named_leaves(
+        pytree.tree_unflatten(list(range(kwargs_spec.num_leaves)), kwargs_spec)
+    )
+    placeholders = {n.name: n for n in exported.graph.nodes if n.op == "placeholder"}
+    user_inputs = list(exported.graph_signature.user_inputs)
+    vals = {leaf: placeholders[user_inputs[i]].meta.get("val") for leaf, i in positions.items()}
+    index_val = vals.pop(INDEX_NAME, None)
+    if index_val is None:
+        raise CompileError(f"{name}: not a rocs program (no {INDEX_NAME} input)")
+    candidates_symbol = index_val.shape[0]
+    fields = []
+    for leaf, val in vals.items():
+        rows = val.shape[0] if isinstance(val, torch.Tensor) and val.dim() else None
+        batched = rows is not None and not isinstance(rows, int)
+        side = CANDIDATE if batched and str(rows) == str(candidates_symbol) else REQUEST
+        fields.append(_field(name, leaf, val, batched, side))
+    schema = Schema(fields)
+    module = program.module()
+    names = [f.name for f in fields]
+    requests = [f.name for f in schema.request_fields]
+
+    def shared(packed: Packed) -> Any:
+        kwargs = nest({tuple(n.split(".")): packed.leaves[n] for n in names})
+        return module(**kwargs, candidate_to_request=packed.index)
+
+    def plain(packed: Packed) -> Any:
+        leaves = dict(packed.leaves)
+        for n in requests:
+            leaves[n] = leaves[n].index_select(0, packed.index)
+        kwargs = nest({tuple(n.split(".")): leaves[n] for n in names})
+        identity = torch.arange(packed.num_candidates)
+        return module(**kwargs, candidate_to_request=identity)
+
+    return ServedModel(name, schema, shared, plain, "saved program")

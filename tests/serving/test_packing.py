@@ -1,0 +1,183 @@
+"""Packing without Ray: requests checked, packed into one shared-layout call and split back equal
+the original model on each request alone (zoo, dict-input, KJT models and a saved program), and
+every bad request is refused with a one-line error naming its field before it is packed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import serving_models as H
+import torch
+from models_for_tests import DICT_FEATURES
+
+import rocs_compiler as rocs
+from models_zoo import ZOO
+from rocs_compiler.serving import protocol
+from rocs_compiler.serving.packing import Jagged, pack, split
+from rocs_compiler.serving.schema import CANDIDATE, REQUEST, Field, RequestError, Schema
+from rocs_compiler.serving.served import served_model
+
+COUNTS = [1, 7, 300]  # one batch with a single candidate, a few, and many
+
+
+def _check(served, model, bodies, alone):
+    requests = [served.schema.check(json.loads(json.dumps(b))) for b in bodies]
+    packed = pack(served.schema, requests)
+    assert packed.counts == COUNTS and packed.num_candidates == sum(COUNTS)
+    shared = split(served(packed), packed.counts)
+    plain = split(served(packed, plain=True), packed.counts)
+    for body, got, baseline in zip(bodies, shared, plain):
+        want = alone(model, body)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(baseline, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def two_tower():
+    return H.zoo_compiled("two_tower", options=H.NO_AUTOTUNE)
+
+
+def _zoo_bodies(name):
+    entry = ZOO[name]
+    return H.dense_requests(entry.make_batch(COUNTS, seed=3), entry.request_inputs)
+
+
+def test_zoo_model_packed_equals_each_request_alone(two_tower):
+    model, compiled = two_tower
+    _check(served_model(compiled), model, _zoo_bodies("two_tower"), H.dense_alone)
+
+
+def test_saved_program_packed_equals_each_request_alone(two_tower, tmp_path):
+    model, compiled = two_tower
+    path = tmp_path / "two_tower.pt2"
+    rocs.save(rocs.export(compiled), path)
+    served = served_model(str(path))
+    assert served.kind == "saved program"
+    assert [f.name for f in served.schema.request_fields] == list(ZOO["two_tower"].request_inputs)
+    _check(served, model, _zoo_bodies("two_tower"), H.dense_alone)
+
+
+def test_dict_input_model_packed_equals_each_request_alone():
+    model = DICT_FEATURES.build()
+    served = served_model(DICT_FEATURES.compile(model, options=H.NO_AUTOTUNE))
+    assert {f.name: f.side for f in served.schema.fields} == {
+        "features.user_age": REQUEST,
+        "features.user_dense": REQUEST,
+        "features.item_dense": CANDIDATE,
+    }
+    batch = DICT_FEATURES.batch(COUNTS, seed=4)
+    bodies = H.dense_requests(batch, DICT_FEATURES.request_inputs)
+    _check(served, model, bodies, H.dense_alone)
+
+
+def test_kjt_model_packed_equals_each_request_alone():
+    pytest.importorskip("torchrec")
+    model, compiled = H.kjt_model()
+    served = served_model(compiled)
+    jagged = {f.name for f in served.schema.fields if f.jagged}
+    assert jagged == {
+        f"sparse_features[{k}]" for k in ("user_id", "history", "item_id", "item_tags")
+    }
+    _check(served, model, H.kjt_requests(COUNTS, seed=5), H.kjt_alone)
+
+
+def test_outputs_split_per_request_keep_the_structure():
+    outputs = {"ctr": torch.arange(5.0), "pair": (torch.ones(5, 2), 3.0)}
+    parts = split(outputs, [2, 3])
+    assert parts[0]["ctr"].tolist() == [0.0, 1.0] and parts[1]["ctr"].tolist() == [2.0, 3.0, 4.0]
+    assert parts[1]["pair"][0].shape == (3, 2) and parts[1]["pair"][1] == 3.0
+    assert protocol.scores(parts[0]) == {
+        "scores": {"ctr": [0.0, 1.0], "pair": [[[1.0, 1.0]] * 2, 3.0]}
+    }
+
+
+# -- the check of one request ---------------------------------------------------------------------
+
+SCHEMA = Schema(
+    [
+        Field("user_id", REQUEST, torch.int64),
+        Field("user_dense", REQUEST, torch.float32, (3,)),
+        Field("history", REQUEST, torch.int64, (None,)),
+        Field("item_id", CANDIDATE, torch.int64),
+        Field("item_dense", CANDIDATE, torch.float32, (2,)),
+        Field("tags", CANDIDATE, torch.int64, (), jagged=True),
+    ]
+)
+
+
+def _body(**changes):
+    body = {
+        "request": {"user_id": 4, "user_dense": [0.5, 1, 2], "history": [1, 2]},
+        "candidates": {"item_id": [7, 8], "item_dense": [[1, 2], [3, 4.5]], "tags": [[1], []]},
+    }
+    for key, value in changes.items():
+        part, name = key.split("__")
+        if value is None:
+            del body[part][name]
+        else:
+            body[part][name] = value
+    return body
+
+
+def test_a_good_request_is_packed_with_padding_and_jagged_rows():
+    first = SCHEMA.check(_body())
+    second = SCHEMA.check(_body(request__history=[5, 6, 7], candidates__item_id=[1, 2]))
+    packed = pack(SCHEMA, [first, second])
+    assert packed.index.tolist() == [0, 0, 1, 1]
+    assert packed.leaves["history"].tolist() == [[1, 2, 0], [5, 6, 7]]  # zeros to the longest
+    assert packed.leaves["user_dense"].dtype == torch.float32
+    tags = packed.leaves["tags"]
+    assert isinstance(tags, Jagged) and tags.lengths.tolist() == [1, 0, 1, 0]
+    assert tags.values.tolist() == [1, 1]
+
+
+@pytest.mark.parametrize(
+    "body, field, words",
+    [
+        ([1, 2], "body", "must be an object"),
+        ({"request": {}, "candidates": {}, "extra": 1}, "extra", "unknown key"),
+        (_body(request__user_dense=None), "user_dense", "missing request feature"),
+        (_body(request__age=3), "age", "unknown feature"),
+        (_body(request__item_id=3), "item_id", "is a candidate feature"),
+        (_body(candidates__item_id=[1.5, 2]), "item_id", "must hold integers, got numbers"),
+        (_body(candidates__item_dense=[[1, 2, 3], [4, 5, 6]]), "item_dense", "shape [2, 2]"),
+        (_body(request__user_dense=[1, "a", 2]), "user_dense", "must hold numbers"),
+        (_body(candidates__item_dense=[[1, 2], [3]]), "item_dense", "not a regular array"),
+        (_body(candidates__item_id=[1, 2, 3]), "item_id", "disagree in length"),
+        (
+            _body(candidates__item_id=[], candidates__item_dense=[], candidates__tags=[]),
+            "item_id",
+            "at least one candidate",
+        ),
+        (_body(candidates__tags=[[1], [[2]]]), "tags", "a list of ids per row"),
+        (_body(candidates__item_id=5), "item_id", "must be a list"),
+        ({"request": [], "candidates": {}}, "request", "must be an object"),
+    ],
+)
+def test_a_bad_request_is_refused_naming_its_field(body, field, words):
+    with pytest.raises(RequestError) as caught:
+        SCHEMA.check(body)
+    assert caught.value.field == field and caught.value.status == 400
+    assert words in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_malformed_json_and_oversized_bodies():
+    with pytest.raises(RequestError, match="malformed JSON") as caught:
+        protocol.decode(b'{"request": ', 1000)
+    assert caught.value.status == 400 and caught.value.field == "body"
+    with pytest.raises(RequestError, match="over the limit") as caught:
+        protocol.decode(b"x" * 11, 10)
+    assert caught.value.status == 413
+
+
+def test_tensors_and_arrays_are_taken_as_rows():
+    import numpy as np
+
+    body = _body(
+        request__user_dense=torch.tensor([1.0, 2, 3]), candidates__item_id=np.array([1, 2])
+    )
+    request = SCHEMA.check(body)
+    assert request.num_candidates == 2 and request.candidates["item_id"].dtype == torch.int64
+    with pytest.raises(RequestError, match="must hold integers"):
+        SCHEMA.check(_body(candidates__item_id=torch.tensor([1.0, 2.0])))

@@ -1,0 +1,372 @@
+"""Serving end to end: a zoo model and a KJT model deployed once on this process's Ray (the
+handle path and HTTP), and ``rocs serve`` of a saved dict-input model in a subprocess with its
+own Ray (HTTP, overload, SIGTERM), started first so that the two cold starts overlap. Every test
+reuses them.
+
+Ray starts once for the whole run: this module is one xdist group (the README's and .ci/run's
+``pytest -n 2 --dist loadgroup`` keep it on one worker), with ``num_cpus=2``, no dashboard, and
+HTTP on 127.0.0.1 at free ports. Every request loop is bounded in count and time; the teardown
+and the SIGTERM test check that no process either Ray started is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("ray.serve", reason="the serving tests need the serve extra (ray[serve])")
+
+import serving_models as H
+from models_for_tests import DICT_FEATURES
+
+import rocs_compiler as rocs
+from models_zoo import ZOO
+from rocs_compiler.serving import launch
+from rocs_compiler.serving.deployment import deployment
+from rocs_compiler.serving.settings import ServeSettings
+
+pytestmark = pytest.mark.xdist_group("ray")
+
+HERE = Path(__file__).resolve().parent
+TIMEOUT_S = 60  # any one HTTP request or handle call
+COMMAND_START_S, COMMAND_STOP_S = 240, 60
+# Batches of up to 400 candidates, a wait long enough that concurrent requests meet.
+TWO_TOWER = ServeSettings(
+    max_batch_candidates=400, batch_wait_ms=100, replica_cpus=0, body_limit=2**20
+)
+KJT = ServeSettings(max_batch_candidates=1000, batch_wait_ms=100, replica_cpus=0)
+
+
+def _descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _http(url: str, body=None, raw: bytes | None = None):
+    """(status, JSON answer, headers with lower-case names) of a GET, or of a POST of ``body``."""
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as answer:
+            status, text, headers = answer.status, answer.read(), answer.headers
+    except urllib.error.HTTPError as err:
+        status, text, headers = err.code, err.read(), err.headers
+    try:
+        value = json.loads(text or b"null")
+    except ValueError:  # Serve's own errors are plain text
+        value = {"error": text.decode(errors="replace"), "field": None}
+    return status, value, {k.lower(): v for k, v in headers.items()}
+
+
+class Server:
+    def __init__(self, url: str, handles: dict, started_s: float):
+        self.url, self.handles, self.started_s = url, handles, started_s
+
+    def post(self, name: str, body, raw: bytes | None = None):
+        return _http(f"{self.url}/{name}/score", body, raw)
+
+    def get(self, name: str, path: str):
+        return _http(f"{self.url}/{name}/{path}")
+
+    def score(self, name: str, body):
+        return self.handles[name].score.remote(body).result(timeout_s=TIMEOUT_S)
+
+    def stats(self, name: str) -> dict:
+        return self.handles[name].stats.remote().result(timeout_s=TIMEOUT_S)
+
+
+class Command:
+    """``rocs serve ARTIFACT`` in a subprocess, started before this module's own Ray so that the
+    two cold starts overlap (they mostly wait)."""
+
+    def __init__(self, tmp: Path):
+        self.model = DICT_FEATURES.build()
+        compiled = DICT_FEATURES.compile(self.model, options={})
+        self.artifact = tmp / "dict_features.pt2"
+        rocs.save(rocs.export(compiled), self.artifact)
+        self.port = launch.free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = tmp / "serve.log"
+        self.log = open(self.log_path, "w+")  # noqa: SIM115 - open while the command runs
+        command = [
+            sys.executable,
+            "-m",
+            "rocs_compiler.cli.main",
+            "serve",
+            str(self.artifact),
+            "--port",
+            str(self.port),
+            "--max-batch-candidates",
+            "512",
+            # a small queue and a long wait, so that a burst overflows it
+            "--max-queued",
+            "2",
+            "--batch-wait-ms",
+            "300",
+        ]
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def output(self) -> str:
+        return self.log_path.read_text()
+
+    def ready(self) -> None:
+        """Wait (bounded) until the command answers ``GET /healthz``."""
+        deadline = time.monotonic() + COMMAND_START_S
+        while time.monotonic() < deadline and self.process.poll() is None:
+            try:
+                if _http(f"{self.url}/healthz")[0] == 200:
+                    return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                time.sleep(1)
+        raise AssertionError(f"rocs serve did not come up:\n{self.output()}")
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=30)
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def command(tmp_path_factory):
+    started = Command(tmp_path_factory.mktemp("serve"))
+    yield started
+    started.close()
+
+
+@pytest.fixture(scope="module")
+def server(command):
+    start = time.monotonic()
+    port = launch.free_port()
+    paths = [str(HERE), str(HERE.parent), str(HERE.parents[1])]
+    launch.start(port, num_cpus=2, pythonpath=paths)
+    before = _descendants(os.getpid())
+    try:
+        apps = {
+            "two_tower": deployment(H.two_tower_factory, TWO_TOWER, name="two_tower"),
+            "kjt": deployment(H.kjt_factory, KJT, name="kjt"),
+        }
+        handles = launch.run_many(apps)
+        started = time.monotonic() - start
+        print(f"\n[serving tests] Ray and two deployments up in {started:.1f} s", file=sys.stderr)
+        yield Server(f"http://127.0.0.1:{port}", handles, started)
+        ray_processes = _descendants(os.getpid()) | before
+    finally:
+        launch.stop()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and any(map(_alive, ray_processes)):
+        time.sleep(0.5)
+    left = [pid for pid in ray_processes if _alive(pid)]
+    assert not left, f"processes left after shutdown: {left}"
+
+
+def _two_tower_bodies(counts, seed=3):
+    entry = ZOO["two_tower"]
+    return H.dense_requests(entry.make_batch(counts, seed=seed), entry.request_inputs)
+
+
+@pytest.fixture(scope="module")
+def two_tower_model():
+    return ZOO["two_tower"].build()
+
+
+def _assert_scores(got, want):
+    """``got`` (tensors, or JSON lists from HTTP) equals ``want`` in the model's structure."""
+    if isinstance(want, dict):
+        assert set(got) == set(want)
+        for key in want:
+            _assert_scores(got[key], want[key])
+        return
+    torch.testing.assert_close(torch.as_tensor(got), want, rtol=1e-5, atol=1e-6)
+
+
+def test_requests_with_1_7_and_300_candidates_share_one_batch(server, two_tower_model):
+    bodies = _two_tower_bodies([1, 7, 300])
+    handle = server.handles["two_tower"]
+    before = server.stats("two_tower")["batches"]
+    responses = [handle.score.remote(b) for b in bodies]
+    results = [r.result(timeout_s=TIMEOUT_S) for r in responses]
+    for body, got in zip(bodies, results):
+        _assert_scores(got, H.dense_alone(two_tower_model, body))
+    stats = server.stats("two_tower")
+    assert stats["batches"] - before == 1 and sorted(stats["recent"][-1]) == [1, 7, 300]
+
+
+def test_http_scores_equal_the_model_on_each_request_alone(server, two_tower_model):
+    body = _two_tower_bodies([5], seed=8)[0]
+    status, answer, _ = server.post("two_tower", body)
+    assert status == 200
+    _assert_scores(answer["scores"], H.dense_alone(two_tower_model, body))
+
+
+def test_a_request_over_the_cap_runs_alone(server, two_tower_model):
+    body = _two_tower_bodies([450], seed=9)[0]
+    _assert_scores(server.score("two_tower", body), H.dense_alone(two_tower_model, body))
+    assert server.stats("two_tower")["recent"][-1] == [450]
+
+
+def test_concurrent_http_clients(server, two_tower_model):
+    bodies = _two_tower_bodies([3, 60, 1, 17, 120, 2, 9, 33], seed=11)
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(
+            pool.map(lambda b: server.post("two_tower", b), bodies, timeout=TIMEOUT_S * 2)
+        )
+    for body, (status, answer, _) in zip(bodies, answers):
+        assert status == 200
+        _assert_scores(answer["scores"], H.dense_alone(two_tower_model, body))
+
+
+def _bad(body, **changes):
+    body = json.loads(json.dumps(body))
+    for key, value in changes.items():
+        part, name = key.split("__")
+        if value is None:
+            del body[part][name]
+        else:
+            body[part][name] = value
+    return body
+
+
+def test_bad_input_answers_400_naming_the_field(server):
+    good = _two_tower_bodies([2], seed=12)[0]
+    cases = [
+        (_bad(good, request__user_dense=None), "user_dense"),
+        (_bad(good, request__age=1), "age"),
+        (_bad(good, candidates__item_dense=[[1.0] * 5] * 2), "item_dense"),
+        (_bad(good, candidates__item_id=[1.5, 2.5]), "item_id"),
+        (_bad(good, candidates__item_id=[1, 2, 3]), "item_id"),
+        (
+            _bad(good, candidates__item_id=[], candidates__item_cat=[], candidates__item_dense=[]),
+            "item_id",
+        ),
+    ]
+    for body, field in cases:
+        status, answer, _ = server.post("two_tower", body)
+        assert status == 400 and answer["field"] == field, answer
+        assert "\n" not in answer["error"]
+    status, answer, _ = server.post("two_tower", None, raw=b'{"request": [')
+    assert status == 400 and answer["field"] == "body" and "malformed JSON" in answer["error"]
+    status, answer, _ = server.post("two_tower", None, raw=b" " * (2**20 + 1))
+    assert status == 413
+    assert server.get("two_tower", "nothing")[0] == 404
+
+
+def test_a_bad_request_never_fails_its_batch_mates(server, two_tower_model):
+    good = _two_tower_bodies([4, 6], seed=13)
+    # Passes the check (an id is an integer) but the model fails on it: an embedding row that
+    # does not exist. The batch is run again one request at a time.
+    failing = _bad(good[0], candidates__item_id=[10**9] * 4)
+    wrong_shape = _bad(good[0], request__user_dense=[1.0])
+    handle = server.handles["two_tower"]
+    calls = [handle.score.remote(b) for b in (good[0], failing, wrong_shape, good[1])]
+    _assert_scores(calls[0].result(timeout_s=TIMEOUT_S), H.dense_alone(two_tower_model, good[0]))
+    _assert_scores(calls[3].result(timeout_s=TIMEOUT_S), H.dense_alone(two_tower_model, good[1]))
+    for call, words in ((calls[1], "the model refused this request"), (calls[2], "user_dense")):
+        with pytest.raises(Exception, match=words):
+            call.result(timeout_s=TIMEOUT_S)
+    status, answer, _ = server.post("two_tower", failing)
+    assert status == 400 and "IndexError" in answer["error"]
+
+
+def test_health_and_info(server):
+    assert server.get("two_tower", "healthz")[:2] == (200, {"status": "ok"})
+    status, info, _ = server.get("kjt", "info")
+    assert status == 200 and info["kind"] == "compiled"
+    assert info["request_inputs"] == ["sparse_features[user_id]", "sparse_features[history]"]
+    assert {
+        "name": "dense_features",
+        "side": "candidate",
+        "dtype": "float32",
+        "shape": [4],
+    } in info["inputs"]
+    assert info["batch"]["max_batch_candidates"] == 1000
+
+
+def test_dict_input_model_over_http(command):
+    command.ready()
+    bodies = H.dense_requests(DICT_FEATURES.batch([3, 1], seed=4), DICT_FEATURES.request_inputs)
+    for body in bodies:
+        status, answer, _ = _http(f"{command.url}/score", body)
+        assert status == 200 and set(answer["scores"]) == {"ctr", "cvr", "user"}
+        _assert_scores(answer["scores"], H.dense_alone(command.model, body))
+
+
+def test_kjt_model_requests_batched(server):
+    pytest.importorskip("torchrec")
+    model, _ = H.kjt_model()
+    bodies = H.kjt_requests([1, 7, 300], seed=14)
+    handle = server.handles["kjt"]
+    calls = [handle.score.remote(b) for b in bodies]
+    for body, call in zip(bodies, calls):
+        _assert_scores(call.result(timeout_s=TIMEOUT_S), H.kjt_alone(model, body))
+    status, answer, _ = server.post("kjt", bodies[1])
+    assert status == 200
+    _assert_scores(answer["scores"], H.kjt_alone(model, bodies[1]))
+
+
+def test_a_full_queue_answers_503_with_retry_after(command):
+    command.ready()
+    body = H.dense_requests(DICT_FEATURES.batch([2], seed=5), DICT_FEATURES.request_inputs)[0]
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(
+            pool.map(lambda _: _http(f"{command.url}/score", body), range(8), timeout=TIMEOUT_S * 2)
+        )
+    statuses = sorted(status for status, _, _ in answers)
+    assert 200 in statuses and 503 in statuses, statuses
+    answer, headers = next((a, h) for status, a, h in answers if status == 503)
+    assert headers.get("retry-after") == "1" and "max_queued" in answer["error"]
+
+
+def test_rocs_serve_serves_a_saved_program_and_stops_on_sigterm(command):
+    """Last of the tests using the command: it stops it."""
+    command.ready()
+    process, url = command.process, command.url
+    status, info, _ = _http(f"{url}/info")
+    assert status == 200 and info["kind"] == "saved program", command.output()
+    assert info["batch"]["max_batch_candidates"] == 512
+    body = H.dense_requests(DICT_FEATURES.batch([6], seed=2), info["request_inputs"])[0]
+    status, answer, _ = _http(f"{url}/score", body)
+    assert status == 200
+    _assert_scores(answer["scores"], H.dense_alone(command.model, body))
+    processes = _descendants(process.pid)
+    assert processes, "Ray started no process"
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=COMMAND_STOP_S) == 0, command.output()
+    assert f"at {url}/score" in command.output()
+    deadline = time.monotonic() + COMMAND_STOP_S
+    while time.monotonic() < deadline and any(map(_alive, processes)):
+        time.sleep(0.5)
+    left = [pid for pid in processes if _alive(pid)]
+    assert not left, f"processes left after rocs serve stopped: {left}"
