@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from typing import Any, Mapping, Optional, Sequence
 
@@ -17,6 +18,7 @@ from .runtime import CompiledModel, InputContract
 from .runtime.guards import Guards
 from .runtime.mislabel import example_finding
 from .runtime.plain import PlainProgram
+from .runtime.training import TrainingProgram
 
 
 def compile(  # noqa: A001 - mirrors torch.compile
@@ -28,6 +30,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     fallback: str = "error",
     options: Optional[Mapping[str, Any] | Options] = None,
     unbatched_inputs: Sequence[str] | str = (),
+    training: bool = False,
 ) -> CompiledModel:
     """Compile ``model`` so its request-only computation runs once per request.
 
@@ -44,8 +47,18 @@ def compile(  # noqa: A001 - mirrors torch.compile
             unknown key or a wrong type raises :class:`OptionsError` listing the valid ones.
         unbatched_inputs: names of tensor inputs without a batch dim (a table passed to every
             call), needed only when their dim 0 equals the example's batch size.
+        training: compile for training (the option ``training``): the model may be in training
+            mode (captured as it is), and calls in grad mode backpropagate into the model's own
+            parameters, with the request side computed once per request forward and backward
+            (docs/contract.md, "Autograd").
     """
     options = Options.from_mapping(options, where="rocs.compile")
+    if training:
+        options = dataclasses.replace(options, training=True)
+    if options.training and fallback == "eager":
+        raise ValueError(
+            "fallback='eager' does not combine with training=True: train the original model"
+        )
     if fallback not in ("error", "eager"):
         raise ValueError(f"fallback must be 'error' or 'eager', got {fallback!r}")
     if isinstance(request_inputs, str):
@@ -80,10 +93,15 @@ def compile(  # noqa: A001 - mirrors torch.compile
         weight_names=captured.param_names, plain=plain, unit_flops=result.unit_flops,
         input_format=prepared.format, weights_from=prepared.model,
         guards=Guards(prepared.model, captured.reads, captured.param_names),
+        training=_training_program(result, prepared.model) if options.training else None,
     )  # fmt: skip
     compiled.pipeline_result = result  # logical and shared graphs, for inspection tools
     compiled._mislabel.finding = example_finding(compiled.contract, prepared.args, prepared.kwargs)
     return compiled
+
+
+def _training_program(result, model: nn.Module) -> TrainingProgram:
+    return TrainingProgram(result.shared_graph, model, result.captured.param_names)
 
 
 def _contract(described) -> InputContract:

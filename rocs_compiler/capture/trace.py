@@ -35,7 +35,11 @@ from ..formats.leaves import (
     register_dataclasses,
 )
 from .reads import Reads, recording
-from .side_effects import reject_renorming_embeddings, reject_state_mutation
+from .side_effects import (
+    reject_batch_statistics_updates,
+    reject_renorming_embeddings,
+    reject_state_mutation,
+)
 
 _ASSERTION_OPS = {
     torch.ops.aten._assert_scalar.default,
@@ -121,13 +125,19 @@ def describe_example(
     example_kwargs: Mapping[str, Any],
     request_inputs: list[str],
     unbatched_inputs: Sequence[str] = (),
+    training: bool = False,
 ) -> ExampleCall:
     """Name the example's leaves, find the batched ones, and run it once for the output layout.
 
     A tensor leaf is batched when its dim 0 has the example's batch size, unless
-    ``unbatched_inputs`` names it (a table whose row count happens to equal the batch size)."""
-    if model.training:
-        raise InputError("rocs compiles models for inference: call model.eval() first")
+    ``unbatched_inputs`` names it (a table whose row count happens to equal the batch size).
+    ``training``: the model may be in training mode (a training compile); the example run then
+    leaves the random number generators as it found them."""
+    if model.training and not training:
+        raise InputError(
+            "rocs compiles models for inference: call model.eval() first, or compile for "
+            "training with rocs.compile(..., training=True)"
+        )
     signature = inspect.signature(model.forward)
     bound = bind_inputs(signature, tuple(example_args), dict(example_kwargs))
     register_dataclasses(bound.values())
@@ -156,7 +166,7 @@ def describe_example(
                 f"need the batch dim first ({batch_rows} rows in the example)"
             )
     args, kwargs = rebuild_call(signature, bound)
-    with torch.no_grad(), recording(model) as reads:
+    with torch.no_grad(), torch.random.fork_rng(enabled=training), recording(model) as reads:
         out_flat, out_spec = pytree.tree_flatten(model(*args, **kwargs))
     out_constants = [GRAPH_OUTPUT if is_graph_leaf(v) else v for v in out_flat]
     return ExampleCall(
@@ -172,11 +182,18 @@ def capture(
     request_inputs: list[str],
     strict_fallback: bool = True,
     unbatched_inputs: Sequence[str] = (),
+    training: bool = False,
 ) -> CapturedGraph:
     """Capture ``model``; ``strict_fallback=False`` skips the strict (dynamo) route, which
-    resets dynamo's caches and so must not run inside a ``torch.compile`` backend."""
+    resets dynamo's caches and so must not run inside a ``torch.compile`` backend.
+    ``training``: capture the model in the mode it is in (dropout in training mode stays a
+    random op of the graph); otherwise the model must be in eval mode."""
     reject_renorming_embeddings(model)
-    call = describe_example(model, example_args, example_kwargs, request_inputs, unbatched_inputs)
+    if training:
+        reject_batch_statistics_updates(model)
+    call = describe_example(
+        model, example_args, example_kwargs, request_inputs, unbatched_inputs, training
+    )
     signature, leaves, tensor_names, batched = call.signature, call.leaves, call.input_names, call.batched
     flat, treespec = pytree.tree_flatten(call.bound)
     tensor_positions = [i for i, v in enumerate(flat) if is_tensor(v)]
@@ -187,7 +204,8 @@ def capture(
         for n in tensor_names
     ]
 
-    wrapper = _FlatForward(model, signature, template, treespec, tensor_positions).eval()
+    wrapper = _FlatForward(model, signature, template, treespec, tensor_positions)
+    wrapper.training = model.training  # the wrapper only: the model keeps its own modes
     batch = Dim("batch")
     dynamic = ([_dynamic_dims(leaves[n], batched[n], batch) for n in tensor_names],)
     failures: list[tuple[str, Exception]] = []

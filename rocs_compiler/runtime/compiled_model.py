@@ -44,6 +44,7 @@ from .program_choice import (
 )
 from .guards import NO_GUARDS
 from .request_detection import detect_requests, rows_consistent
+from .training import refuse_replicated_grads
 from .weights import WeightRefresh
 from ..formats.leaves import GRAPH_OUTPUT, bind_inputs, is_tensor, named_leaves, replace_leaves
 
@@ -178,6 +179,7 @@ class CompiledModel(nn.Module):
         input_format: Optional[InputFormat] = None,
         weights_from: Optional[nn.Module] = None,
         guards=NO_GUARDS,  # ``runtime/guards.py``: the model is still the one compiled
+        training=None,  # ``runtime/training.py``: calls in grad mode run it under autograd
     ):
         super().__init__()
         self.graph_module = graph_module
@@ -219,6 +221,7 @@ class CompiledModel(nn.Module):
         # Not a submodule: the compiled graph holds aliases of its weights and follows them.
         object.__setattr__(self, "_original", original)
         object.__setattr__(self, "_weights_from", weights_from)
+        object.__setattr__(self, "_training", training)
 
     @property
     def is_fallback(self) -> bool:
@@ -434,6 +437,11 @@ class CompiledModel(nn.Module):
             if self._constant_outputs:
                 outputs = self._clone_constants(outputs)
             return self.contract.outputs(outputs)
+        if grad_mode and self._training is not None:
+            refuse_replicated_grads(leaves, requests)
+            with call_groups(index, uniform):
+                outputs = self._training(self._graph_inputs(leaves, requests), index)
+            return self.contract.outputs(self._clone_constants(outputs))
         if grad_mode:
             wants_grad = [n for n, v in leaves.items() if is_tensor(v) and v.requires_grad]
             if wants_grad:
