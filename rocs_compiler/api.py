@@ -80,7 +80,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
         return _eager_fallback(model, prepared, err, unbatched)
     captured = result.captured
     plain = None
-    if options.autotune:
+    if options.autotune and not options.training:
         plain = PlainProgram(plain_graph(result), prepared.model, captured.param_names)
 
     def report_builder(num_candidates: int, num_requests: int):
@@ -101,7 +101,10 @@ def compile(  # noqa: A001 - mirrors torch.compile
 
 
 def _training_program(result, model: nn.Module) -> TrainingProgram:
-    return TrainingProgram(result.shared_graph, model, result.captured.param_names)
+    captured = result.captured
+    return TrainingProgram(
+        result.shared_graph, model, captured.param_names, captured.buffer_writes
+    )
 
 
 def _contract(described) -> InputContract:

@@ -46,26 +46,11 @@ def reject_renorming_embeddings(model: nn.Module) -> None:
             )
 
 
-def reject_batch_statistics_updates(model: nn.Module) -> None:
-    """Refuse, for a training compile, a batch norm in training mode that updates running
-    statistics, before anything runs it (running it would already update the caller's
-    statistics). Its batch statistics mix the rows of a batch and its update writes buffers; the
-    exact per-request form (request rows weighted by their impression counts) is not built."""
-    for name, module in model.named_modules():
-        is_norm = isinstance(module, nn.modules.batchnorm._BatchNorm)
-        if is_norm and module.training and module.track_running_stats:
-            raise CompileError(
-                f"module {name or '<root>'!r} ({type(module).__name__}) is in training mode: it "
-                "normalizes with the statistics of the whole batch and updates its running "
-                "statistics in place, which a training compile does not reproduce; put it in eval "
-                "mode (frozen statistics: `module.eval()` after `model.train()`), or build it with "
-                "track_running_stats=False (batch statistics, computed per impression)"
-            )
-
-
-def reject_state_mutation(program) -> None:
+def reject_state_mutation(program, buffers_allowed: bool = False) -> list[str]:
     """Refuse an exported program whose forward writes to a parameter, buffer or input; the
-    error names the state, the op that wrote it and the module it ran in."""
+    error names the state, the op that wrote it and the module it ran in. ``buffers_allowed`` (a
+    training capture): writes to buffers (batch norm's running statistics) are accepted; returns
+    the written buffers' names in output order (export puts them before the user's outputs)."""
     signature = program.graph_signature
     writes = {
         OutputKind.PARAMETER_MUTATION: "parameter",
@@ -73,8 +58,12 @@ def reject_state_mutation(program) -> None:
         OutputKind.USER_INPUT_MUTATION: "input",
     }
     outputs = _output_nodes(program.graph_module)
+    allowed = []
     for spec, node in zip(signature.output_specs, outputs):
         if spec.kind not in writes:
+            continue
+        if buffers_allowed and spec.kind == OutputKind.BUFFER_MUTATION:
+            allowed.append(spec.target.removeprefix("model."))
             continue
         what = f"{writes[spec.kind]} {spec.target.removeprefix('model.')!r}"
         op, path, kind = _writer(node)
@@ -87,6 +76,7 @@ def reject_state_mutation(program) -> None:
             f"the model's forward mutates {what} in place{where}"
             f"{f' ({op})' if op else ''}; {fix}"
         )
+    return allowed
 
 
 def _output_nodes(gm: fx.GraphModule) -> list:

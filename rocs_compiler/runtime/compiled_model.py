@@ -437,7 +437,7 @@ class CompiledModel(nn.Module):
             if self._constant_outputs:
                 outputs = self._clone_constants(outputs)
             return self.contract.outputs(outputs)
-        if grad_mode and self._training is not None:
+        if self._training is not None and (grad_mode or self._training.writes_buffers):
             refuse_replicated_grads(leaves, requests)
             with call_groups(index, uniform):
                 outputs = self._training(self._graph_inputs(leaves, requests), index)

@@ -17,6 +17,12 @@ for all weights; the backward of a gather is a per-request sum (``index_add``), 
 gradient equals eager's on the replicated batch, up to re-association of its sums (the same
 bounds as the forward, docs/contract.md).
 
+A forward that writes buffers (batch norm in training mode updating its running statistics)
+is captured functionalized: the new values are extra graph outputs, which this program copies
+into the model's buffers after each call, as eager's forward does. The batch statistics mix rows,
+so the batch norm runs per impression (its rule is not row-wise), on the replicated rows eager
+normalizes: the statistics, the output and the update equal eager's.
+
 Request inputs requiring grad are accepted in the shared layout, where the gradient of a request
 row is the sum over its candidates (the request row *is* the input). In the drop-in and
 ``call_replicated`` layouts a replicated request row's gradient would land on one copy of it,
@@ -25,7 +31,7 @@ not on each as in eager, so those calls are refused.
 
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 import torch
 from torch import fx, nn
@@ -38,8 +44,15 @@ class TrainingProgram:
     """``gm`` with its model weights read from ``model`` at each call, run by FX under autograd
     (``rocs::`` ops through the dispatcher, where their backward is registered)."""
 
-    def __init__(self, gm: fx.GraphModule, model: nn.Module, weight_names: Mapping[str, str]):
+    def __init__(
+        self,
+        gm: fx.GraphModule,
+        model: nn.Module,
+        weight_names: Mapping[str, str],
+        buffer_writes: Sequence[str] = (),
+    ):
         self._model = model
+        self._writes = list(buffer_writes)
         graph = fx.Graph()
         env: dict[fx.Node, fx.Node] = {}
         self._names: list[str] = []
@@ -59,8 +72,27 @@ class TrainingProgram:
         self.graph_module = fx.GraphModule(gm, graph)
         self._weights: Optional[tuple[int, list[torch.Tensor]]] = None
 
+    @property
+    def writes_buffers(self) -> bool:
+        """True when the forward writes buffers (batch norm in training mode): every call, with
+        or without grad, must then run this program, which applies the writes."""
+        return bool(self._writes)
+
     def __call__(self, inputs: list, index: torch.Tensor) -> list:
-        return self.graph_module(*self.weights(), *inputs, index)
+        """The graph's outputs; the trailing ones that are buffer writes are applied to the
+        model's buffers, as eager's forward writes them (and left in the list, after the user's
+        outputs, where the output structure does not read them)."""
+        outputs = self.graph_module(*self.weights(), *inputs, index)
+        if self._writes:
+            with torch.no_grad():
+                for name, value in zip(self._writes, outputs[len(outputs) - len(self._writes) :]):
+                    buffer = _lookup(self._model, name)
+                    # The batch norm's backward saved the buffer (it reads it only in eval
+                    # mode); eager's in-place update happens before that save, so the version
+                    # it recorded is the one after the write: keep it.
+                    with torch.autograd._unsafe_preserve_version_counter(buffer):
+                        buffer.copy_(value)
+        return outputs
 
     def weights(self) -> list[torch.Tensor]:
         """The model's current tensors, in the program's order (looked up again after any module

@@ -75,21 +75,19 @@ def check_gradients(model: nn.Module, cm, batch: Batch, what: str = "", dropin: 
         assert_gradients_match(got, want, f"{what} drop-in")
 
 
-def optimizer_run(
-    model: nn.Module, compile_fn: Callable[[nn.Module], Any], batches: list[Batch], steps: int = 50
-) -> tuple[list[float], list[float], nn.Module, nn.Module]:
-    """``steps`` SGD steps of the model trained eagerly and of a copy trained through its
-    compiled form (shared layout), on the same batches: (eager losses, compiled losses, the
-    eager model, the compiled-trained model)."""
-    eager_model = model
-    trained = copy.deepcopy(model)
-    cm = compile_fn(trained)
-    runs = []
-    for m, call in (
-        (eager_model, lambda b: eager_model(**b.replicated())),
-        (trained, lambda b: cm(**b.kwargs, candidate_to_request=b.candidate_to_request)),
+def optimizer_run(model: nn.Module, cm, batches: list[Batch], steps: int = 50) -> tuple[list, list]:
+    """``steps`` SGD steps of ``model`` trained eagerly, then, from the same starting weights,
+    through its compiled form ``cm`` (shared layout), on the same batches: (eager losses,
+    compiled losses). Asserts that both runs end at the same weights; ``model`` is left as it
+    was. ``cm`` follows the in-place reloads of the model's weights between the runs."""
+    start = copy.deepcopy(model.state_dict())
+    runs, finals = [], []
+    for call in (
+        lambda b: model(**b.replicated()),
+        lambda b: cm(**b.kwargs, candidate_to_request=b.candidate_to_request),
     ):
-        opt = torch.optim.SGD(m.parameters(), lr=0.02, momentum=0.9)
+        model.load_state_dict(start)
+        opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
         losses = []
         for step in range(steps):
             batch = batches[step % len(batches)]
@@ -100,7 +98,12 @@ def optimizer_run(
             opt.step()
             losses.append(float(loss))
         runs.append(losses)
-    return runs[0], runs[1], eager_model, trained
+        finals.append(copy.deepcopy(model.state_dict()))
+    model.load_state_dict(start)
+    model.zero_grad(set_to_none=True)
+    for name, value in finals[0].items():
+        torch.testing.assert_close(finals[1][name], value, rtol=1e-3, atol=1e-4, msg=lambda m: f"{name}: {m}")
+    return runs[0], runs[1]
 
 
 def assert_losses_track(eager_losses: list[float], compiled_losses: list[float], what: str = "") -> None:
