@@ -60,7 +60,14 @@ def test_zoo_gradients_equal_eager(name, batch_name):
     check_gradients(model, cm, batch, f"{name} {batch_name}")
 
 
-@pytest.mark.parametrize("name", list(ZOO))
+# 100 training steps of the models with large dense-gradient tables or many layers take a minute
+# or more on a loaded 2-core machine: run with ``-m slow`` (their gradients are checked above).
+SLOW_RUNS = {"dlrm", "dcnv2", "finalmlp", "wukong", "target_attention"}
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_RUNS else n for n in ZOO]
+)
 def test_zoo_fifty_steps_track_eager(name):
     entry, model, cm = _zoo(name)
     batches = [entry.make_batch(c, seed=s, shuffle=True) for s, c in enumerate([[1, 3, 17], [4, 4], [2, 1, 1, 5]])]
@@ -165,6 +172,7 @@ def test_history_encoder_fifty_steps_track_eager(name):
     assert_losses_track(eager_losses, compiled_losses, name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,transform", [("dcnv2", "glm"), ("bst", "dca")])
 def test_glm_and_dca_fifty_steps_track_eager(name, transform):
     entry, model, cm = _converted(name, transform)

@@ -102,7 +102,9 @@ def optimizer_run(model: nn.Module, cm, batches: list[Batch], steps: int = 50) -
     model.load_state_dict(start)
     model.zero_grad(set_to_none=True)
     for name, value in finals[0].items():
-        torch.testing.assert_close(finals[1][name], value, rtol=1e-3, atol=1e-4, msg=lambda m: f"{name}: {m}")
+        # 50 momentum steps carry one step's rounding differences forward: a looser bound.
+        atol = 1e-3 * max(1.0, float(value.abs().max())) if value.is_floating_point() else 0
+        torch.testing.assert_close(finals[1][name], value, rtol=1e-2, atol=atol, msg=lambda m: f"{name}: {m}")
     return runs[0], runs[1]
 
 
