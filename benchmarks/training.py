@@ -16,9 +16,9 @@ from the other one; the reported time is the median of ``--repeats`` rounds. Col
   ratio. A backward op costs about twice its forward and is shared exactly as its forward is,
   so the forward+backward ratio equals it under that approximation;
 - **efficiency**: speedup / ideal;
-- **saved MB**: bytes of the tensors autograd saved for the backward (distinct storages, counted
-  with ``torch.autograd.graph.saved_tensors_hooks``), eager / rocs: the activations of request
-  rows are kept per request.
+- **saved MB**: bytes of the tensors autograd saved for the backward (distinct storages other
+  than the model's weights, counted with ``torch.autograd.graph.saved_tensors_hooks``), eager /
+  rocs: the activations of request rows are kept per request.
 
 Each step's loss is compared with eager's once per shape; a mismatch is printed.
 
@@ -69,14 +69,16 @@ def loss_of(out) -> torch.Tensor:
     return sum((t.float() ** 2).mean() for t in leaves)
 
 
-def saved_bytes(step) -> int:
+def saved_bytes(step, weights: set[int]) -> int:
     """Bytes of the distinct storages autograd saves for the backward during ``step()``'s
-    forward (the step's backward frees them)."""
+    forward (the step's backward frees them), the model's own weights (storages ``weights``)
+    not counted: they exist anyway."""
     storages: dict[int, int] = {}
 
     def pack(t: torch.Tensor):
         storage = t.untyped_storage()
-        storages[storage.data_ptr()] = storage.nbytes()
+        if storage.data_ptr() not in weights:
+            storages[storage.data_ptr()] = storage.nbytes()
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -110,8 +112,10 @@ def measure(name: str, ks: list[int], requests: int, repeats: int) -> list[dict]
             return float(loss)
 
         steps = {"eager": eager_step, "rocs": rocs_step}
-        torch.manual_seed(0)
-        losses = {v: steps[v]() for v in steps}  # warm-up and the loss check
+        losses = {}
+        for v in steps:  # warm-up and the loss check, each from one seed (dropout draws alike)
+            torch.manual_seed(0)
+            losses[v] = steps[v]()
         if abs(losses["eager"] - losses["rocs"]) > 1e-3 * max(1.0, abs(losses["eager"])):
             print(f"MISMATCH {name} k={k}: eager loss {losses['eager']}, rocs {losses['rocs']}",
                   file=sys.stderr)  # fmt: skip
@@ -124,7 +128,8 @@ def measure(name: str, ks: list[int], requests: int, repeats: int) -> list[dict]
                 times[v].append(time.perf_counter() - start)
         for v in steps:
             results[v] = statistics.median(times[v])
-        saved = {v: saved_bytes(steps[v]) for v in steps}
+        weights = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+        saved = {v: saved_bytes(steps[v], weights) for v in steps}
         ideal = cm.report(num_candidates=requests * k, num_requests=requests).ideal_speedup()
         speedup = results["eager"] / results["rocs"]
         rows.append(
