@@ -32,7 +32,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import statistics
 import sys
@@ -44,8 +43,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import rocs_compiler as rocs  # noqa: E402
-from models_zoo import ZOO  # noqa: E402
+import rocs_compiler as rocs
+from models_zoo import ZOO
 
 DEFAULT_MODELS = ["two_tower", "din", "dlrm", "glm:dcnv2", "dca:bst"]
 
@@ -97,14 +96,14 @@ def measure(name: str, ks: list[int], requests: int, repeats: int) -> list[dict]
         replicated = batch.replicated()
         results = {}
 
-        def eager_step():
+        def eager_step(replicated=replicated):
             opt.zero_grad(set_to_none=True)
             loss = loss_of(model(**replicated))
             loss.backward()
             opt.step()
             return float(loss)
 
-        def rocs_step():
+        def rocs_step(batch=batch):
             opt.zero_grad(set_to_none=True)
             loss = loss_of(cm(**batch.kwargs, candidate_to_request=batch.candidate_to_request))
             loss.backward()
@@ -113,9 +112,9 @@ def measure(name: str, ks: list[int], requests: int, repeats: int) -> list[dict]
 
         steps = {"eager": eager_step, "rocs": rocs_step}
         losses = {}
-        for v in steps:  # warm-up and the loss check, each from one seed (dropout draws alike)
+        for v, step in steps.items():  # warm-up and the loss check, one seed each (dropout alike)
             torch.manual_seed(0)
-            losses[v] = steps[v]()
+            losses[v] = step()
         if abs(losses["eager"] - losses["rocs"]) > 1e-3 * max(1.0, abs(losses["eager"])):
             print(f"MISMATCH {name} k={k}: eager loss {losses['eager']}, rocs {losses['rocs']}",
                   file=sys.stderr)  # fmt: skip
@@ -133,13 +132,13 @@ def measure(name: str, ks: list[int], requests: int, repeats: int) -> list[dict]
         ideal = cm.report(num_candidates=requests * k, num_requests=requests).ideal_speedup()
         speedup = results["eager"] / results["rocs"]
         rows.append(
-            dict(
-                model=name, requests=requests, k=k, eager_ms=1e3 * results["eager"],
-                rocs_ms=1e3 * results["rocs"], speedup=speedup, ideal=ideal,
-                efficiency=speedup / ideal, eager_saved_mb=saved["eager"] / 2**20,
-                rocs_saved_mb=saved["rocs"] / 2**20,
-                loss_diff=abs(losses["eager"] - losses["rocs"]),
-            )
+            {
+                "model": name, "requests": requests, "k": k, "eager_ms": 1e3 * results["eager"],
+                "rocs_ms": 1e3 * results["rocs"], "speedup": speedup, "ideal": ideal,
+                "efficiency": speedup / ideal, "eager_saved_mb": saved["eager"] / 2**20,
+                "rocs_saved_mb": saved["rocs"] / 2**20,
+                "loss_diff": abs(losses["eager"] - losses["rocs"]),
+            }
         )  # fmt: skip
     return rows
 

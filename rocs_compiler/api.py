@@ -102,9 +102,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
 
 def _training_program(result, model: nn.Module) -> TrainingProgram:
     captured = result.captured
-    return TrainingProgram(
-        result.shared_graph, model, captured.param_names, captured.buffer_writes
-    )
+    return TrainingProgram(result.shared_graph, model, captured.param_names, captured.buffer_writes)
 
 
 def _contract(described) -> InputContract:

@@ -21,8 +21,8 @@ which stays exact).
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Optional, Sequence
 
 import torch
 
@@ -42,7 +42,7 @@ def request_batches(
     max_impressions: int,
     window: int = 65536,
     *,
-    generator: Optional[torch.Generator] = None,
+    generator: torch.Generator | None = None,
     drop_last: bool = False,
 ) -> Iterator[RequestBatch]:
     """Batches of whole requests over a dataset whose row ``i`` belongs to request
@@ -57,7 +57,9 @@ def request_batches(
     if ids.dim() != 1:
         raise ValueError(f"request_ids must be 1-D, got shape {tuple(ids.shape)}")
     for start in range(0, ids.shape[0], window):
-        yield from _window_batches(ids[start : start + window], start, max_impressions, generator, drop_last)
+        yield from _window_batches(
+            ids[start : start + window], start, max_impressions, generator, drop_last
+        )
 
 
 def _window_batches(ids, offset, max_impressions, generator, drop_last) -> Iterator[RequestBatch]:

@@ -124,7 +124,11 @@ def _save_arguments(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
     flat, spec = pytree.tree_flatten(inputs)
     positions = [i for i, v in enumerate(flat) if isinstance(v, torch.Tensor)]
     ctx.save_for_backward(*[flat[i] for i in positions])
-    ctx.rocs_arguments = ([None if isinstance(v, torch.Tensor) else v for v in flat], positions, spec)
+    ctx.rocs_arguments = (
+        [None if isinstance(v, torch.Tensor) else v for v in flat],
+        positions,
+        spec,
+    )
 
 
 def _saved_arguments(ctx: Any) -> tuple:
@@ -169,12 +173,17 @@ def vjp(fn: Callable[..., torch.Tensor], grad: torch.Tensor, args: tuple, needs:
         return tuple(None for _ in args)
     with torch.enable_grad():
         out = fn(*inputs)
-        grads = iter(torch.autograd.grad(out, leaves, grad, allow_unused=True, materialize_grads=True))
+        grads = iter(
+            torch.autograd.grad(out, leaves, grad, allow_unused=True, materialize_grads=True)
+        )
     result = []
     for value in inputs:
         if isinstance(value, (list, tuple)):
             result.append(
-                [next(grads) if isinstance(v, torch.Tensor) and v.requires_grad else None for v in value]
+                [
+                    next(grads) if isinstance(v, torch.Tensor) and v.requires_grad else None
+                    for v in value
+                ]
             )
         elif isinstance(value, torch.Tensor) and value.requires_grad:
             result.append(next(grads))

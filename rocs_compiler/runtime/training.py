@@ -31,7 +31,7 @@ not on each as in eager, so those calls are refused.
 
 from __future__ import annotations
 
-from typing import Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import fx, nn
@@ -70,7 +70,7 @@ class TrainingProgram:
             self._specs.append((live.shape, live.dtype, live.device))
         graph.output(graph.graph_copy(gm.graph, env))
         self.graph_module = fx.GraphModule(gm, graph)
-        self._weights: Optional[tuple[int, list[torch.Tensor]]] = None
+        self._weights: tuple[int, list[torch.Tensor]] | None = None
 
     @property
     def writes_buffers(self) -> bool:
@@ -133,7 +133,7 @@ def refuse_replicated_grads(leaves: dict, requests: dict) -> None:
         )
 
 
-def _lookup(model: nn.Module, name: str) -> Optional[torch.Tensor]:
+def _lookup(model: nn.Module, name: str) -> torch.Tensor | None:
     """The parameter or buffer registered under ``name`` (not a computed attribute)."""
     prefix, _, leaf = name.rpartition(".")
     try:

@@ -12,8 +12,18 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_training_script_quick(tmp_path):
     out = tmp_path / "out.json"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "training.py"), "--quick", "--models", "two_tower", "--json", str(out)]
-    proc = subprocess.run(cmd, check=False, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "training.py"),
+        "--quick",
+        "--models",
+        "two_tower",
+        "--json",
+        str(out),
+    ]
+    proc = subprocess.run(
+        cmd, check=False, cwd=tmp_path, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "MISMATCH" not in proc.stderr
     rows = json.loads(out.read_text())

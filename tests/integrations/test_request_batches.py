@@ -18,7 +18,9 @@ def test_batches_hold_whole_requests_and_every_row_once():
     rows = torch.cat([b.rows for b in batches])
     assert torch.equal(rows.sort().values, torch.arange(500))
     for b in batches:
-        assert b.rows.shape[0] <= 32 or int(b.candidate_to_request.max()) == 0  # a big request alone
+        assert (
+            b.rows.shape[0] <= 32 or int(b.candidate_to_request.max()) == 0
+        )  # a big request alone
         requests = ids[b.rows]
         # every row of a request has its request's id, and the ids of one window's requests differ
         assert torch.equal(requests, ids[b.request_rows][b.candidate_to_request])
@@ -39,10 +41,13 @@ def test_a_training_step_on_request_batches_equals_eager():
     )  # fmt: skip
     data = entry.make_batch([1, 3, 17, 2, 5], seed=2, shuffle=True).replicated()  # a "dataset"
     ids = entry.make_batch([1, 3, 17, 2, 5], seed=2, shuffle=True).candidate_to_request
-    for batch in request_batches(ids, max_impressions=20, generator=torch.Generator().manual_seed(1)):
+    for batch in request_batches(
+        ids, max_impressions=20, generator=torch.Generator().manual_seed(1)
+    ):
         rows = {k: v[batch.rows] for k, v in data.items()}
         shared = {
-            k: (v[batch.request_rows] if k in entry.request_inputs else rows[k]) for k, v in data.items()
+            k: (v[batch.request_rows] if k in entry.request_inputs else rows[k])
+            for k, v in data.items()
         }
         model.zero_grad()
         _loss(model(**rows)).backward()

@@ -27,7 +27,9 @@ def _assert_match(got: dict, want: dict, what: str) -> None:
     assert set(got) == set(want), what
     for name, g in want.items():
         atol = 1e-5 * max(1.0, float(g.abs().max()))
-        torch.testing.assert_close(got[name], g, rtol=1e-4, atol=atol, msg=lambda m: f"{what} {name}: {m}")
+        torch.testing.assert_close(
+            got[name], g, rtol=1e-4, atol=atol, msg=lambda m, name=name: f"{what} {name}: {m}"
+        )
 
 
 @pytest.mark.parametrize("name", ["deepfm", "din"])
@@ -38,7 +40,9 @@ def test_deepctr_column_ranges(name):
     model, user, _ = build(name)
     model.train()
     example, _ = draw(model, user, [2, 1, 3], seed=0)
-    cm = rocs.compile(model, request_ranges(model, user), example_kwargs={"X": example}, training=True)
+    cm = rocs.compile(
+        model, request_ranges(model, user), example_kwargs={"X": example}, training=True
+    )
     x, index = draw(model, user, [1, 3, 17], seed=1)
     want = _gradients(model, lambda: model(x))
     _assert_match(_gradients(model, lambda: cm(X=x, candidate_to_request=index)), want, "shared")

@@ -41,19 +41,77 @@ def _cases(index_name):
     bias = bias.requires_grad_()
     weights = torch.randn(4, 3, dtype=DT, generator=torch.Generator().manual_seed(2))
     return [
-        ("broadcast_linear", (_leaf(n, 3, seed=1), _leaf(2, 3, seed=2), _leaf(2, seed=3), _leaf(r, 2, seed=4), idx)),
-        ("broadcast_linear", (_leaf(n, 3, seed=1), _leaf(2, 3, seed=2), None, _leaf(r, 2, seed=4), idx)),
-        ("broadcast_linear_compression", (_leaf(n, 3, 2, seed=5), _leaf(2, 3, seed=6), _leaf(r, 2, 2, seed=7), idx)),
-        ("broadcast_linear_compression", (_leaf(n, 3, 1, seed=5), _leaf(2, 3, seed=6), _leaf(r, 2, 1, seed=7), idx)),
-        ("broadcast_attention", (_leaf(n, 2, 2, 3, seed=8), _leaf(r, 2, 4, 3, seed=9), _leaf(r, 2, 4, 3, seed=10), idx)),
-        ("broadcast_attention", (_leaf(n, 2, 1, 3, seed=8), _leaf(r, 2, 4, 3, seed=9), _leaf(r, 2, 4, 3, seed=10), idx, mask, 0.7)),
-        ("broadcast_attention", (_leaf(n, 2, 1, 3, seed=8), _leaf(r, 2, 4, 3, seed=9), _leaf(r, 2, 4, 3, seed=10), idx, None, None, bias)),
+        (
+            "broadcast_linear",
+            (_leaf(n, 3, seed=1), _leaf(2, 3, seed=2), _leaf(2, seed=3), _leaf(r, 2, seed=4), idx),
+        ),
+        (
+            "broadcast_linear",
+            (_leaf(n, 3, seed=1), _leaf(2, 3, seed=2), None, _leaf(r, 2, seed=4), idx),
+        ),
+        (
+            "broadcast_linear_compression",
+            (_leaf(n, 3, 2, seed=5), _leaf(2, 3, seed=6), _leaf(r, 2, 2, seed=7), idx),
+        ),
+        (
+            "broadcast_linear_compression",
+            (_leaf(n, 3, 1, seed=5), _leaf(2, 3, seed=6), _leaf(r, 2, 1, seed=7), idx),
+        ),
+        (
+            "broadcast_attention",
+            (_leaf(n, 2, 2, 3, seed=8), _leaf(r, 2, 4, 3, seed=9), _leaf(r, 2, 4, 3, seed=10), idx),
+        ),
+        (
+            "broadcast_attention",
+            (
+                _leaf(n, 2, 1, 3, seed=8),
+                _leaf(r, 2, 4, 3, seed=9),
+                _leaf(r, 2, 4, 3, seed=10),
+                idx,
+                mask,
+                0.7,
+            ),
+        ),
+        (
+            "broadcast_attention",
+            (
+                _leaf(n, 2, 1, 3, seed=8),
+                _leaf(r, 2, 4, 3, seed=9),
+                _leaf(r, 2, 4, 3, seed=10),
+                idx,
+                None,
+                None,
+                bias,
+            ),
+        ),
         ("broadcast_interaction", (_leaf(r, 3, 4, seed=11), _leaf(n, 2, 4, seed=12), idx)),
-        ("broadcast_pointwise", ("mul(sigmoid(add(c0, r0)), r1)", [_leaf(n, 3, seed=13)], [_leaf(r, 3, seed=14), _leaf(r, 3, seed=15)], idx)),
-        ("broadcast_pointwise", ("where(c0, r0, tanh(c1))", [torch.randint(0, 2, (n, 3)).to(DT), _leaf(n, 3, seed=16)], [_leaf(r, 3, seed=17)], idx)),
+        (
+            "broadcast_pointwise",
+            (
+                "mul(sigmoid(add(c0, r0)), r1)",
+                [_leaf(n, 3, seed=13)],
+                [_leaf(r, 3, seed=14), _leaf(r, 3, seed=15)],
+                idx,
+            ),
+        ),
+        (
+            "broadcast_pointwise",
+            (
+                "where(c0, r0, tanh(c1))",
+                [torch.randint(0, 2, (n, 3)).to(DT), _leaf(n, 3, seed=16)],
+                [_leaf(r, 3, seed=17)],
+                idx,
+            ),
+        ),
         ("broadcast_pointwise", ("relu(r0)", [], [_leaf(r, 3, seed=18)], idx)),
-        ("embedding_bag_rows", (weights.requires_grad_(), torch.tensor([[0, 1], [2, 2], [3, 0]]), 1, None)),
-        ("embedding_bag_rows", (weights.clone().requires_grad_(), torch.tensor([[0, 1], [2, 2], [3, 0]]), 0, 0)),
+        (
+            "embedding_bag_rows",
+            (weights.requires_grad_(), torch.tensor([[0, 1], [2, 2], [3, 0]]), 1, None),
+        ),
+        (
+            "embedding_bag_rows",
+            (weights.clone().requires_grad_(), torch.tensor([[0, 1], [2, 2], [3, 0]]), 0, 0),
+        ),
     ]
 
 
@@ -101,7 +159,9 @@ def test_gradients_equal_the_references(index_name):
         out = _op(name)(*args)
         grad = torch.randn(out.shape, dtype=DT, generator=torch.Generator().manual_seed(5))
         got = torch.autograd.grad(out, leaves, grad)
-        want = torch.autograd.grad(record.reference(*args), leaves, grad, allow_unused=True, materialize_grads=True)
+        want = torch.autograd.grad(
+            record.reference(*args), leaves, grad, allow_unused=True, materialize_grads=True
+        )
         for g, w in zip(got, want):
             torch.testing.assert_close(g, w, msg=name)
 
@@ -120,6 +180,10 @@ def test_backward_of_broadcast_is_a_per_request_sum():
     """A request row read by k candidates gets the sum of their k gradient rows."""
     idx = make_index([1, 3, 17])
     request_term = torch.zeros(3, 2, requires_grad=True)
-    out = torch.ops.rocs.broadcast_linear(torch.zeros(21, 1), torch.zeros(2, 1), None, request_term, idx)
+    out = torch.ops.rocs.broadcast_linear(
+        torch.zeros(21, 1), torch.zeros(2, 1), None, request_term, idx
+    )
     out.backward(torch.ones(21, 2))
-    torch.testing.assert_close(request_term.grad, torch.tensor([[1.0, 1.0], [3.0, 3.0], [17.0, 17.0]]))
+    torch.testing.assert_close(
+        request_term.grad, torch.tensor([[1.0, 1.0], [3.0, 3.0], [17.0, 17.0]])
+    )

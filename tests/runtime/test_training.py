@@ -70,7 +70,10 @@ SLOW_RUNS = {"dlrm", "dcnv2", "finalmlp", "wukong", "target_attention"}
 )
 def test_zoo_fifty_steps_track_eager(name):
     entry, model, cm = _zoo(name)
-    batches = [entry.make_batch(c, seed=s, shuffle=True) for s, c in enumerate([[1, 3, 17], [4, 4], [2, 1, 1, 5]])]
+    batches = [
+        entry.make_batch(c, seed=s, shuffle=True)
+        for s, c in enumerate([[1, 3, 17], [4, 4], [2, 1, 1, 5]])
+    ]
     eager_losses, compiled_losses = optimizer_run(model, cm, batches)
     assert_losses_track(eager_losses, compiled_losses, name)
     assert min(eager_losses[-3:]) < max(eager_losses[:3])  # the run trains at all
@@ -91,7 +94,13 @@ def _converted(name: str, transform: str):
     return entry, model, _compile(model, entry.request_inputs, entry.make_batch)
 
 
-CONVERSIONS = [("dcnv2", "glm"), ("finalmlp", "glm"), ("wukong", "glm"), ("bst", "dca"), ("hstu", "dca")]
+CONVERSIONS = [
+    ("dcnv2", "glm"),
+    ("finalmlp", "glm"),
+    ("wukong", "glm"),
+    ("bst", "dca"),
+    ("hstu", "dca"),
+]
 
 
 @pytest.mark.parametrize("name,transform", CONVERSIONS)
@@ -99,7 +108,9 @@ CONVERSIONS = [("dcnv2", "glm"), ("finalmlp", "glm"), ("wukong", "glm"), ("bst",
 def test_glm_and_dca_gradients_equal_eager(name, transform, batch_name):
     entry, model, cm = _converted(name, transform)
     counts, shuffle = RAGGED_BATCHES[batch_name]
-    check_gradients(model, cm, entry.make_batch(counts, seed=4, shuffle=shuffle), f"{name} {transform}")
+    check_gradients(
+        model, cm, entry.make_batch(counts, seed=4, shuffle=shuffle), f"{name} {transform}"
+    )
 
 
 def test_glm_training_through_the_compiled_model_equals_eager_training():
@@ -122,7 +133,9 @@ def test_glm_training_through_the_compiled_model_equals_eager_training():
             (call(batch).float() ** 2).mean().backward()
             opt.step()
     for (name, a), b in zip(eager_model.named_parameters(), trained.parameters()):
-        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(
+            b, a, rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}"
+        )
     masks = [(n, p) for n, p in trained.named_buffers() if "mask" in n]
     assert masks, "the GLM conversion has masks"
 
@@ -135,7 +148,9 @@ ENCODERS = {
     "mha": lambda: SelfAndTargetAttention(),
     "mha_seq_first_key_padding": lambda: SelfAndTargetAttention(sequence_first=True, padding=True),
     "transformer_encoder": lambda: Encoder(),
-    "transformer_encoder_seq_first_norm_first": lambda: Encoder(sequence_first=True, norm_first=True),
+    "transformer_encoder_seq_first_norm_first": lambda: Encoder(
+        sequence_first=True, norm_first=True
+    ),
     "gru": lambda: Recurrent(nn.GRU),
     "lstm_given_state": lambda: Recurrent(nn.LSTM, h0=True),
 }
@@ -176,7 +191,9 @@ def test_history_encoder_fifty_steps_track_eager(name):
 @pytest.mark.parametrize("name,transform", [("dcnv2", "glm"), ("bst", "dca")])
 def test_glm_and_dca_fifty_steps_track_eager(name, transform):
     entry, model, cm = _converted(name, transform)
-    batches = [entry.make_batch(c, seed=s, shuffle=True) for s, c in enumerate([[1, 3, 17], [4, 4]])]
+    batches = [
+        entry.make_batch(c, seed=s, shuffle=True) for s, c in enumerate([[1, 3, 17], [4, 4]])
+    ]
     eager_losses, compiled_losses = optimizer_run(model, cm, batches)
     assert_losses_track(eager_losses, compiled_losses, f"{name} {transform}")
 
@@ -212,7 +229,9 @@ def test_a_reassigned_parameter_is_followed():
     model.item = nn.Linear(8, D)  # a new module with new parameters
     batch = _history_batch([1, 3, 17], seed=7, shuffle=True)
     _, want = gradients(model, lambda: model(**batch.replicated()))
-    _, got = gradients(model, lambda: cm(**batch.kwargs, candidate_to_request=batch.candidate_to_request))
+    _, got = gradients(
+        model, lambda: cm(**batch.kwargs, candidate_to_request=batch.candidate_to_request)
+    )
     assert_gradients_match(got, want, "reassigned item")
 
 
@@ -295,11 +314,16 @@ def test_row_mixing_and_random_request_ops_run_per_impression_and_are_reported(k
     # which it divides by sqrt(eps), in eager as compiled (docs/contract.md, numerical contract).
     for counts in ([1, 3, 17], [1, 1, 1, 1]) + (([5],) if kind == "dropout" else ()):
         batch = _history_batch(counts, seed=len(counts), shuffle=True)
-        _, want = gradients(eager_model, lambda: eager_model(**batch.replicated()))
-        _, got = gradients(model, lambda: cm(**batch.kwargs, candidate_to_request=batch.candidate_to_request))
+        _, want = gradients(eager_model, lambda batch=batch: eager_model(**batch.replicated()))
+        _, got = gradients(
+            model,
+            lambda batch=batch: cm(**batch.kwargs, candidate_to_request=batch.candidate_to_request),
+        )
         assert_gradients_match(got, want, kind)
     for (name, a), b in zip(eager_model.named_buffers(), model.buffers()):
-        torch.testing.assert_close(b, a, msg=lambda m: f"{name}: {m}")  # running statistics
+        torch.testing.assert_close(
+            b, a, msg=lambda m, name=name: f"{name}: {m}"
+        )  # running statistics
 
 
 def test_request_dropout_draws_once_per_impression():
@@ -310,7 +334,9 @@ def test_request_dropout_draws_once_per_impression():
     model.out = nn.Identity()
     model.item = nn.Identity()
     model.forward = lambda hist, c: torch.relu(model.mix(model.user(hist.mean(1)))) + 0 * c[:, :1]
-    cm = _compile(model, ["hist"], lambda counts, seed=0, shuffle=False: _history_batch(counts, seed, shuffle))
+    cm = _compile(
+        model, ["hist"], lambda counts, seed=0, shuffle=False: _history_batch(counts, seed, shuffle)
+    )
     batch = _history_batch([64], seed=1)
     out = cm(**batch.kwargs, candidate_to_request=batch.candidate_to_request)
     distinct = {tuple((row != 0).tolist()) for row in out}

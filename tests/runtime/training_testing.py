@@ -8,7 +8,8 @@ gradient's size (the compiled backward re-associates per-request sums).
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -25,7 +26,9 @@ RAGGED_BATCHES = {
 
 
 def floating_leaves(out: Any) -> list[torch.Tensor]:
-    return [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    return [
+        t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()
+    ]
 
 
 def loss_of(out: Any, seed: int = 0) -> torch.Tensor:
@@ -52,15 +55,23 @@ def gradients(model: nn.Module, run: Callable[[], Any], seed: int = 0) -> tuple[
 
 
 def assert_gradients_match(got: dict, want: dict, what: str = "") -> None:
-    assert set(got) == set(want), f"{what}: parameters with a gradient differ: {set(got) ^ set(want)}"
+    assert set(got) == set(want), (
+        f"{what}: parameters with a gradient differ: {set(got) ^ set(want)}"
+    )
     for name, g in want.items():
         scale = float(g.abs().max()) if g.numel() else 1.0
         torch.testing.assert_close(
-            got[name], g, rtol=1e-4, atol=1e-5 * max(1.0, scale), msg=lambda m: f"{what} {name}: {m}"
+            got[name],
+            g,
+            rtol=1e-4,
+            atol=1e-5 * max(1.0, scale),
+            msg=lambda m, name=name: f"{what} {name}: {m}",
         )
 
 
-def check_gradients(model: nn.Module, cm, batch: Batch, what: str = "", dropin: bool = True) -> None:
+def check_gradients(
+    model: nn.Module, cm, batch: Batch, what: str = "", dropin: bool = True
+) -> None:
     """The compiled model's parameter gradients equal eager's on ``batch``, shared layout and
     (``dropin``) the original call."""
     replicated = batch.replicated()
@@ -104,10 +115,16 @@ def optimizer_run(model: nn.Module, cm, batches: list[Batch], steps: int = 50) -
     for name, value in finals[0].items():
         # 50 momentum steps carry one step's rounding differences forward: a looser bound.
         atol = 1e-3 * max(1.0, float(value.abs().max())) if value.is_floating_point() else 0
-        torch.testing.assert_close(finals[1][name], value, rtol=1e-2, atol=atol, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(
+            finals[1][name], value, rtol=1e-2, atol=atol, msg=lambda m, name=name: f"{name}: {m}"
+        )
     return runs[0], runs[1]
 
 
-def assert_losses_track(eager_losses: list[float], compiled_losses: list[float], what: str = "") -> None:
+def assert_losses_track(
+    eager_losses: list[float], compiled_losses: list[float], what: str = ""
+) -> None:
     for step, (a, b) in enumerate(zip(eager_losses, compiled_losses)):
-        assert abs(a - b) <= 2e-3 * max(1.0, abs(a)), f"{what}: step {step}: eager {a}, compiled {b}"
+        assert abs(a - b) <= 2e-3 * max(1.0, abs(a)), (
+            f"{what}: step {step}: eager {a}, compiled {b}"
+        )
