@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import warnings
 from typing import Any, Mapping, Optional, Sequence
 
@@ -20,6 +21,7 @@ from .runtime import CompiledModel, InputContract
 from .runtime.guards import Guards
 from .runtime.mislabel import example_finding
 from .runtime.plain import PlainProgram
+from .runtime.training import TrainingProgram
 
 
 def compile(  # noqa: A001 - mirrors torch.compile
@@ -31,6 +33,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     fallback: str = "error",
     options: Optional[Mapping[str, Any] | Options] = None,
     unbatched_inputs: Sequence[str] | str = (),
+    training: bool = False,
 ) -> CompiledModel:
     """Compile ``model`` so its request-only computation runs once per request.
 
@@ -47,8 +50,18 @@ def compile(  # noqa: A001 - mirrors torch.compile
             unknown key or a wrong type raises :class:`OptionsError` listing the valid ones.
         unbatched_inputs: names of tensor inputs without a batch dim (a table passed to every
             call), needed only when their dim 0 equals the example's batch size.
+        training: compile for training (the option ``training``): the model may be in training
+            mode (captured as it is), and calls in grad mode backpropagate into the model's own
+            parameters, with the request side computed once per request forward and backward
+            (docs/contract.md, "Autograd").
     """
     options = Options.from_mapping(options, where="rocs.compile")
+    if training:
+        options = dataclasses.replace(options, training=True)
+    if options.training and fallback == "eager":
+        raise ValueError(
+            "fallback='eager' does not combine with training=True: train the original model"
+        )
     if fallback not in ("error", "eager"):
         raise ValueError(f"fallback must be 'error' or 'eager', got {fallback!r}")
     if isinstance(request_inputs, str):
@@ -72,7 +85,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     # Through the wrapper a format compiled (its stand-ins translated back): the user's model.
     watched, reads, weight_names = prepared.watched(model, captured.reads, captured.param_names)
     plain = None
-    if options.autotune:
+    if options.autotune and not options.training:
         plain = PlainProgram(plain_graph(result), watched, weight_names)
 
     def report_builder(num_candidates: int, num_requests: int):
@@ -88,6 +101,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
         recompile=_recompiler(
             model, request_inputs, example_inputs, example_kwargs or {}, options, unbatched
         ),
+        training=_training_program(result, prepared.model) if options.training else None,
     )  # fmt: skip
     compiled.pipeline_result = result  # logical and shared graphs, for inspection tools
     compiled._mislabel.finding = example_finding(compiled.contract, prepared.args, prepared.kwargs)
@@ -126,6 +140,11 @@ def _recompiler(model, request_inputs, example_inputs, example_kwargs, options, 
             ) from err
 
     return recompile
+
+
+def _training_program(result, model: nn.Module) -> TrainingProgram:
+    captured = result.captured
+    return TrainingProgram(result.shared_graph, model, captured.param_names, captured.buffer_writes)
 
 
 def _contract(described) -> InputContract:

@@ -39,6 +39,11 @@ class Options:
     autotune: bool = _option(
         True, "time the shared and the plain program per call-size bucket, keep the faster"
     )
+    training: bool = _option(
+        False,
+        "compile for training: capture the model's mode as it is, fold no weights, and backward "
+        "through the model's own parameters (rocs.compile(..., training=True))",
+    )
 
     def __post_init__(self):
         _check(type(self), dataclasses.asdict(self), f"{type(self).__name__}(...)")

@@ -123,6 +123,7 @@ def compile_graph(
         captured = capture(
             model, example_args, example_kwargs, request_inputs,
             strict_fallback=options.capture_strict, unbatched_inputs=unbatched_inputs,
+            training=options.training,
         )  # fmt: skip
     symbol = captured.batch_symbol
     request_placeholders = {captured.placeholder_of[n] for n in captured.request_inputs}
@@ -163,7 +164,8 @@ def compile_graph(
     from .passes.cleanup import cleanup
 
     with stage("cleanup"):
-        shared = cleanup(shared)
+        # Training: no folded weight copies, so the backward reaches the parameters themselves.
+        shared = cleanup(shared, fold=not options.training)
     _debug_print("cleanup", shared)
     from .passes.verify import verify_shared
 

@@ -45,10 +45,10 @@ from torch import fx, nn
 
 from .dynamo_graph import Slot, classify, dotted, graph_model
 from ..kernels.index_contract import check_candidate_to_request
-from ..errors import CompileError, InputError
+from ..errors import CompileError, InputError, OptionsError
 from ..formats.leaves import bind_inputs, covers, is_tensor, named_leaves, nest, replace_leaves
 from ..options import BackendOptions
-from ..runtime import CompiledModel
+from ..runtime import CompiledModel, no_backward
 from ..runtime.weights import tensor_version
 from .lowering import Lowered, lower_plain
 
@@ -120,7 +120,18 @@ class _Subgraph:
             out = variant.runner(**nest(leaves), candidate_to_request=state.index)
         else:
             out = variant.runner(**nest(leaves))
-        return list(out)
+        return self._refuse_backward(list(out))
+
+    def _refuse_backward(self, out: list) -> list:
+        """In grad mode, with module state requiring grad (a model trained through
+        ``torch.compile``), outputs get a ``grad_fn`` whose backward raises, naming the training
+        compile, instead of coming back detached (``runtime/no_backward.py``)."""
+        if not torch.is_grad_enabled():
+            return out
+        anchor = no_backward.first_requiring_grad(value for _, value, _ in self.consts)
+        if anchor is None:
+            return out
+        return no_backward.attach(out, [True] * len(out), anchor)
 
     def _state_changed(self, args: tuple) -> bool:
         return any(
@@ -210,6 +221,16 @@ class RocsBackend:
         options: Optional[Mapping[str, Any] | BackendOptions] = None,
     ):
         self.options = BackendOptions.from_mapping(options, where="rocs.backend")
+        if self.options.training:
+            raise OptionsError(
+                "torch.compile(backend='rocs')",
+                [
+                    "option 'training' is not supported by the torch.compile backend (AOTAutograd "
+                    "would hand it a forward graph without the parameters' gradients); compile "
+                    "for training with rocs.compile(model, request_inputs, ..., training=True)"
+                ],
+                BackendOptions.describe(),
+            )
         if isinstance(request_inputs, str):
             request_inputs = [request_inputs]
         if not request_inputs:
@@ -353,7 +374,8 @@ def _warn_if_grad(example_inputs: Sequence[Any]) -> None:
         _GRAD_WARNED = True
         warnings.warn(
             "rocs compiles for inference: outputs carry no gradient; call the model under "
-            "torch.no_grad() or torch.inference_mode()",
+            "torch.no_grad() or torch.inference_mode(), or compile for training with "
+            "rocs.compile(model, request_inputs, ..., training=True)",
             stacklevel=3,
         )
 

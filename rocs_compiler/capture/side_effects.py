@@ -46,9 +46,11 @@ def reject_renorming_embeddings(model: nn.Module) -> None:
             )
 
 
-def reject_state_mutation(program) -> None:
+def reject_state_mutation(program, buffers_allowed: bool = False) -> list[str]:
     """Refuse an exported program whose forward writes to a parameter, buffer or input; the
-    error names the state, the op that wrote it and the module it ran in."""
+    error names the state, the op that wrote it and the module it ran in. ``buffers_allowed`` (a
+    training capture): writes to buffers (batch norm's running statistics) are accepted; returns
+    the written buffers' names in output order (export puts them before the user's outputs)."""
     signature = program.graph_signature
     writes = {
         OutputKind.PARAMETER_MUTATION: "parameter",
@@ -56,8 +58,12 @@ def reject_state_mutation(program) -> None:
         OutputKind.USER_INPUT_MUTATION: "input",
     }
     outputs = _output_nodes(program.graph_module)
+    allowed = []
     for spec, node in zip(signature.output_specs, outputs):
         if spec.kind not in writes:
+            continue
+        if buffers_allowed and spec.kind == OutputKind.BUFFER_MUTATION:
+            allowed.append(spec.target.removeprefix("model."))
             continue
         what = f"{writes[spec.kind]} {spec.target.removeprefix('model.')!r}"
         op, path, kind = _writer(node)
@@ -70,6 +76,7 @@ def reject_state_mutation(program) -> None:
             f"the model's forward mutates {what} in place{where}"
             f"{f' ({op})' if op else ''}; {fix}"
         )
+    return allowed
 
 
 def _output_nodes(gm: fx.GraphModule) -> list:

@@ -9,6 +9,7 @@ weights); every tensor input becomes a placeholder named by its dotted input nam
 from __future__ import annotations
 
 import collections
+import contextlib
 import inspect
 import warnings
 from dataclasses import dataclass, field
@@ -66,6 +67,9 @@ class CapturedGraph:
     batch_symbol: sympy.Symbol
     route: str
     param_names: dict[str, str] = field(default_factory=dict)  # attr target -> model FQN
+    # A training capture's buffer writes (batch norm's running statistics): the graph's last
+    # outputs are the new values of these buffers (model FQNs), in order.
+    buffer_writes: list[str] = field(default_factory=list)
     reads: Reads = field(default_factory=dict)  # what forward read beyond tensors (``reads.py``)
 
 
@@ -121,13 +125,19 @@ def describe_example(
     example_kwargs: Mapping[str, Any],
     request_inputs: list[str],
     unbatched_inputs: Sequence[str] = (),
+    training: bool = False,
 ) -> ExampleCall:
     """Name the example's leaves, find the batched ones, and run it once for the output layout.
 
     A tensor leaf is batched when its dim 0 has the example's batch size, unless
-    ``unbatched_inputs`` names it (a table whose row count happens to equal the batch size)."""
-    if model.training:
-        raise InputError("rocs compiles models for inference: call model.eval() first")
+    ``unbatched_inputs`` names it (a table whose row count happens to equal the batch size).
+    ``training``: the model may be in training mode (a training compile); the example run then
+    leaves the random number generators as it found them."""
+    if model.training and not training:
+        raise InputError(
+            "rocs compiles models for inference: call model.eval() first, or compile for "
+            "training with rocs.compile(..., training=True)"
+        )
     signature = inspect.signature(model.forward)
     bound = bind_inputs(signature, tuple(example_args), dict(example_kwargs))
     register_dataclasses(bound.values())
@@ -156,13 +166,29 @@ def describe_example(
                 f"need the batch dim first ({batch_rows} rows in the example)"
             )
     args, kwargs = rebuild_call(signature, bound)
-    with torch.no_grad(), recording(model) as reads:
+    with torch.no_grad(), _untouched(model, training), recording(model) as reads:
         out_flat, out_spec = pytree.tree_flatten(model(*args, **kwargs))
     out_constants = [GRAPH_OUTPUT if is_graph_leaf(v) else v for v in out_flat]
     return ExampleCall(
         signature, bound, leaves, tensor_names, request_leaves, batch_rows, batched, out_spec,
         out_constants, reads,
     )
+
+
+@contextlib.contextmanager
+def _untouched(model: nn.Module, training: bool):
+    """For a training capture: the example run leaves the random generators and the model's
+    buffers (batch norm's running statistics) as it found them."""
+    if not training:
+        yield
+        return
+    saved = [(b, b.clone()) for b in model.buffers() if not b.is_inference()]
+    with torch.random.fork_rng():
+        try:
+            yield
+        finally:
+            for buffer, value in saved:
+                buffer.copy_(value)
 
 
 def capture(
@@ -172,11 +198,16 @@ def capture(
     request_inputs: list[str],
     strict_fallback: bool = True,
     unbatched_inputs: Sequence[str] = (),
+    training: bool = False,
 ) -> CapturedGraph:
     """Capture ``model``; ``strict_fallback=False`` skips the strict (dynamo) route, which
-    resets dynamo's caches and so must not run inside a ``torch.compile`` backend."""
+    resets dynamo's caches and so must not run inside a ``torch.compile`` backend.
+    ``training``: capture the model in the mode it is in (dropout in training mode stays a
+    random op of the graph); otherwise the model must be in eval mode."""
     reject_renorming_embeddings(model)
-    call = describe_example(model, example_args, example_kwargs, request_inputs, unbatched_inputs)
+    call = describe_example(
+        model, example_args, example_kwargs, request_inputs, unbatched_inputs, training
+    )
     signature, leaves, tensor_names, batched = call.signature, call.leaves, call.input_names, call.batched
     flat, treespec = pytree.tree_flatten(call.bound)
     tensor_positions = [i for i, v in enumerate(flat) if is_tensor(v)]
@@ -187,7 +218,8 @@ def capture(
         for n in tensor_names
     ]
 
-    wrapper = _FlatForward(model, signature, template, treespec, tensor_positions).eval()
+    wrapper = _FlatForward(model, signature, template, treespec, tensor_positions)
+    wrapper.training = model.training  # the wrapper only: the model keeps its own modes
     batch = Dim("batch")
     dynamic = ([_dynamic_dims(leaves[n], batched[n], batch) for n in tensor_names],)
     failures: list[tuple[str, Exception]] = []
@@ -211,7 +243,7 @@ def capture(
     else:
         raise capture_error(failures)
 
-    gm, placeholder_of, param_names = _lift_to_attrs(program, tensor_names)
+    gm, placeholder_of, param_names, buffer_writes = _lift_to_attrs(program, tensor_names, training)
     symbol = _batch_symbol(gm, placeholder_of, batched)
     return CapturedGraph(
         graph_module=gm,
@@ -227,6 +259,7 @@ def capture(
         route=route,
         param_names=param_names,
         reads=call.reads,
+        buffer_writes=buffer_writes,
     )
 
 
@@ -246,11 +279,13 @@ def _batch_rows(leaves: dict, names: list[str]) -> int:
     return counts.most_common(1)[0][0]
 
 
-def _lift_to_attrs(program, tensor_names):
-    """Copy the exported graph, turning parameter/buffer/constant inputs into get_attr nodes."""
+def _lift_to_attrs(program, tensor_names, training: bool = False):
+    """Copy the exported graph, turning parameter/buffer/constant inputs into get_attr nodes.
+    ``training``: writes to buffers are kept, as the graph's last outputs (the user's outputs
+    first), and their buffers' names returned; the runtime applies them after each call."""
     src = program.graph_module.graph
     specs = program.graph_signature.input_specs
-    reject_state_mutation(program)
+    buffer_writes = reject_state_mutation(program, buffers_allowed=training)
     root = nn.Module()
     graph = fx.Graph()
     env: dict[fx.Node, Any] = {}
@@ -285,11 +320,16 @@ def _lift_to_attrs(program, tensor_names):
         if node.op == "call_function" and node.target in _ASSERTION_OPS:
             continue
         env[node] = graph.node_copy(node, lambda n: env[n])
+    if buffer_writes:
+        output = next(n for n in graph.nodes if n.op == "output")
+        values = list(output.args[0])
+        count = len(buffer_writes)  # export puts the writes first
+        output.args = (tuple(values[count:] + values[:count]),)
     gm = fx.GraphModule(root, graph)
     gm.graph.lint()
     _reject_mutation(gm)
     _views_to_reshapes(gm)
-    return gm, placeholder_of, param_names
+    return gm, placeholder_of, param_names, buffer_writes
 
 
 # Views that functionalization chose by the example's strides (``reshape`` of a tensor that

@@ -15,7 +15,8 @@ op                                 computes (``u[idx]`` never materialized)
 =================================  ==========================================================
 
 Each op is one :class:`~rocs_compiler.kernels.rocs_op.RocsOp` record in its module (schema,
-checks, fake kernel, FLOP formula, CPU path, Triton launcher, reference); importing this package
+checks, fake kernel, FLOP formula, CPU path, Triton launcher, reference, autograd formula);
+importing this package
 registers them all (``torch.ops.rocs.*``). ``ROCS_OPS`` maps each op's name to its record. An op
 dispatches on device at call time: CUDA tensors run its Triton kernel, CPU tensors its torch
 path, which groups or chunks by request instead of replicating; ``ROCS_TRITON_ON_CPU=1`` (with

@@ -126,6 +126,7 @@ BROADCAST_ATTENTION = define(
         cpu=_cpu,
         triton="attention_triton:broadcast_attention",
         reference=_reference,
+        differentiable=_cpu,  # grouped by request: K/V are never replicated, forward or backward
         index_arg=3,
     )
 )

@@ -75,6 +75,7 @@ BROADCAST_INTERACTION = define(
         cpu=_cpu,
         triton="interaction_triton:broadcast_interaction",
         reference=_reference,
+        differentiable=_cpu,  # grouped by request: the backward never replicates a request row
         index_arg=2,
         dispatch=lambda request_stack, candidate_stack, index: candidate_stack,
     )

@@ -85,6 +85,22 @@ def _linear_reference(c, weight, bias, request_term, candidate_to_request):
     return F.linear(c, weight, bias) + request_term.index_select(0, candidate_to_request)
 
 
+def _linear_backward(needs, grad, c, weight, bias, request_term, candidate_to_request):
+    """``d c = g @ W``, ``d W = g.T @ c``, ``d b = sum_n g[n]``, ``d request_term[r] = sum of
+    g[n] over the candidates n of request r`` (an ``index_add``: the backward of the in-kernel
+    broadcast, at R rows)."""
+    grad_c = grad @ weight if needs[0] else None
+    grad_weight = grad.t() @ c if needs[1] else None
+    grad_bias = grad.sum(0) if bias is not None and needs[2] else None
+    grad_request = _request_sum(grad, request_term, candidate_to_request) if needs[3] else None
+    return grad_c, grad_weight, grad_bias, grad_request, None
+
+
+def _request_sum(grad, request_term, candidate_to_request):
+    """Per-request sums of candidate rows: the backward of ``request_term[idx]``."""
+    return grad.new_zeros(request_term.shape).index_add_(0, candidate_to_request, grad)
+
+
 BROADCAST_LINEAR = define(
     RocsOp(
         name="broadcast_linear",
@@ -97,6 +113,7 @@ BROADCAST_LINEAR = define(
         triton="linear_triton:broadcast_linear",
         reference=_linear_reference,
         index_arg=4,
+        backward=_linear_backward,
     )
 )
 
@@ -157,6 +174,21 @@ def _compression_reference(ec, weight, request_term, candidate_to_request):
     return torch.matmul(weight, ec) + request_term.index_select(0, candidate_to_request)
 
 
+def _compression_backward(needs, grad, ec, weight, request_term, candidate_to_request):
+    """``d ec[n] = W.T @ g[n]``, ``d W = sum_n g[n] @ ec[n].T`` (one GEMM over the candidates'
+    columns), ``d request_term``: per-request sums of ``g``."""
+    num_candidates, kc, d = ec.shape
+    m = weight.shape[0]
+    grad_ec = torch.matmul(weight.t(), grad) if needs[0] else None
+    grad_weight = None
+    if needs[1]:
+        g_columns = grad.permute(1, 0, 2).reshape(m, num_candidates * d)
+        ec_columns = ec.permute(1, 0, 2).reshape(kc, num_candidates * d)
+        grad_weight = g_columns @ ec_columns.t()
+    grad_request = _request_sum(grad, request_term, candidate_to_request) if needs[2] else None
+    return grad_ec, grad_weight, grad_request, None
+
+
 BROADCAST_LINEAR_COMPRESSION = define(
     RocsOp(
         name="broadcast_linear_compression",
@@ -169,5 +201,6 @@ BROADCAST_LINEAR_COMPRESSION = define(
         triton="linear_triton:broadcast_linear_compression",
         reference=_compression_reference,
         index_arg=3,
+        backward=_compression_backward,
     )
 )

@@ -9,6 +9,14 @@ records in ``rocs_compiler.kernels.ROCS_OPS``.
 
 Identity the runtime relies on: ``torch.ops.rocs.<name>(*args) == op.run(*args)`` whenever the
 checks pass, because the op's body is exactly ``checks; return op.run(*args)``.
+
+Autograd (``torch.library.register_autograd``, registered by :func:`define` with the op): the
+backward is the op's own ``backward`` formula where it has one, else the vector-Jacobian product
+of ``differentiable``, a plain-torch function equal to the op (its torch path, when that is
+built from differentiable ops, or its reference), recomputed from the saved inputs. Identity:
+``op(*args) == differentiable(*args)`` for all inputs, so their derivatives agree; the backward of
+the in-kernel broadcast ``u[idx]`` is the per-request sum ``zeros(R).index_add_(0, idx, g)``.
+The backward is first order (a ``create_graph`` backward through it is not differentiable).
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
+from torch.utils import _pytree as pytree
 from torch.utils.flop_counter import register_flop_formula
 
 from .index_contract import check_candidate_to_request
@@ -43,6 +52,10 @@ class RocsOp:
     unknown. ``index_arg`` is the position of ``candidate_to_request`` (None: the op takes none).
     ``triton`` names the launcher as ``"module:function"`` inside ``rocs_compiler.kernels``; it is
     imported on first use, so the package works without Triton.
+
+    ``backward(needs, grad, *args)`` (``needs``: which arguments want a gradient) returns one gradient per argument (None where there is none; a list
+    for a list argument); without it the backward differentiates ``differentiable`` (default:
+    ``reference``) again from the saved arguments.
     """
 
     name: str
@@ -55,6 +68,8 @@ class RocsOp:
     triton: Optional[str] = None
     index_arg: Optional[int] = None
     dispatch: Callable[..., torch.Tensor] = first_tensor
+    backward: Optional[Callable[..., tuple]] = None
+    differentiable: Optional[Callable[..., torch.Tensor]] = None
 
     @property
     def overload(self) -> torch._ops.OpOverload:
@@ -95,6 +110,83 @@ def define(op: RocsOp) -> RocsOp:
         f"rocs::{op.name}", op.checked_run, mutates_args=(), schema=op.schema
     )
     custom.register_fake(op.fake)
+    torch.library.register_autograd(
+        f"rocs::{op.name}", _backward_of(op), setup_context=_save_arguments
+    )
     if op.flops is not None:
         register_flop_formula(getattr(torch.ops.rocs, op.name))(op.flops)
     return op
+
+
+def _save_arguments(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+    """Keep the op's arguments for its backward: tensors through ``save_for_backward`` (so an
+    in-place write to one before the backward is caught), everything else as it is."""
+    flat, spec = pytree.tree_flatten(inputs)
+    positions = [i for i, v in enumerate(flat) if isinstance(v, torch.Tensor)]
+    ctx.save_for_backward(*[flat[i] for i in positions])
+    ctx.rocs_arguments = (
+        [None if isinstance(v, torch.Tensor) else v for v in flat],
+        positions,
+        spec,
+    )
+
+
+def _saved_arguments(ctx: Any) -> tuple:
+    flat, positions, spec = ctx.rocs_arguments
+    flat = list(flat)
+    for i, tensor in zip(positions, ctx.saved_tensors):
+        flat[i] = tensor
+    return pytree.tree_unflatten(flat, spec)
+
+
+def _backward_of(op: RocsOp) -> Callable[..., tuple]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        args = _saved_arguments(ctx)
+        if op.backward is not None:
+            return tuple(op.backward(ctx.needs_input_grad, grad, *args))
+        return vjp(op.differentiable or op.reference, grad, args, ctx.needs_input_grad)
+
+    return backward
+
+
+def vjp(fn: Callable[..., torch.Tensor], grad: torch.Tensor, args: tuple, needs: tuple) -> tuple:
+    """The gradients of ``fn(*args)`` against ``grad``, one per argument (None for those that
+    ``needs`` marks False or that are not floating tensors; a list for a list argument)."""
+
+    def wants(value: Any, needed: bool) -> bool:
+        return needed and isinstance(value, torch.Tensor) and value.is_floating_point()
+
+    leaves: list[torch.Tensor] = []
+    inputs = []
+    for value, needed in zip(args, needs):
+        if isinstance(value, (list, tuple)):
+            items = [v.detach().requires_grad_() if wants(v, needed) else v for v in value]
+            leaves += [v for v in items if isinstance(v, torch.Tensor) and v.requires_grad]
+            inputs.append(type(value)(items))
+        elif wants(value, needed):
+            value = value.detach().requires_grad_()
+            leaves.append(value)
+            inputs.append(value)
+        else:
+            inputs.append(value)
+    if not leaves:
+        return tuple(None for _ in args)
+    with torch.enable_grad():
+        out = fn(*inputs)
+        grads = iter(
+            torch.autograd.grad(out, leaves, grad, allow_unused=True, materialize_grads=True)
+        )
+    result = []
+    for value in inputs:
+        if isinstance(value, (list, tuple)):
+            result.append(
+                [
+                    next(grads) if isinstance(v, torch.Tensor) and v.requires_grad else None
+                    for v in value
+                ]
+            )
+        elif isinstance(value, torch.Tensor) and value.requires_grad:
+            result.append(next(grads))
+        else:
+            result.append(None)
+    return tuple(result)

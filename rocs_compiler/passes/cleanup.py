@@ -44,9 +44,12 @@ from .engine import Builder, Rewrite, rewrite_to_fixpoint
 _FOLD_LIMIT_ELEMENTS = 1 << 24  # never fold a constant into something larger than this
 
 
-def cleanup(gm: fx.GraphModule) -> fx.GraphModule:
+def cleanup(gm: fx.GraphModule, fold: bool = True) -> fx.GraphModule:
+    """``fold=False`` (a training compile) evaluates no weight-only subgraph: the graph then
+    computes every value from the weights at each call, so autograd reaches them."""
     constant_indexing_as_index_select(gm)  # first: its flat index folds into a constant
-    fold_constants(gm)
+    if fold:
+        fold_constants(gm)
     weight_first_matmuls_fold(gm)  # after folding: W.mT stays a view, as in the original's mm
     drop_full_slices(gm)
     drop_double_transposes(gm)  # before CSE: x.mT.mT and x then read as one value

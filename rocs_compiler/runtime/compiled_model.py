@@ -46,6 +46,7 @@ from .program_choice import (
 from .dtype_move import dtype_move
 from .guards import NO_GUARDS
 from .request_detection import detect_requests, reduce_rows
+from .training import refuse_replicated_grads
 from .weights import WeightRefresh
 from ..formats.leaves import GRAPH_OUTPUT, bind_inputs, is_tensor, named_leaves, replace_leaves
 
@@ -191,6 +192,7 @@ class CompiledModel(nn.Module):
         weights_from: Optional[nn.Module] = None,
         guards=NO_GUARDS,  # ``runtime/guards.py``: the model is still the one compiled
         recompile: Optional[Callable[[torch.dtype, torch.device], "CompiledModel"]] = None,
+        training=None,  # ``runtime/training.py``: calls in grad mode run it under autograd
     ):
         super().__init__()
         self.graph_module = graph_module
@@ -235,6 +237,7 @@ class CompiledModel(nn.Module):
         # ``runtime/dtype_move.py``: the original compiled again for a move to another dtype.
         object.__setattr__(self, "_recompile", recompile)
         object.__setattr__(self, "_original_is_copy", False)  # a moved copy, after such a move
+        object.__setattr__(self, "_training", training)
 
     @property
     def is_fallback(self) -> bool:
@@ -468,6 +471,11 @@ class CompiledModel(nn.Module):
             if self._constant_outputs:
                 outputs = self._clone_constants(outputs)
             return self.contract.outputs(outputs)
+        if self._training is not None and (grad_mode or self._training.writes_buffers):
+            refuse_replicated_grads(leaves, requests)
+            with call_groups(index, uniform):
+                outputs = self._training(self._graph_inputs(leaves, requests), index)
+            return self.contract.outputs(self._clone_constants(outputs))
         if grad_mode:
             wants_grad = [n for n, v in leaves.items() if is_tensor(v) and v.requires_grad]
             if wants_grad:

@@ -22,8 +22,9 @@ from torch import fx
 
 MESSAGE = (
     "rocs: a compiled model computes without autograd, so its outputs have no gradient; "
-    "backpropagate through the original model (the compiled model follows its weights), and "
-    "call the compiled model under torch.no_grad() or torch.inference_mode() for inference"
+    "backpropagate through the original model (the compiled model follows its weights), or "
+    "compile it for training with rocs.compile(..., training=True); call the compiled model "
+    "under torch.no_grad() or torch.inference_mode() for inference"
 )
 
 

@@ -1,0 +1,146 @@
+"""The training program: the shared graph run under autograd on the model's own parameters.
+
+A training compile (``rocs.compile(..., training=True)``) folds no weights (``cleanup(fold=False)``),
+so every value of the shared graph is computed at each call from the weights and the inputs. The
+graph's weights are aliases made at capture (detached); this program instead reads each
+parameter and buffer of the model *itself* (the same ``nn.Parameter`` objects, no copies): every
+``get_attr`` of a model weight becomes a leading input of the program, bound per call to the
+tensor the model holds under that name. So ``loss.backward()`` accumulates into ``p.grad`` of the
+original parameters, any optimizer over ``model.parameters()`` works, and the next call reads the
+updated values (and follows a reassigned parameter: names are looked up again whenever a module
+registration happened anywhere, ``weights.registrations()``).
+
+Identity: every node of the shared graph equals the original graph's node gathered by
+``candidate_to_request`` (REQUEST) or equals it outright (CANDIDATE, CONST) (``passes/share.py``),
+for all weights; the backward of a gather is a per-request sum (``index_add``), and every
+``rocs::`` op's backward is that of its reference (``kernels/rocs_op.py``). So each parameter's
+gradient equals eager's on the replicated batch, up to re-association of its sums (the same
+bounds as the forward, docs/contract.md).
+
+A forward that writes buffers (batch norm in training mode updating its running statistics)
+is captured functionalized: the new values are extra graph outputs, which this program copies
+into the model's buffers after each call, as eager's forward does. The batch statistics mix rows,
+so the batch norm runs per impression (its rule is not row-wise), on the replicated rows eager
+normalizes: the statistics, the output and the update equal eager's.
+
+Request inputs requiring grad are accepted in the shared layout, where the gradient of a request
+row is the sum over its candidates (the request row *is* the input). In the drop-in and
+``call_replicated`` layouts a replicated request row's gradient would land on one copy of it,
+not on each as in eager, so those calls are refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import fx, nn
+
+from ..errors import CompileError, InputError
+from .weights import registrations
+
+
+class TrainingProgram:
+    """``gm`` with its model weights read from ``model`` at each call, run by FX under autograd
+    (``rocs::`` ops through the dispatcher, where their backward is registered)."""
+
+    def __init__(
+        self,
+        gm: fx.GraphModule,
+        model: nn.Module,
+        weight_names: Mapping[str, str],
+        buffer_writes: Sequence[str] = (),
+    ):
+        self._model = model
+        self._writes = list(buffer_writes)
+        graph = fx.Graph()
+        env: dict[fx.Node, fx.Node] = {}
+        self._names: list[str] = []
+        self._specs: list[tuple] = []  # (shape, dtype, device) compiled for, per weight
+        for node in gm.graph.nodes:
+            if node.op != "get_attr" or node in env:
+                continue
+            name = weight_names.get(node.target)
+            live = _lookup(model, name) if name is not None else None
+            if live is None:
+                continue  # a constant lifted from the forward: the graph module keeps it
+            env[node] = graph.placeholder(f"weight_{len(self._names)}")
+            env[node].meta.update(node.meta)
+            self._names.append(name)
+            self._specs.append((live.shape, live.dtype, live.device))
+        graph.output(graph.graph_copy(gm.graph, env))
+        self.graph_module = fx.GraphModule(gm, graph)
+        self._weights: tuple[int, list[torch.Tensor]] | None = None
+
+    @property
+    def writes_buffers(self) -> bool:
+        """True when the forward writes buffers (batch norm in training mode): every call, with
+        or without grad, must then run this program, which applies the writes."""
+        return bool(self._writes)
+
+    def __call__(self, inputs: list, index: torch.Tensor) -> list:
+        """The graph's outputs; the trailing ones that are buffer writes are applied to the
+        model's buffers, as eager's forward writes them (and left in the list, after the user's
+        outputs, where the output structure does not read them)."""
+        outputs = self.graph_module(*self.weights(), *inputs, index)
+        if self._writes:
+            with torch.no_grad():
+                for name, value in zip(self._writes, outputs[len(outputs) - len(self._writes) :]):
+                    buffer = _lookup(self._model, name)
+                    # The batch norm's backward saved the buffer (it reads it only in eval
+                    # mode); eager's in-place update happens before that save, so the version
+                    # it recorded is the one after the write: keep it.
+                    with torch.autograd._unsafe_preserve_version_counter(buffer):
+                        buffer.copy_(value)
+        return outputs
+
+    def weights(self) -> list[torch.Tensor]:
+        """The model's current tensors, in the program's order (looked up again after any module
+        registration, else reused: in-place updates need no lookup)."""
+        count = registrations()
+        if self._weights is None or self._weights[0] != count:
+            tensors = []
+            for name, (shape, dtype, device) in zip(self._names, self._specs):
+                live = _lookup(self._model, name)
+                if live is None:
+                    raise CompileError(
+                        f"{name} is no longer a parameter or buffer of the compiled model's "
+                        "original; the compiled graph reads it: compile the model again"
+                    )
+                if (live.shape, live.dtype, live.device) != (shape, dtype, device):
+                    raise CompileError(
+                        f"{name} was replaced by a tensor of shape {tuple(live.shape)}, "
+                        f"{live.dtype}, {live.device}; the compiled graph is specialized to "
+                        f"{tuple(shape)}, {dtype}, {device}: compile the model again"
+                    )
+                tensors.append(live)
+            self._weights = (count, tensors)
+        return self._weights[1]
+
+
+def refuse_replicated_grads(leaves: dict, requests: dict) -> None:
+    """A drop-in or ``call_replicated`` call (``requests`` reduced from replicated ``leaves``)
+    whose request inputs require grad: refused (the module docstring says why)."""
+    if requests is leaves:
+        return
+    wanting = [n for n in requests if leaves[n].requires_grad]
+    if wanting:
+        raise InputError(
+            f"request input(s) {', '.join(wanting)} require grad in a replicated call; their "
+            "rows are computed once per request, so the gradient of each replicated copy is not "
+            "defined: pass them with one row per request and candidate_to_request (the shared "
+            "layout), where each row's gradient is the sum over its candidates"
+        )
+
+
+def _lookup(model: nn.Module, name: str) -> torch.Tensor | None:
+    """The parameter or buffer registered under ``name`` (not a computed attribute)."""
+    prefix, _, leaf = name.rpartition(".")
+    try:
+        owner = model.get_submodule(prefix)
+    except AttributeError:
+        return None
+    for table in (owner._parameters, owner._buffers):
+        if leaf in table:
+            return table[leaf]
+    return None
