@@ -17,6 +17,8 @@ from .runtime import CompiledModel, InputContract
 from .runtime.guards import Guards
 from .runtime.mislabel import example_finding
 from .runtime.plain import PlainProgram
+from .runtime.request_cache import RequestCache
+from .runtime.request_cache import attach as attach_cache
 
 
 def compile(  # noqa: A001 - mirrors torch.compile
@@ -28,6 +30,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     fallback: str = "error",
     options: Optional[Mapping[str, Any] | Options] = None,
     unbatched_inputs: Sequence[str] | str = (),
+    request_cache: Optional[RequestCache] = None,
 ) -> CompiledModel:
     """Compile ``model`` so its request-only computation runs once per request.
 
@@ -44,6 +47,8 @@ def compile(  # noqa: A001 - mirrors torch.compile
             unknown key or a wrong type raises :class:`OptionsError` listing the valid ones.
         unbatched_inputs: names of tensor inputs without a batch dim (a table passed to every
             call), needed only when their dim 0 equals the example's batch size.
+        request_cache: a :class:`rocs.RequestCache` keeping the request side's values of recent
+            requests across calls (``docs/contract.md``, "Request cache"); one per model.
     """
     options = Options.from_mapping(options, where="rocs.compile")
     if fallback not in ("error", "eager"):
@@ -81,6 +86,8 @@ def compile(  # noqa: A001 - mirrors torch.compile
         input_format=prepared.format, weights_from=prepared.model,
         guards=Guards(prepared.model, captured.reads, captured.param_names),
     )  # fmt: skip
+    if request_cache is not None:
+        attach_cache(compiled, request_cache)
     compiled.pipeline_result = result  # logical and shared graphs, for inspection tools
     compiled._mislabel.finding = example_finding(compiled.contract, prepared.args, prepared.kwargs)
     return compiled
