@@ -33,15 +33,16 @@ from __future__ import annotations
 import statistics
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import fx
 
-from ..errors import OptionsError
 from ..analysis.batch_axis import BatchAxis, row_dim, split_shape
+from ..errors import OptionsError
 from .direct import direct_program
-from .program_choice import PLAIN, SHARED, TRIALS, ProgramChoice, bucket, now
+from .program_choice import PLAIN, SHARED, TRIALS, ProgramChoice, bucket
 from .request_split import RequestSplit, SplitRefused, split_request_region
 
 CACHED, UNCACHED = SHARED, PLAIN  # the two arms of a bucket's choice
@@ -66,14 +67,14 @@ class RequestCache:
         self.autotune = autotune
         self._entries: OrderedDict[tuple, tuple[tuple[torch.Tensor, ...], int]] = OrderedDict()
         self._bytes = 0
-        self._counts = dict(hits=0, misses=0, evictions=0, invalidations=0, too_large=0)
+        self._counts = {"hits": 0, "misses": 0, "evictions": 0, "invalidations": 0, "too_large": 0}
         self._lock = threading.Lock()
-        self._owner: Optional[int] = None
+        self._owner: int | None = None
 
     def __repr__(self) -> str:
         return f"RequestCache(max_bytes={self.max_bytes}, autotune={self.autotune})"
 
-    def lookup(self, keys: list[tuple]) -> list[Optional[tuple[torch.Tensor, ...]]]:
+    def lookup(self, keys: list[tuple]) -> list[tuple[torch.Tensor, ...] | None]:
         """The entries of ``keys`` (None where absent), each hit made most recent."""
         found = []
         with self._lock:
@@ -187,8 +188,8 @@ class CachedGraph:
 
     def __init__(self, cache: RequestCache, graph_module: Any):
         self.cache = cache
-        self.refused: Optional[str] = None
-        self._split: Optional[RequestSplit] = None
+        self.refused: str | None = None
+        self._split: RequestSplit | None = None
         if not isinstance(graph_module, fx.GraphModule):
             self.refused = "the model runs without a graph of its own (eager fallback or lowered)"
         else:
@@ -196,7 +197,7 @@ class CachedGraph:
                 self._split = split_request_region(graph_module)
             except SplitRefused as err:
                 self.refused = str(err)
-        self._programs: Optional[tuple[Callable, Callable]] = None
+        self._programs: tuple[Callable, Callable] | None = None
         self._programs_of: Any = None  # the runner they were built beside
         self._layouts: dict[int, tuple[int, ...]] = {}  # boundary value -> dim order, as computed
         self._choice = CacheChoice()
@@ -346,7 +347,7 @@ def _dim_order(t: torch.Tensor) -> tuple[int, ...]:
     return tuple(sorted(range(t.dim()), key=lambda d: -strides[d]))
 
 
-def attach(model: Any, cache: Optional[RequestCache]) -> None:
+def attach(model: Any, cache: RequestCache | None) -> None:
     """Give ``model`` (a compiled model) ``cache``; None removes it."""
     if cache is None:
         object.__setattr__(model, "_cache", None)

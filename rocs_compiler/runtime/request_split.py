@@ -63,10 +63,10 @@ def split_request_region(gm: fx.GraphModule) -> RequestSplit:
     if not requests:
         raise SplitRefused("the model has no request inputs")
     symbol = _batch_symbol(requests)
-    on_request = {n for n in nodes if n.meta.get(PLACEMENT) == Role.REQUEST and n.op != "placeholder"}
-    crossing = [
-        n for n in nodes if n in on_request and any(u not in on_request for u in n.users)
-    ]
+    on_request = {
+        n for n in nodes if n.meta.get(PLACEMENT) == Role.REQUEST and n.op != "placeholder"
+    }
+    crossing = [n for n in nodes if n in on_request and any(u not in on_request for u in n.users)]
     boundary: dict[fx.Node, BatchAxis] = {}
     recomputed: set[fx.Node] = set()
     todo = list(crossing)
