@@ -197,9 +197,7 @@ def main() -> None:
         f"R = {args.requests} requests x {args.candidates} candidates, {args.calls} calls per "
         f"point, {args.threads} torch thread(s), thread CPU time, medians"
     )
-    print(
-        "| model | hit rate | measured | without cache ms | with cache ms | speedup | choice |"
-    )
+    print("| model | hit rate | measured | without cache ms | with cache ms | speedup | choice |")
     print("|---|---:|---:|---:|---:|---:|---|")
     summary = []
     with torch.no_grad():

@@ -24,8 +24,9 @@ written after they are made.
 Whether it pays: hashing the request inputs and putting rows together cost time on every
 call; where the request region is cheap or requests rarely repeat, that is a loss. Per call
 bucket (layout sizes, as the program choice buckets them) the cache runs alone for a warm-up,
-then calls alternate with and without it, and the bucket keeps the faster by the median time
-(``CacheChoice``); a bucket that drops the cache computes exactly as without one.
+then calls alternate with and without it, and the bucket keeps the cache only if its median time
+leads by ``CACHE_MARGIN`` (``CacheChoice``); a bucket that drops it computes exactly as without
+one.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ from .request_split import RequestSplit, SplitRefused, split_request_region
 
 CACHED, UNCACHED = SHARED, PLAIN  # the two arms of a bucket's choice
 WARMUP = 2 * TRIALS  # calls of a bucket that fill the cache before it is measured
+# The lead the cached arm needs to be kept: a cache that only breaks even costs memory, and on a
+# loaded machine five medians of a close race pick either side.
+CACHE_MARGIN = 0.05
 
 
 class RequestCache:
@@ -179,7 +183,9 @@ class CacheChoice(ProgramChoice):
             times[program].append(seconds)
             if min(len(t) for t in times.values()) >= self._trials:
                 typical = {p: statistics.median(t[1:]) for p, t in times.items()}
-                self._decided[key] = CACHED if typical[CACHED] <= typical[UNCACHED] else UNCACHED
+                lead = 1.0 - self._margins.pop(key, 0.0)
+                kept = typical[CACHED] <= typical[UNCACHED] * lead
+                self._decided[key] = CACHED if kept else UNCACHED
                 del self._times[key]
 
 
@@ -234,6 +240,7 @@ class CachedGraph:
             key,
             lambda: self._cached(programs, inputs, requests, rows, index, stamp),
             lambda: runner(*inputs, index),
+            margin=CACHE_MARGIN,
         )
 
     def _cached(self, programs, inputs, requests, rows, index, stamp) -> list:

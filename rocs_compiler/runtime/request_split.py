@@ -179,5 +179,21 @@ def _rest_graph(graph: fx.Graph, cut: list[fx.Node]) -> fx.Graph:
     for node in nodes:
         if node.op != "placeholder" and node not in env:
             env[node] = rest.node_copy(node, env.__getitem__)
-    rest.eliminate_dead_code()
+    _drop_unread(rest)
     return rest
+
+
+def _drop_unread(graph: fx.Graph) -> None:
+    """Remove the nodes the output does not read. Not ``Graph.eliminate_dead_code``: it keeps
+    ops tagged random (attention with a dropout argument), and the shared graph has value
+    semantics (no mutation), so what the output does not read is dead."""
+    output = next(n for n in reversed(graph.nodes) if n.op == "output")
+    read, todo = set(), [output]
+    while todo:
+        node = todo.pop()
+        if node not in read:
+            read.add(node)
+            todo.extend(node.all_input_nodes)
+    for node in reversed(list(graph.nodes)):
+        if node not in read and node.op != "placeholder":
+            graph.erase_node(node)

@@ -236,6 +236,22 @@ def test_request_rows_are_independent_across_requests(name):
         assert torch.equal(x.narrow(axis.dim, 0, 1), y.narrow(axis.dim, 0, 1))
 
 
+@pytest.mark.parametrize("name", MODELS)
+def test_the_rest_program_computes_no_request_value_but_the_recomputed(name):
+    """The request region runs in the request program only (attention nodes, which FX's dead
+    code elimination keeps as random ops, included)."""
+    _, _, cm = _compiled(name)
+    split = split_request_region(cm.graph_module)
+    computed = {
+        n.name
+        for n in split.rest_graph.nodes
+        if n.op == "call_function"
+        and n.meta.get(PLACEMENT) == Role.REQUEST
+        and isinstance(n.meta.get("val"), torch.Tensor)
+    }
+    assert computed <= set(split.recomputed)
+
+
 def test_a_request_node_without_a_batch_axis_refuses_the_cache():
     entry, model, cm = _compiled("two_tower", options=NO_CHOICE)
     for node in cm.graph_module.graph.nodes:
@@ -307,3 +323,13 @@ def test_the_cache_choice_compares_medians():
         choice.record(key, program_choice.SHARED, c)
         choice.record(key, program_choice.PLAIN, 1.0)
     assert choice.decided(key) == program_choice.PLAIN
+
+
+@pytest.mark.parametrize("cached, expected", [(0.97, "plain"), (0.9, "shared")])
+def test_the_cache_must_lead_by_a_margin(cached, expected):
+    choice = CacheChoice(trials=2)
+    key = program_choice.bucket("cache", 16, 4)
+    for _ in range(4):
+        arm = choice.next_trial(key, margin=request_cache.CACHE_MARGIN)
+        choice.record(key, arm, cached if arm == program_choice.SHARED else 1.0)
+    assert choice.decided(key) == expected
