@@ -24,6 +24,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import itertools
 import random
 import statistics
 import time
@@ -172,7 +173,7 @@ def chosen(cm, users: Users, hit: float, args) -> str:
 
 
 def break_even(rows: list[dict]) -> str:
-    for a, b in zip(rows, rows[1:]):
+    for a, b in itertools.pairwise(rows):
         if a["speedup"] < 1.0 <= b["speedup"]:
             t = (1.0 - a["speedup"]) / (b["speedup"] - a["speedup"])
             return f"{a['hit'] + t * (b['hit'] - a['hit']):.2f}"

@@ -251,13 +251,13 @@ class CachedGraph:
         if len(missing) == rows:
             values = list(request_program(*requests))
             self._note_layouts(values)
-            self.cache.insert(list(zip(keys, self._rows_of(values, range(rows), rows))), stamp)
+            self.cache.insert(list(zip(keys, self._rows_of(values, rows))), stamp)
         else:
             if missing:
                 picked = torch.tensor(missing, device=requests[0].device)
                 computed = list(request_program(*[t.index_select(0, picked) for t in requests]))
                 self._note_layouts(computed)
-                fresh = self._rows_of(computed, range(len(missing)), len(missing))
+                fresh = self._rows_of(computed, len(missing))
                 self.cache.insert([(keys[r], f) for r, f in zip(missing, fresh)], stamp)
                 for r, f in zip(missing, fresh):
                     found[r] = f
@@ -281,11 +281,12 @@ class CachedGraph:
         if len(self._layouts) < len(values):
             self._layouts = {i: _dim_order(v) for i, v in enumerate(values)}
 
-    def _rows_of(self, values: list[torch.Tensor], picks, rows: int) -> list[tuple]:
-        """Per row in ``picks``, a copy of that row of every boundary value."""
-        axes = self._split.axes
-        split = [_split_rows(v, a, rows) for v, a in zip(values, axes)]
-        return [tuple(s.narrow(d, r, 1).clone() for s, d in split) for r in picks]
+    def _rows_of(self, values: list[torch.Tensor], rows: int) -> list[tuple]:
+        """Per row, a copy of that row of every boundary value (its own storage, so that an
+        entry's bytes are freed when it is evicted)."""
+        split = [_split_rows(v, a, rows) for v, a in zip(values, self._split.axes)]
+        per_value = [[p.clone() for p in s.split(1, d)] for s, d in split]
+        return list(zip(*per_value))
 
     def _assemble(self, found: list[tuple]) -> list[torch.Tensor]:
         """The boundary values of every row, from one entry per row, in the layout the request
