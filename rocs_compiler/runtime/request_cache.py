@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import statistics
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -43,7 +44,7 @@ from torch import fx
 from ..analysis.batch_axis import BatchAxis, row_dim, split_shape
 from ..errors import OptionsError
 from .direct import direct_program
-from .program_choice import PLAIN, SHARED, TRIALS, ProgramChoice, bucket
+from .program_choice import PLAIN, SHARED, TRIALS, ProgramChoice, bucket, now
 from .request_split import RequestSplit, SplitRefused, split_request_region
 
 CACHED, UNCACHED = SHARED, PLAIN  # the two arms of a bucket's choice
@@ -172,8 +173,9 @@ def _as_bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 class CacheChoice(ProgramChoice):
-    """The program choice with the median instead of the minimum: the cached arm's time
-    depends on how many rows hit, and the minimum would pick its luckiest call."""
+    """The program choice with the median instead of the minimum (the cached arm's time depends
+    on how many rows hit, and the minimum would pick its luckiest call), timed by
+    :func:`call_clock`."""
 
     def record(self, key: tuple, program: str, seconds: float) -> None:
         with self._lock:
@@ -187,6 +189,24 @@ class CacheChoice(ProgramChoice):
                 kept = typical[CACHED] <= typical[UNCACHED] * lead
                 self._decided[key] = CACHED if kept else UNCACHED
                 del self._times[key]
+
+    def run(self, key, cached, uncached, margin: float = 0.0) -> Any:
+        program = self.decided(key)
+        if program is not None:
+            return cached() if program == CACHED else uncached()
+        program = self.next_trial(key, margin)
+        clock = call_clock()
+        start = clock()
+        result = cached() if program == CACHED else uncached()
+        self.record(key, program, clock() - start)
+        return result
+
+
+def call_clock() -> Callable[[], float]:
+    """The clock a trial is timed by: the thread's CPU time when torch computes on this thread
+    alone (all of the call's work is then on it, and time spent preempted by other processes is
+    not the call's), else wall time."""
+    return time.thread_time if torch.get_num_threads() == 1 else now
 
 
 class CachedGraph:

@@ -291,7 +291,7 @@ def test_the_choice_turns_the_cache_off_where_it_measures_slower(monkeypatch):
     """A fake clock that only the cached arm advances (hashing): the bucket drops the cache,
     says so in the report, and from then on calls run without hashing."""
     clock = [0.0]
-    monkeypatch.setattr(program_choice, "now", lambda: clock[0])
+    monkeypatch.setattr(request_cache, "call_clock", lambda: lambda: clock[0])
     real_keys = request_cache.row_keys
     hashed = []
 
