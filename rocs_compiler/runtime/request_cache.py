@@ -75,6 +75,7 @@ class RequestCache:
         self._counts = {"hits": 0, "misses": 0, "evictions": 0, "invalidations": 0, "too_large": 0}
         self._lock = threading.Lock()
         self._owner: int | None = None
+        self._stamp: Any = None  # (weight generation, runner) the entries were computed with
 
     def __repr__(self) -> str:
         return f"RequestCache(max_bytes={self.max_bytes}, autotune={self.autotune})"
@@ -129,8 +130,6 @@ class RequestCache:
                 self._entries.clear()
                 self._bytes = 0
                 self._stamp = stamp
-
-    _stamp: Any = None
 
     def clear(self) -> None:
         with self._lock:
