@@ -35,6 +35,7 @@ _LAZY = {
     "LoadedProgram": ".export",
     "trusted_index": ".kernels.index_contract",
     "CompiledModel": ".runtime",
+    "RequestCache": ".runtime.request_cache",
     "apply_glm": ".transforms",
     "apply_dca": ".transforms",
     "glm_from_zero_blocks": ".transforms",
@@ -49,7 +50,7 @@ __all__ = [
     "compile", "Options", "CompileError", "InputError", "OptionsError", "Role", "CompiledModel",
     "backend", "shared_call", "export", "save", "load", "aoti_package", "LoadedProgram",
     "apply_glm", "apply_dca", "GLMLinear", "GLMLinearCompression", "GroupLayerNorm",
-    "GLMFactorizationMachine", "DCABlock", "trusted_index", "glm_from_zero_blocks",
+    "GLMFactorizationMachine", "DCABlock", "trusted_index", "glm_from_zero_blocks", "RequestCache",
 ]  # fmt: skip
 __version__ = "0.1.0"
 

@@ -22,6 +22,8 @@ from .runtime.guards import Guards
 from .runtime.mislabel import example_finding
 from .runtime.plain import PlainProgram
 from .runtime.training import TrainingProgram
+from .runtime.request_cache import RequestCache
+from .runtime.request_cache import attach as attach_cache
 
 
 def compile(  # noqa: A001 - mirrors torch.compile
@@ -34,6 +36,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     options: Optional[Mapping[str, Any] | Options] = None,
     unbatched_inputs: Sequence[str] | str = (),
     training: bool = False,
+    request_cache: Optional[RequestCache] = None,
 ) -> CompiledModel:
     """Compile ``model`` so its request-only computation runs once per request.
 
@@ -54,6 +57,8 @@ def compile(  # noqa: A001 - mirrors torch.compile
             mode (captured as it is), and calls in grad mode backpropagate into the model's own
             parameters, with the request side computed once per request forward and backward
             (docs/contract.md, "Autograd").
+        request_cache: a :class:`rocs.RequestCache` keeping the request side's values of recent
+            requests across calls (``docs/contract.md``, "Request cache"); one per model.
     """
     options = Options.from_mapping(options, where="rocs.compile")
     if training:
@@ -103,6 +108,8 @@ def compile(  # noqa: A001 - mirrors torch.compile
         ),
         training=_training_program(result, prepared.model) if options.training else None,
     )  # fmt: skip
+    if request_cache is not None:
+        attach_cache(compiled, request_cache)
     compiled.pipeline_result = result  # logical and shared graphs, for inspection tools
     compiled._mislabel.finding = example_finding(compiled.contract, prepared.args, prepared.kwargs)
     return compiled

@@ -239,6 +239,8 @@ class CompiledModel(nn.Module):
         object.__setattr__(self, "_original_is_copy", False)  # a moved copy, after such a move
         object.__setattr__(self, "_training", training)
 
+    _cache = None  # a ``request_cache.CachedGraph`` when a request cache is attached
+
     @property
     def is_fallback(self) -> bool:
         return self.graph_module is None
@@ -248,7 +250,13 @@ class CompiledModel(nn.Module):
         (built by the door that compiled the model; the runtime knows no report)."""
         if self._report_builder is None:
             raise RuntimeError("this compiled model was built without a report")
-        return self._mislabel.annotate(self._report_builder(num_candidates, num_requests))
+        report = self._mislabel.annotate(self._report_builder(num_candidates, num_requests))
+        return report if self._cache is None else self._cache.annotate(report)
+
+    def cache_stats(self) -> Optional[dict]:
+        """Hits, misses, evictions and bytes of the request cache (``runtime/request_cache.py``);
+        None when the model has none."""
+        return None if self._cache is None else self._cache.stats()
 
     def forward(self, *args, candidate_to_request: Optional[torch.Tensor] = None, **kwargs):
         self._guards.check()
@@ -467,7 +475,11 @@ class CompiledModel(nn.Module):
         if not grad_mode and self.graph_module is not None:
             # The common serving call (no_grad or inference mode): no autograd context to enter.
             with call_groups(index, uniform):
-                outputs = self._graph_runner()(*self._graph_inputs(leaves, requests), index)
+                if self._cache is None:
+                    outputs = self._graph_runner()(*self._graph_inputs(leaves, requests), index)
+                else:  # ``runtime/request_cache.py``
+                    inputs = self._graph_inputs(leaves, requests)
+                    outputs = self._cache.run(self, self._graph_runner(), inputs, index)
             if self._constant_outputs:
                 outputs = self._clone_constants(outputs)
             return self.contract.outputs(outputs)

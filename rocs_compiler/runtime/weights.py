@@ -141,6 +141,7 @@ class WeightRefresh:
     def __init__(self, gm: fx.GraphModule, model: nn.Module, names: Mapping[str, str]):
         self._gm, self._model, self._names = gm, model, dict(names)
         self.epoch = 0  # bumped whenever an attribute of ``gm`` is replaced
+        self.generation = 0  # bumped whenever a refresh found a weight written, or was forced
         self.bind()
 
     def bind(self) -> None:
@@ -217,6 +218,8 @@ class WeightRefresh:
                 elif moved:
                     _check_like(w, held, source, same_device=w.alias)
                     steps.append((w, source, "written" if w.alias else "copy"))
+            if steps or force:
+                self.generation += 1
             changed, rebound = set(), set()
             for w, source, step in steps:
                 if step == "rebind":
