@@ -467,6 +467,10 @@ class CompiledModel(nn.Module):
         if self._input_specs is not None:
             self._input_specs.check(leaves)
         grad_mode = torch.is_grad_enabled()
+        training = self._training
+        if training is not None and (grad_mode or training.writes_buffers):
+            refuse_replicated_grads(leaves, requests)
+            return self._train(args, kwargs, leaves, requests, index, uniform)
         if not grad_mode and self.graph_module is not None:
             # The common serving call (no_grad or inference mode): no autograd context to enter.
             with call_groups(index, uniform):
@@ -474,9 +478,6 @@ class CompiledModel(nn.Module):
             if self._constant_outputs:
                 outputs = self._clone_constants(outputs)
             return self.contract.outputs(outputs)
-        if self._training is not None and (grad_mode or self._training.writes_buffers):
-            refuse_replicated_grads(leaves, requests)
-            return self._train(args, kwargs, leaves, requests, index, uniform)
         if grad_mode:
             wants_grad = [n for n, v in leaves.items() if is_tensor(v) and v.requires_grad]
             if wants_grad:

@@ -167,3 +167,21 @@ def test_dropout_masks_and_running_statistics_equal_eager_through_the_choice(kin
         for (name, a), b in zip(eager_model.named_buffers(), model.buffers()):
             torch.testing.assert_close(b, a, msg=lambda m, name=name: f"call {i} {name}: {m}")
     assert _key(batch, layout) in cm.program_choices()
+
+
+@pytest.mark.parametrize("autotune", [True, False])
+def test_no_grad_calls_update_running_statistics_as_eager(autotune):
+    """A forward that writes buffers runs the training program (or the original model) without
+    grad too: eager's train-mode forward updates the running statistics under no_grad."""
+    torch.manual_seed(0)
+    model = _RequestSide("batch_norm").train()
+    cm = _compile(model, ["hist"], _history_batch, autotune=autotune)
+    eager_model = copy.deepcopy(model)
+    batch = _history_batch([1, 3, 17], seed=60, shuffle=True)
+    with torch.no_grad():
+        for i in range(CALLS):
+            got = cm(**batch.kwargs, candidate_to_request=batch.candidate_to_request)
+            want = eager_model(**batch.replicated())
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+            for (name, a), b in zip(eager_model.named_buffers(), model.buffers()):
+                torch.testing.assert_close(b, a, msg=lambda m, name=name: f"call {i} {name}: {m}")
