@@ -370,7 +370,9 @@ class CompiledModel(nn.Module):
             margin=self._margin(rows, num_requests, DROPIN_MARGIN if alone else 0.0),
         )
 
-    def _settle_if_clear(self, key: tuple, rows: int, num_requests: int, choice=None) -> Optional[str]:
+    def _settle_if_clear(
+        self, key: tuple, rows: int, num_requests: int, choice=None
+    ) -> Optional[str]:
         """``SHARED`` (and the bucket settled in ``choice``, by default the inference one) when,
         for ``rows`` candidates of ``num_requests`` requests, the cost model's FLOP ideal reaches
         ``CLEAR_GAIN`` and the saving ``CLEAR_SAVING``; else None (measure)."""

@@ -165,7 +165,7 @@ def test_dropout_masks_and_running_statistics_equal_eager_through_the_choice(kin
         _, got = gradients(model, call, seed=i)
         assert_gradients_match(got, want, f"{kind} {layout} call {i}")
         for (name, a), b in zip(eager_model.named_buffers(), model.buffers()):
-            torch.testing.assert_close(b, a, msg=lambda m, name=name: f"call {i} {name}: {m}")
+            torch.testing.assert_close(b, a, msg=lambda m, name=name, i=i: f"call {i} {name}: {m}")
     assert _key(batch, layout) in cm.program_choices()
 
 
@@ -184,4 +184,6 @@ def test_no_grad_calls_update_running_statistics_as_eager(autotune):
             want = eager_model(**batch.replicated())
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
             for (name, a), b in zip(eager_model.named_buffers(), model.buffers()):
-                torch.testing.assert_close(b, a, msg=lambda m, name=name: f"call {i} {name}: {m}")
+                torch.testing.assert_close(
+                    b, a, msg=lambda m, name=name, i=i: f"call {i} {name}: {m}"
+                )
