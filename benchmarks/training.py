@@ -5,20 +5,23 @@ impressions each is built, and one training step is timed two ways:
 
 - ``eager``: ``model(**batch.replicated())``, the loss, ``backward()``, ``optimizer.step()``;
 - ``rocs``: the same step through ``cm = rocs.compile(model, ..., training=True)`` in the shared
-  layout (``cm(**batch.kwargs, candidate_to_request=idx)``), the model's own parameters.
+  layout (``cm(**batch.kwargs, candidate_to_request=idx)``), the model's own parameters; after
+  ``WARMUP`` calls, through the program choice's trials, each bucket runs the program it kept
+  (the training program or the original model, column **runs**);
+- ``program``: the same with ``options={"autotune": False}``: the training program always.
 
 The optimizer is SGD with learning rate 0 (its step costs what a step costs; the weights stay put,
 so every round times the same computation). The variants run round-robin, each round starting
 from the other one; the reported time is the median of ``--repeats`` rounds. Columns:
 
-- **speedup**: eager time / rocs time;
+- **speedup**: eager time / rocs time (**program speedup**: eager time / program time);
 - **ideal**: ``cm.report(num_candidates=R * k, num_requests=R).ideal_speedup()``, the forward FLOP
   ratio. A backward op costs about twice its forward and is shared exactly as its forward is,
   so the forward+backward ratio equals it under that approximation;
 - **efficiency**: speedup / ideal;
 - **saved MB**: bytes of the tensors autograd saved for the backward (distinct storages other
   than the model's weights, counted with ``torch.autograd.graph.saved_tensors_hooks``), eager /
-  rocs: the activations of request rows are kept per request.
+  the training program: the activations of request rows are kept per request.
 
 Each step's loss is compared with eager's once per shape; a mismatch is printed.
 
@@ -45,8 +48,10 @@ sys.path.insert(0, str(ROOT))
 
 import rocs_compiler as rocs
 from models_zoo import ZOO
+from rocs_compiler.runtime.program_choice import bucket
 
 DEFAULT_MODELS = ["two_tower", "din", "dlrm", "glm:dcnv2", "dca:bst"]
+WARMUP = 13  # calls per shape before timing: through the program choice's trials (2 * TRIALS)
 
 
 def build(name: str):
@@ -88,7 +93,14 @@ def saved_bytes(step, weights: set[int]) -> int:
 def measure(name: str, ks: list[int], requests: int, repeats: int) -> list[dict]:
     model, entry = build(name)
     example = entry.make_batch([2, 3], seed=1).replicated()
-    cm = rocs.compile(model, list(entry.request_inputs), example_kwargs=example, training=True)
+    compiled = {
+        v: rocs.compile(
+            model, list(entry.request_inputs), example_kwargs=example, training=True,
+            options={"autotune": v == "rocs"},
+        )
+        for v in ("rocs", "program")
+    }  # fmt: skip
+    cm = compiled["rocs"]
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     rows = []
     for k in ks:
@@ -103,24 +115,31 @@ def measure(name: str, ks: list[int], requests: int, repeats: int) -> list[dict]
             opt.step()
             return float(loss)
 
-        def rocs_step(batch=batch):
+        def compiled_step(variant, batch=batch):
             opt.zero_grad(set_to_none=True)
-            loss = loss_of(cm(**batch.kwargs, candidate_to_request=batch.candidate_to_request))
+            call = compiled[variant]
+            loss = loss_of(call(**batch.kwargs, candidate_to_request=batch.candidate_to_request))
             loss.backward()
             opt.step()
             return float(loss)
 
-        steps = {"eager": eager_step, "rocs": rocs_step}
+        steps = {
+            "eager": eager_step,
+            "rocs": lambda: compiled_step("rocs"),
+            "program": lambda: compiled_step("program"),
+        }
         losses = {}
         for v, step in steps.items():  # warm-up and the loss check, one seed each (dropout alike)
-            torch.manual_seed(0)
-            losses[v] = step()
-        if abs(losses["eager"] - losses["rocs"]) > 1e-3 * max(1.0, abs(losses["eager"])):
-            print(f"MISMATCH {name} k={k}: eager loss {losses['eager']}, rocs {losses['rocs']}",
-                  file=sys.stderr)  # fmt: skip
+            for _ in range(WARMUP):
+                torch.manual_seed(0)
+                losses[v] = step()
+        for v in ("rocs", "program"):
+            if abs(losses["eager"] - losses[v]) > 1e-3 * max(1.0, abs(losses["eager"])):
+                print(f"MISMATCH {name} k={k}: eager loss {losses['eager']}, {v} {losses[v]}",
+                      file=sys.stderr)  # fmt: skip
         times = {v: [] for v in steps}
         for round_ in range(repeats):
-            order = list(steps) if round_ % 2 == 0 else list(reversed(steps))
+            order = list(steps)[round_ % 3 :] + list(steps)[: round_ % 3]
             for v in order:
                 start = time.perf_counter()
                 steps[v]()
@@ -131,13 +150,18 @@ def measure(name: str, ks: list[int], requests: int, repeats: int) -> list[dict]
         saved = {v: saved_bytes(steps[v], weights) for v in steps}
         ideal = cm.report(num_candidates=requests * k, num_requests=requests).ideal_speedup()
         speedup = results["eager"] / results["rocs"]
+        kept = cm.program_choices().get(bucket("train-shared", requests * k, requests))
+        runs = {"plain": "eager", "shared": "program"}.get(kept, "?")
         rows.append(
             {
                 "model": name, "requests": requests, "k": k, "eager_ms": 1e3 * results["eager"],
                 "rocs_ms": 1e3 * results["rocs"], "speedup": speedup, "ideal": ideal,
+                "program_ms": 1e3 * results["program"],
+                "program_speedup": results["eager"] / results["program"], "runs": runs,
                 "efficiency": speedup / ideal, "eager_saved_mb": saved["eager"] / 2**20,
                 "rocs_saved_mb": saved["rocs"] / 2**20,
-                "loss_diff": abs(losses["eager"] - losses["rocs"]),
+                "program_saved_mb": saved["program"] / 2**20,
+                "loss_diff": max(abs(losses["eager"] - losses[v]) for v in ("rocs", "program")),
             }
         )  # fmt: skip
     return rows
@@ -145,14 +169,18 @@ def measure(name: str, ks: list[int], requests: int, repeats: int) -> list[dict]
 
 def markdown(rows: list[dict]) -> str:
     lines = [
-        "| model | R | k | eager ms | rocs ms | speedup | ideal | efficiency | saved MB eager / rocs |",
-        "|---|---|---|---|---|---|---|---|---|",
+        (
+            "| model | R | k | eager ms | program ms | program speedup | rocs ms | runs | speedup "
+            "| ideal | efficiency | saved MB eager / program |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['model']} | {r['requests']} | {r['k']} | {r['eager_ms']:.2f} | {r['rocs_ms']:.2f} "
-            f"| {r['speedup']:.2f}x | {r['ideal']:.2f}x | {r['efficiency']:.2f} "
-            f"| {r['eager_saved_mb']:.2f} / {r['rocs_saved_mb']:.2f} |"
+            f"| {r['model']} | {r['requests']} | {r['k']} | {r['eager_ms']:.2f} "
+            f"| {r['program_ms']:.2f} | {r['program_speedup']:.2f}x | {r['rocs_ms']:.2f} "
+            f"| {r['runs']} | {r['speedup']:.2f}x | {r['ideal']:.2f}x | {r['efficiency']:.2f} "
+            f"| {r['eager_saved_mb']:.2f} / {r['program_saved_mb']:.2f} |"
         )
     return "\n".join(lines)
 

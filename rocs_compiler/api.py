@@ -106,7 +106,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
         recompile=_recompiler(
             model, request_inputs, example_inputs, example_kwargs or {}, options, unbatched
         ),
-        training=_training_program(result, prepared.model) if options.training else None,
+        training=_training_program(result, prepared.model, options) if options.training else None,
     )  # fmt: skip
     if request_cache is not None:
         attach_cache(compiled, request_cache)
@@ -149,9 +149,11 @@ def _recompiler(model, request_inputs, example_inputs, example_kwargs, options, 
     return recompile
 
 
-def _training_program(result, model: nn.Module) -> TrainingProgram:
+def _training_program(result, model: nn.Module, options: Options) -> TrainingProgram:
     captured = result.captured
-    return TrainingProgram(result.shared_graph, model, captured.param_names, captured.buffer_writes)
+    return TrainingProgram(
+        result.shared_graph, model, captured.param_names, captured.buffer_writes, options.autotune
+    )
 
 
 def _contract(described) -> InputContract:

@@ -378,14 +378,16 @@ class CompiledModel(nn.Module):
             margin=self._margin(rows, num_requests, DROPIN_MARGIN if alone else 0.0),
         )
 
-    def _settle_if_clear(self, key: tuple, rows: int, num_requests: int) -> Optional[str]:
-        """``SHARED`` (and the bucket settled) when, for ``rows`` candidates of ``num_requests``
-        requests, the cost model's FLOP ideal reaches ``CLEAR_GAIN`` and the saving
-        ``CLEAR_SAVING``; else None (measure)."""
+    def _settle_if_clear(
+        self, key: tuple, rows: int, num_requests: int, choice=None
+    ) -> Optional[str]:
+        """``SHARED`` (and the bucket settled in ``choice``, by default the inference one) when,
+        for ``rows`` candidates of ``num_requests`` requests, the cost model's FLOP ideal reaches
+        ``CLEAR_GAIN`` and the saving ``CLEAR_SAVING``; else None (measure)."""
         shared, plain = self._flops(rows, num_requests)
         if shared <= 0 or plain < CLEAR_GAIN * shared or plain - shared < CLEAR_SAVING:
             return None
-        self._choice.settle(key, SHARED)
+        (choice or self._choice).settle(key, SHARED)
         return SHARED
 
     def _margin(self, rows: int, num_requests: int, margin: float = 0.0) -> float:
@@ -435,8 +437,11 @@ class CompiledModel(nn.Module):
 
     def program_choices(self) -> dict[tuple, str]:
         """Per call bucket ``(layout, rows bits, requests bits)``, the program it runs, ``"shared"``
-        or ``"plain"``, for the buckets decided so far."""
-        return {} if self._choice is None else self._choice.decisions()
+        or ``"plain"``, for the buckets decided so far (training calls: layouts ``train-*``,
+        ``"plain"`` being the original model)."""
+        choices = {} if self._choice is None else self._choice.decisions()
+        training = self._training.choice if self._training is not None else None
+        return choices if training is None else {**choices, **training.decisions()}
 
     def call_replicated(self, *args, candidate_to_request: torch.Tensor, **kwargs):
         """The original call (request inputs replicated, one row per candidate) with the
@@ -472,6 +477,10 @@ class CompiledModel(nn.Module):
         if self._input_specs is not None:
             self._input_specs.check(leaves)
         grad_mode = torch.is_grad_enabled()
+        training = self._training
+        if training is not None and (grad_mode or training.writes_buffers):
+            refuse_replicated_grads(leaves, requests)
+            return self._train(args, kwargs, leaves, requests, index, uniform)
         if not grad_mode and self.graph_module is not None:
             # The common serving call (no_grad or inference mode): no autograd context to enter.
             with call_groups(index, uniform):
@@ -483,11 +492,6 @@ class CompiledModel(nn.Module):
             if self._constant_outputs:
                 outputs = self._clone_constants(outputs)
             return self.contract.outputs(outputs)
-        if self._training is not None and (grad_mode or self._training.writes_buffers):
-            refuse_replicated_grads(leaves, requests)
-            with call_groups(index, uniform):
-                outputs = self._training(self._graph_inputs(leaves, requests), index)
-            return self.contract.outputs(self._clone_constants(outputs))
         if grad_mode:
             wants_grad = [n for n, v in leaves.items() if is_tensor(v) and v.requires_grad]
             if wants_grad:
@@ -506,6 +510,49 @@ class CompiledModel(nn.Module):
         if self._weights is not None:
             outputs = self._refuse_backward(outputs)
         return self.contract.outputs(outputs)
+
+    def _train(self, args, kwargs, leaves, requests, index, uniform):
+        """A training call: the training program, or the original model when this call's
+        bucket chose it (``runtime/training.py``, "Program choice")."""
+        training = self._training
+
+        def program():
+            with call_groups(index, uniform):
+                outputs = training(self._graph_inputs(leaves, requests), index)
+            return self.contract.outputs(self._clone_constants(outputs))
+
+        choice = training.choice
+        if choice is None or self.input_format.converts or torch.compiler.is_compiling():
+            return program()
+        shared = requests is leaves
+        first = self.contract.request_inputs[0] if self.contract.request_inputs else None
+        num_requests = requests[first].shape[0] if first is not None else index.shape[0]
+        key = bucket("train-shared" if shared else "train-dropin", index.shape[0], num_requests)
+
+        def original():
+            if not shared:  # drop-in and replicated calls: the original call as made
+                return self._original(*args, **kwargs)
+            gathered = {n: leaves[n].index_select(0, index) for n in self.contract.request_inputs}
+            if not args and gathered.keys() <= kwargs.keys():  # keyword tensors: no tree walk
+                return self._original(**{**kwargs, **gathered})
+            call_args, call_kwargs = replace_leaves(self.contract.signature, args, kwargs, gathered)
+            return self._original(*call_args, **call_kwargs)
+
+        decided = choice.decided(key)
+        if decided is not None:
+            return original() if decided == PLAIN else program()
+        # Timed forward only (the backward runs after the call returns, maybe never): each
+        # program's backward mirrors its forward op for op on the same rows (a shared op's on R
+        # rows), so the faster forward is the faster step up to the ops' backward/forward ratios.
+        # Those are higher for rocs:: ops that differentiate their torch path again (``vjp``):
+        # there the proxy errs toward the training program.
+        return choice.run(
+            key,
+            program,
+            original,
+            lambda: self._settle_if_clear(key, index.shape[0], num_requests, choice),
+            margin=self._margin(index.shape[0], num_requests),
+        )
 
     def _graph_inputs(self, leaves: dict, requests: dict) -> list:
         names = self.contract.input_names

@@ -27,6 +27,14 @@ Request inputs requiring grad are accepted in the shared layout, where the gradi
 row is the sum over its candidates (the request row *is* the input). In the drop-in and
 ``call_replicated`` layouts a replicated request row's gradient would land on one copy of it,
 not on each as in eager, so those calls are refused.
+
+Program choice (``runtime/program_choice.py``, a separate :class:`ProgramChoice` per compiled
+model, :attr:`TrainingProgram.choice`): per call bucket, a grad-mode call runs this program or
+the original model itself (eager: on the call as made in the drop-in and replicated layouts, on
+the request rows gathered to one per candidate in the shared layout), whichever forward was
+faster in the bucket's trials. The original model *is* eager, so gradients, buffer updates and
+dropout masks (drawn in eager's order on eager's shapes by both programs) do not depend on the
+choice. ``autotune=False`` (no choice) keeps this program.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ import torch
 from torch import fx, nn
 
 from ..errors import CompileError, InputError
+from .program_choice import ProgramChoice
 from .weights import registrations
 
 
@@ -50,8 +59,11 @@ class TrainingProgram:
         model: nn.Module,
         weight_names: Mapping[str, str],
         buffer_writes: Sequence[str] = (),
+        choose: bool = True,
     ):
         self._model = model
+        # Per bucket, this program or the original model (``compiled_model.py``, ``_train``).
+        self.choice = ProgramChoice() if choose else None
         self._writes = list(buffer_writes)
         graph = fx.Graph()
         env: dict[fx.Node, fx.Node] = {}

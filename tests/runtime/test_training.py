@@ -37,8 +37,13 @@ def _train_mode(model: nn.Module) -> nn.Module:
 
 
 def _compile(model: nn.Module, request_inputs, make_batch, **kw):
+    # No program choice: every call runs the training program, the subject of these tests (the
+    # choice between it and the original model: test_training_choice.py).
     example = make_batch(EXAMPLE_COUNTS, seed=1).replicated()
-    return rocs.compile(model, list(request_inputs), example_kwargs=example, training=True, **kw)
+    return rocs.compile(
+        model, list(request_inputs), example_kwargs=example, training=True,
+        options={"autotune": False}, **kw,
+    )  # fmt: skip
 
 
 # -- the zoo ------------------------------------------------------------------------------------
