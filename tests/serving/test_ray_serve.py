@@ -182,10 +182,12 @@ def server(command):
         started = time.monotonic() - start
         print(f"\n[serving tests] Ray and two deployments up in {started:.1f} s", file=sys.stderr)
         yield Server(f"http://127.0.0.1:{port}", handles, started)
-        ray_processes = _descendants(os.getpid()) | before
+        # This Ray's processes: not the ``rocs serve`` command's, which its own test stops.
+        theirs = _descendants(command.process.pid) | {command.process.pid}
+        ray_processes = (_descendants(os.getpid()) | before) - theirs
     finally:
         launch.stop()
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180  # a loaded machine can take a minute to reap them
     while time.monotonic() < deadline and any(map(_alive, ray_processes)):
         time.sleep(0.5)
     left = [pid for pid in ray_processes if _alive(pid)]
