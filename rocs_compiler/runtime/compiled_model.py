@@ -305,6 +305,8 @@ class CompiledModel(nn.Module):
     def _forward_leaves(self, args, kwargs, index, choosing: bool, replicated=frozenset()):
         leaves = given = self.contract.leaves(args, kwargs)
         if replicated and index is not None:
+            if choosing and self._runs_as_given(given, index, replicated):
+                return self._run_plain(given, None)
             leaves = self._reduce_leaves(leaves, index, replicated)
         if choosing:
             return self._forward_choosing(args, kwargs, leaves, index, given)
@@ -314,6 +316,19 @@ class CompiledModel(nn.Module):
         else:
             requests, index = self._check_shared(leaves, index)
         return self._run(args, kwargs, leaves, requests, index, uniform)
+
+    def _runs_as_given(self, given: dict, index: Any, replicated: frozenset) -> bool:
+        """True when a shared-layout call whose request inputs all come with one row per
+        candidate (a packed input's request columns) falls in a bucket that runs the plain
+        program: the program then takes the packed input as the original model does, and its
+        answer is the original's on that input, so its request columns are not reduced nor
+        checked constant per request (what the shared program needs)."""
+        if any(n not in replicated for n in self.contract.request_inputs):
+            return False
+        self._check_index(given, index)
+        num_candidates = index.shape[0]
+        num_requests = check_index_range(index, num_candidates)
+        return self._choice.decided(bucket("shared", num_candidates, num_requests)) == PLAIN
 
     def _forward_choosing(self, args, kwargs, leaves, index, given):
         """``forward`` running the shared or the plain program, whichever this call's bucket

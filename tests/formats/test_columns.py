@@ -112,3 +112,29 @@ def test_column_major_x_above_the_numpy_rows(request_columns):
         for _ in range(13):  # past the program choice's trials
             torch.testing.assert_close(compiled(X=x), want)
         torch.testing.assert_close(compiled(X=x, candidate_to_request=index), want)
+
+
+def test_a_bucket_that_runs_the_plain_program_takes_the_packed_input_as_given():
+    """Plain-program buckets neither reduce nor check the request columns: the answer is the
+    original model's on the packed input, including one whose user columns vary in a request."""
+    from rocs_compiler.runtime.program_choice import PLAIN, SHARED, bucket
+
+    model, compiled = _compiled()
+    x = _rows(3, INDEX, seed=2)
+    varied = x.clone()
+    varied[1, 1] += 1.0  # candidate 1 claims other user features than candidate 0
+    with torch.no_grad():
+        with pytest.raises(rocs.InputError, match="varies within a request"):
+            compiled(X=varied, candidate_to_request=INDEX)  # a trial of the shared program
+        compiled._choice.settle(bucket("shared", INDEX.numel(), 3), PLAIN)
+        for _ in range(3):
+            torch.testing.assert_close(compiled(X=x, candidate_to_request=INDEX), model(x))
+            torch.testing.assert_close(
+                compiled(X=varied, candidate_to_request=INDEX), model(varied)
+            )
+        with pytest.raises(rocs.InputError, match="candidate_to_request"):
+            compiled(X=x, candidate_to_request=INDEX[:-1])  # the index is still checked
+        other = torch.tensor([0, 0, 1, 2, 3, 3, 3])  # four requests: another bucket, shared
+        compiled._choice.settle(bucket("shared", other.numel(), 4), SHARED)
+        with pytest.raises(rocs.InputError, match="varies within a request"):
+            compiled(X=varied, candidate_to_request=other)
