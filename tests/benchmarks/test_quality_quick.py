@@ -27,7 +27,11 @@ EXPECTED = {
 }
 
 
-@pytest.fixture(scope="module")
+# One run for both tests (it trains every backbone): on one xdist worker, kept for the session.
+pytestmark = pytest.mark.xdist_group("quality")
+
+
+@pytest.fixture(scope="session")
 def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("quality") / "quick.json"
     proc = subprocess.run(

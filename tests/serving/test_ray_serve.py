@@ -159,14 +159,16 @@ class Command:
         self.log.close()
 
 
-@pytest.fixture(scope="module")
+# Session scope: --dist loadgroup may run other modules' tests on this worker between these,
+# which would tear a module-scoped fixture down and start Ray again.
+@pytest.fixture(scope="session")
 def command(tmp_path_factory):
     started = Command(tmp_path_factory.mktemp("serve"))
     yield started
     started.close()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def server(command):
     start = time.monotonic()
     port = launch.free_port()
