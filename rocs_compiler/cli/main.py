@@ -318,7 +318,11 @@ def cmd_export(args) -> int:
 
 
 def cmd_zoo(args) -> int:
-    from models_zoo import ZOO
+    try:
+        from models_zoo import ZOO
+    except ImportError:
+        print("rocs: the model zoo (package models_zoo) is not installed", file=sys.stderr)
+        return EXIT_USAGE
 
     width = max(len(name) for name in ZOO)
     for name, entry in ZOO.items():

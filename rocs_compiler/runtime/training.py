@@ -46,7 +46,7 @@ from torch import fx, nn
 
 from ..errors import CompileError, InputError
 from .program_choice import ProgramChoice
-from .weights import registrations
+from .weights import lookup_weight, registrations
 
 
 class TrainingProgram:
@@ -73,7 +73,7 @@ class TrainingProgram:
             if node.op != "get_attr" or node in env:
                 continue
             name = weight_names.get(node.target)
-            live = _lookup(model, name) if name is not None else None
+            live = lookup_weight(model, name) if name is not None else None
             if live is None:
                 continue  # a constant lifted from the forward: the graph module keeps it
             env[node] = graph.placeholder(f"weight_{len(self._names)}")
@@ -98,7 +98,7 @@ class TrainingProgram:
         if self._writes:
             with torch.no_grad():
                 for name, value in zip(self._writes, outputs[len(outputs) - len(self._writes) :]):
-                    buffer = _lookup(self._model, name)
+                    buffer = lookup_weight(self._model, name)
                     # The batch norm's backward saved the buffer (it reads it only in eval
                     # mode); eager's in-place update happens before that save, so the version
                     # it recorded is the one after the write: keep it.
@@ -113,7 +113,7 @@ class TrainingProgram:
         if self._weights is None or self._weights[0] != count:
             tensors = []
             for name, (shape, dtype, device) in zip(self._names, self._specs):
-                live = _lookup(self._model, name)
+                live = lookup_weight(self._model, name)
                 if live is None:
                     raise CompileError(
                         f"{name} is no longer a parameter or buffer of the compiled model's "
@@ -143,16 +143,3 @@ def refuse_replicated_grads(leaves: dict, requests: dict) -> None:
             "defined: pass them with one row per request and candidate_to_request (the shared "
             "layout), where each row's gradient is the sum over its candidates"
         )
-
-
-def _lookup(model: nn.Module, name: str) -> torch.Tensor | None:
-    """The parameter or buffer registered under ``name`` (not a computed attribute)."""
-    prefix, _, leaf = name.rpartition(".")
-    try:
-        owner = model.get_submodule(prefix)
-    except AttributeError:
-        return None
-    for table in (owner._parameters, owner._buffers):
-        if leaf in table:
-            return table[leaf]
-    return None

@@ -155,7 +155,7 @@ class WeightRefresh:
         weights = []
         for attr, name in self._names.items():
             held = getattr(gm, attr, None)
-            source = _lookup(self._model, name)
+            source = lookup_weight(self._model, name)
             if isinstance(held, torch.Tensor) and source is not None:
                 weights.append(_Weight(attr, name, source, _same_view(held, source)))
                 if source.is_inference():
@@ -255,7 +255,7 @@ class WeightRefresh:
         return None
 
     def _require(self, w: _Weight) -> torch.Tensor:
-        source = _lookup(self._model, w.name)
+        source = lookup_weight(self._model, w.name)
         if source is None:
             raise CompileError(
                 f"{w.name} is no longer a parameter or buffer of the compiled model's original; "
@@ -264,7 +264,7 @@ class WeightRefresh:
         return source
 
 
-def _lookup(model: nn.Module, name: str) -> Optional[torch.Tensor]:
+def lookup_weight(model: nn.Module, name: str) -> Optional[torch.Tensor]:
     """The parameter or buffer registered under ``name`` (not a computed attribute)."""
     prefix, _, leaf = name.rpartition(".")
     try:
