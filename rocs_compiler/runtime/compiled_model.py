@@ -46,6 +46,7 @@ from .program_choice import (
 from .dtype_move import dtype_move
 from .guards import NO_GUARDS
 from .request_detection import detect_requests, reduce_rows
+from .settled_plain import NOT_TAKEN, run_settled_plain
 from .training import refuse_replicated_grads
 from .weights import WeightRefresh
 from ..formats.leaves import GRAPH_OUTPUT, bind_inputs, is_tensor, named_leaves, replace_leaves
@@ -304,12 +305,18 @@ class CompiledModel(nn.Module):
 
     def _forward_leaves(self, args, kwargs, index, choosing: bool, replicated=frozenset()):
         leaves = given = self.contract.leaves(args, kwargs)
+        if choosing and index is not None and not replicated:
+            result = run_settled_plain(self, leaves, index)
+            if result is not NOT_TAKEN:
+                return result
         if replicated and index is not None:
             if choosing and self._runs_as_given(given, index, replicated):
                 return self._run_plain(given, None)
             leaves = self._reduce_leaves(leaves, index, replicated)
         if choosing:
-            return self._forward_choosing(args, kwargs, leaves, index, given)
+            if index is None:
+                return self._dropin_choosing(args, kwargs, leaves)
+            return self._shared_choosing(args, kwargs, leaves, index, given)
         uniform = None
         if index is None:
             requests, index, uniform = self._group(leaves)
@@ -330,14 +337,12 @@ class CompiledModel(nn.Module):
         num_requests = check_index_range(index, num_candidates)
         return self._choice.decided(bucket("shared", num_candidates, num_requests)) == PLAIN
 
-    def _forward_choosing(self, args, kwargs, leaves, index, given):
-        """``forward`` running the shared or the plain program, whichever this call's bucket
+    def _shared_choosing(self, args, kwargs, leaves, index, given):
+        """A shared-layout call running the shared or the plain program, whichever its bucket
         chose (``runtime/program_choice.py``); every check of the shared layout runs first.
         ``given`` are the leaves as called: request leaves that came with one row per candidate
         (checked constant per request into ``leaves``) are the plain program's as they are."""
         choice, contract = self._choice, self.contract
-        if index is None:
-            return self._dropin_choosing(args, kwargs, leaves)
         first = contract.request_inputs[0] if contract.request_inputs else None
         rows = leaves[first].shape[0] if first is not None and leaves[first].dim() else 0
         num_candidates = index.shape[0] if is_tensor(index) and index.dim() else 0

@@ -9,7 +9,7 @@ from torch import nn
 
 import rocs_compiler as rocs
 from models_zoo.registry import ZOO
-from rocs_compiler.runtime import program_choice
+from rocs_compiler.runtime import compiled_model, program_choice, settled_plain
 from rocs_compiler.runtime.program_choice import PLAIN, SHARED, TRIALS, ProgramChoice, bucket
 
 
@@ -117,9 +117,17 @@ def test_a_bucket_keeps_the_program_its_calls_measured_faster(monkeypatch, fast)
         clock_value[0] += 1.0 if fast == SHARED else 2.0
         return real_run(*args)
 
+    def settled(*args):  # a bucket settled on the plain program: ``runtime/settled_plain.py``
+        result = real_settled(*args)
+        if result is not settled_plain.NOT_TAKEN:
+            ran.append(PLAIN)
+        return result
+
+    real_settled = compiled_model.run_settled_plain
     monkeypatch.setattr(program_choice, "now", fake_now)
     monkeypatch.setattr(cm, "_run_plain", plain)
     monkeypatch.setattr(cm, "_run", shared)
+    monkeypatch.setattr(compiled_model, "run_settled_plain", settled)
     with torch.no_grad():
         want = model(**batch.replicated())
         for _ in range(2 * TRIALS + 3):

@@ -1,0 +1,68 @@
+"""A shared-layout call whose bucket settled on the plain program, checked and run in one pass.
+
+Once a call bucket (``runtime/program_choice.py``) has chosen the plain program, a shared-layout
+call is its checks, the gather of the request rows to the candidates, and the plain program: the
+general path spreads the checks over several layers (the call bucket, the index contract, the
+row counts, the input specs), which costs more than the gather on a small model.
+:func:`run_settled_plain` makes them in one pass and returns :data:`NOT_TAKEN` for any call it
+does not recognize as such (a bucket still measuring or sharing, an index or input that fails a
+check, one row per candidate): the general path then runs that call, and raises its errors.
+
+Identity: a call it takes returns what ``CompiledModel._shared_plain`` returns on it: the same
+plain program on the same gathered inputs, after checks that accept no call the general path
+refuses (index int64 ``[N]`` on the inputs' device, N rows in every candidate input, R rows in
+every request input, the input specs, the range of ``index``: by the CPU gather itself, else
+by ``check_index_range`` unless the caller trusts the index).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..kernels.index_contract import check_index_range, index_trusted
+from .program_choice import PLAIN
+
+NOT_TAKEN = object()
+
+
+def run_settled_plain(model: Any, leaves: dict, index: Any) -> Any:
+    """``model``'s plain program on the shared-layout call (``leaves``, ``index``), or
+    :data:`NOT_TAKEN`. ``model`` is a ``CompiledModel`` whose call runs under its program choice
+    and takes its tensors as they are (no converting input format)."""
+    contract = model.contract
+    request_inputs = contract.request_inputs
+    if not request_inputs or type(index) is not torch.Tensor:
+        return NOT_TAKEN
+    first = leaves[request_inputs[0]]
+    if index.dtype != torch.int64 or index.dim() != 1 or not first.dim():
+        return NOT_TAKEN
+    num_candidates, num_requests = index.shape[0], first.shape[0]
+    if num_requests == num_candidates > 1:  # the general path checks a permutation
+        return NOT_TAKEN
+    key = ("shared", num_candidates.bit_length(), num_requests.bit_length())
+    if model._choice.decided(key) != PLAIN:
+        return NOT_TAKEN
+    candidate_inputs = contract.candidate_inputs
+    for names, rows in ((request_inputs, num_requests), (candidate_inputs, num_candidates)):
+        for name in names:
+            value = leaves[name]
+            if not value.dim() or value.shape[0] != rows:
+                return NOT_TAKEN
+    if index.device != (leaves[candidate_inputs[0]] if candidate_inputs else first).device:
+        return NOT_TAKEN
+    request_set = model._request_set
+    if model._input_specs is not None:
+        model._input_specs.check(leaves)
+    if first.is_cuda and not index_trusted():  # a CPU gather checks the range itself
+        check_index_range(index, num_requests)
+    try:
+        inputs = [
+            leaves[n].index_select(0, index) if n in request_set else leaves[n]
+            for n in contract.input_names
+        ]
+    except IndexError:
+        check_index_range(index, num_requests)  # raises IndexRangeError
+        raise
+    return contract.outputs(model._plain(inputs))

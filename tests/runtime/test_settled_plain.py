@@ -1,0 +1,151 @@
+"""A shared-layout call of a bucket settled on the plain program runs in one pass
+(``runtime/settled_plain.py``): the same answer as the general path, the same errors, and every
+call it does not recognize left to the general path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import rocs_compiler as rocs
+from rocs_compiler.errors import InputError
+from rocs_compiler.kernels.index_contract import IndexRangeError, IndexTypeError
+from rocs_compiler.runtime import compiled_model, settled_plain
+from rocs_compiler.runtime.program_choice import PLAIN, SHARED, bucket
+
+
+class NothingShared(nn.Module):
+    """The request features enter through a product with the candidate's: nothing request-only."""
+
+    def __init__(self):
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+
+    def forward(self, user, item):
+        return self.mlp(user * item).squeeze(1)
+
+
+def _compiled():
+    torch.manual_seed(0)
+    model = NothingShared().eval()
+    index = torch.tensor([0, 0, 0, 1, 1])
+    example = {"user": torch.randn(2, 8)[index], "item": torch.randn(5, 8)}
+    return model, rocs.compile(model, ["user"], example_kwargs=example)
+
+
+def _batch(counts, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    index = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
+    return torch.randn(len(counts), 8, generator=g), torch.randn(sum(counts), 8, generator=g), index
+
+
+@pytest.fixture
+def taken(monkeypatch):
+    """The calls the settled lane took, recorded."""
+    calls = []
+    real = compiled_model.run_settled_plain
+
+    def recording(*args):
+        result = real(*args)
+        calls.append(result is not settled_plain.NOT_TAKEN)
+        return result
+
+    monkeypatch.setattr(compiled_model, "run_settled_plain", recording)
+    return calls
+
+
+def _settle(cm, counts, program):
+    rows, requests = sum(counts), len(counts)
+    cm._choice.settle(bucket("shared", rows, requests), program)
+
+
+@pytest.mark.parametrize("counts", [[5, 1, 3], [1], [4, 4], [2, 7, 1, 1]])
+def test_a_settled_plain_bucket_returns_the_original_models_answer(taken, counts):
+    model, cm = _compiled()
+    _settle(cm, counts, PLAIN)
+    user, item, index = _batch(counts, seed=len(counts))
+    with torch.no_grad():
+        want = model(user=user[index], item=item)
+        got = cm(user=user, item=item, candidate_to_request=index)
+        positional = cm(user, item, candidate_to_request=index)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)  # the model's own ops, row by row
+    torch.testing.assert_close(positional, want, rtol=0, atol=0)
+    assert taken == [True, True]
+
+
+def test_a_bucket_settled_shared_or_still_measuring_is_not_taken(taken):
+    model, cm = _compiled()
+    user, item, index = _batch([3, 2])
+    _settle(cm, [3, 2], SHARED)
+    user2, item2, index2 = _batch([9, 9, 9], seed=1)  # an undecided bucket
+    with torch.no_grad():
+        torch.testing.assert_close(
+            cm(user=user, item=item, candidate_to_request=index), model(user=user[index], item=item)
+        )
+        torch.testing.assert_close(
+            cm(user=user2, item=item2, candidate_to_request=index2),
+            model(user=user2[index2], item=item2),
+        )
+    assert taken == [False, False]
+
+
+def test_grad_mode_calls_are_not_taken(taken):
+    model, cm = _compiled()
+    _settle(cm, [3, 2], PLAIN)
+    user, item, index = _batch([3, 2])
+    got = cm(user=user, item=item, candidate_to_request=index)
+    torch.testing.assert_close(got, model(user=user[index], item=item).detach())
+    assert True not in taken
+
+
+def test_one_row_per_candidate_is_left_to_the_general_path_which_refuses_a_grouping(taken):
+    _, cm = _compiled()
+    _settle(cm, [1, 1, 1], PLAIN)
+    with torch.no_grad(), pytest.raises(InputError, match="one per candidate"):
+        cm(user=torch.randn(3, 8), item=torch.randn(3, 8), candidate_to_request=torch.tensor([0, 0, 1]))
+    assert taken == [False]
+
+
+def _broken(case):
+    user, item, index = _batch([3, 2])
+    if case == "out_of_range":
+        index = index.clone()
+        index[-1] = 2
+    elif case == "negative":
+        index = index.clone()
+        index[0] = -1
+    elif case == "int32_index":
+        index = index.int()
+    elif case == "short_index":
+        index = index[:-1]
+    elif case == "float64_item":
+        item = item.double()
+    elif case == "wide_item":
+        item = torch.randn(5, 9)
+    elif case == "vector_user":
+        user = user[0]
+    return {"user": user, "item": item, "candidate_to_request": index}
+
+
+@pytest.mark.parametrize(
+    "case, error",
+    [
+        ("out_of_range", IndexRangeError),
+        ("negative", IndexRangeError),
+        ("int32_index", IndexTypeError),
+        ("short_index", InputError),
+        ("float64_item", InputError),
+        ("wide_item", InputError),
+        ("vector_user", InputError),
+    ],
+)
+def test_a_settled_bucket_raises_what_the_general_path_raises(monkeypatch, case, error):
+    _, cm = _compiled()
+    _settle(cm, [3, 2], PLAIN)
+    with torch.no_grad(), pytest.raises(error) as settled:
+        cm(**_broken(case))
+    monkeypatch.setattr(compiled_model, "run_settled_plain", lambda *a: settled_plain.NOT_TAKEN)
+    with torch.no_grad(), pytest.raises(error) as general:
+        cm(**_broken(case))
+    assert str(settled.value) == str(general.value)
