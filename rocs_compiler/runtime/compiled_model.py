@@ -561,12 +561,8 @@ class CompiledModel(nn.Module):
         decided = choice.decided(key)
         if decided is not None:
             return original() if decided == PLAIN else program()
-        # Timed forward only (the backward runs after the call returns, maybe never): each
-        # program's backward mirrors its forward op for op on the same rows (a shared op's on R
-        # rows), so the faster forward is the faster step up to the ops' backward/forward ratios.
-        # Those are higher for rocs:: ops that differentiate their torch path again (``vjp``):
-        # there the proxy errs toward the training program.
-        return choice.run(
+        # Each trial is timed to the end of its backward (``runtime/step_timing.py``).
+        return training.trials.run(
             key,
             program,
             original,

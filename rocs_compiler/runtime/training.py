@@ -31,8 +31,8 @@ not on each as in eager, so those calls are refused.
 Program choice (``runtime/program_choice.py``, a separate :class:`ProgramChoice` per compiled
 model, :attr:`TrainingProgram.choice`): per call bucket, a grad-mode call runs this program or
 the original model itself (eager: on the call as made in the drop-in and replicated layouts, on
-the request rows gathered to one per candidate in the shared layout), whichever forward was
-faster in the bucket's trials. The original model *is* eager, so gradients, buffer updates and
+the request rows gathered to one per candidate in the shared layout), whichever step (forward and
+backward, ``runtime/step_timing.py``) was faster in the bucket's trials. The original model *is* eager, so gradients, buffer updates and
 dropout masks (drawn in eager's order on eager's shapes by both programs) do not depend on the
 choice. ``autotune=False`` (no choice) keeps this program.
 """
@@ -46,6 +46,7 @@ from torch import fx, nn
 
 from ..errors import CompileError, InputError
 from .program_choice import ProgramChoice
+from .step_timing import StepTrials
 from .weights import lookup_weight, registrations
 
 
@@ -64,6 +65,7 @@ class TrainingProgram:
         self._model = model
         # Per bucket, this program or the original model (``compiled_model.py``, ``_train``).
         self.choice = ProgramChoice() if choose else None
+        self.trials = StepTrials(self.choice) if choose else None  # timed forward + backward
         self._writes = list(buffer_writes)
         graph = fx.Graph()
         env: dict[fx.Node, fx.Node] = {}
