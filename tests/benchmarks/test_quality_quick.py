@@ -94,3 +94,11 @@ def test_data_summary_and_markdown(quick_run):
     assert len(tables) == 2  # results, then per-seed details
     for table in tables:
         assert len([line for line in table.splitlines() if line.startswith("| ")]) == 1 + rows
+
+
+def test_the_quality_tests_share_one_xdist_worker(request):
+    """Under ``--dist loadgroup`` (the README's test command) the group mark reaches xdist, so
+    the quick run above trains once, not once per worker (pytest 9.2 broke this: pyproject pins
+    it out)."""
+    if getattr(request.config.option, "loadgroup", False):
+        assert request.node.nodeid.endswith("@quality"), request.node.nodeid
