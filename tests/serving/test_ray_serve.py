@@ -108,8 +108,7 @@ class Server:
 
 
 class Command:
-    """``rocs serve ARTIFACT`` in a subprocess, started before this module's own Ray so that the
-    two cold starts overlap (they mostly wait)."""
+    """``rocs serve ARTIFACT`` in a subprocess, with a Ray of its own."""
 
     def __init__(self, tmp: Path):
         self.model = DICT_FEATURES.build()
@@ -160,16 +159,10 @@ class Command:
 
 
 # Session scope: --dist loadgroup may run other modules' tests on this worker between these,
-# which would tear a module-scoped fixture down and start Ray again.
+# which would tear a module-scoped fixture down and start Ray again. One Ray starts at a time:
+# two cold starts at once on a 2-core machine can miss Serve's 60 s wait for its HTTP proxy.
 @pytest.fixture(scope="session")
-def command(tmp_path_factory):
-    started = Command(tmp_path_factory.mktemp("serve"))
-    yield started
-    started.close()
-
-
-@pytest.fixture(scope="session")
-def server(command):
+def server():
     start = time.monotonic()
     port = launch.free_port()
     paths = [str(HERE), str(HERE.parent), str(HERE.parents[1])]
@@ -184,9 +177,9 @@ def server(command):
         started = time.monotonic() - start
         print(f"\n[serving tests] Ray and two deployments up in {started:.1f} s", file=sys.stderr)
         yield Server(f"http://127.0.0.1:{port}", handles, started)
-        # This Ray's processes: not the ``rocs serve`` command's, which its own test stops.
-        theirs = _descendants(command.process.pid) | {command.process.pid}
-        ray_processes = (_descendants(os.getpid()) | before) - theirs
+        # This Ray's processes (the ``rocs serve`` command, set up after this fixture, was torn
+        # down before it, with its own Ray).
+        ray_processes = _descendants(os.getpid()) | before
     finally:
         launch.stop()
     deadline = time.monotonic() + 180  # a loaded machine can take a minute to reap them
@@ -194,6 +187,14 @@ def server(command):
         time.sleep(0.5)
     left = [pid for pid in ray_processes if _alive(pid)]
     assert not left, f"processes left after shutdown: {left}"
+
+
+@pytest.fixture(scope="session")
+def command(server, tmp_path_factory):
+    """``rocs serve`` with its own Ray, started once this process's Ray is up."""
+    started = Command(tmp_path_factory.mktemp("serve"))
+    yield started
+    started.close()
 
 
 def _two_tower_bodies(counts, seed=3):
