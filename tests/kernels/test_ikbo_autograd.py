@@ -136,6 +136,18 @@ def _cases(index_name):
             "embedding_bag_rows",
             (weights.clone().requires_grad_(), torch.tensor([[0, 1], [2, 2], [3, 0]]), 0, 0),
         ),
+        (  # mean over non-padding entries; an all-padding row is zero
+            "embedding_bag_rows",
+            (weights.clone().requires_grad_(), torch.tensor([[0, 1], [2, 2], [3, 3]]), 1, 3),
+        ),
+        (  # a negative padding_idx counts from the end, as in aten
+            "embedding_bag_rows",
+            (weights.clone().requires_grad_(), torch.tensor([[0, 3], [2, 1], [3, 0]]), 0, -1),
+        ),
+        (
+            "embedding_bag_rows",
+            (weights.clone().requires_grad_(), torch.tensor([[0, 1], [2, 2], [3, 0]]), 2, None),
+        ),
     ]
 
 
@@ -251,6 +263,23 @@ def test_backward_neither_recomputes_nor_replicates(index_name):
         assert not any("scaled_dot_product" in op for op in names), (name, names)
         if name == "broadcast_interaction":
             assert names.count("aten.bmm.default") == 2 * groups, names
+
+
+@pytest.mark.parametrize("mode", [0, 1])
+def test_embedding_bag_rows_backward_does_not_pool_again(mode):
+    weight = _leaf(6, 3, seed=1)
+    indices = torch.tensor([[0, 1, 5], [2, 2, 0]])
+    out = _op("embedding_bag_rows")(weight, indices, mode, 0)
+    recorder = _Recorder()
+    with recorder:
+        (grad,) = torch.autograd.grad(out, [weight], torch.ones_like(out))
+    assert not any("embedding_bag" in op for op, _ in recorder.ops), recorder.ops
+    want = torch.zeros(6, 3, dtype=DT)
+    share = 1.0 if mode == 0 else 0.5
+    for row in ([1, 5], [2, 2]):
+        for i in row:
+            want[i] += share
+    torch.testing.assert_close(grad, want)
 
 
 def test_attention_backward_of_a_fully_masked_bias_row_is_zero():
