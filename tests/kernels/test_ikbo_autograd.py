@@ -18,7 +18,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import rocs_compiler.kernels as cg
-from rocs_compiler.kernels import attention
+from rocs_compiler.kernels import attention, request_groups, rocs_op
 from rocs_compiler.kernels.request_groups import group_by_request
 
 DT = torch.float64
@@ -337,3 +337,30 @@ def test_attention_backward_either_way_is_the_references(monkeypatch, limit):
             want = torch.autograd.grad(cg.ROCS_OPS[name].reference(*args), leaves, grad)
             for g, w in zip(got, want):
                 torch.testing.assert_close(g, w, msg=index_name)
+
+
+def test_one_call_groups_and_checks_its_index_once_forward_and_backward(monkeypatch):
+    """Ops of one compiled call share the grouping and the index check of their index, and
+    their backward (run by autograd after the call returned) reuses the forward's grouping."""
+    counts = {"groups": 0, "checks": 0}
+    group, check = request_groups._group_by_request, rocs_op.check_candidate_to_request
+
+    def counted(name, fn):
+        def wrapper(*args, **kwargs):
+            counts[name] += 1
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(request_groups, "_group_by_request", counted("groups", group))
+    monkeypatch.setattr(rocs_op, "check_candidate_to_request", counted("checks", check))
+    r, idx = INDEXES["ragged_shuffled"]
+    u, c = _leaf(r, 3, 4, seed=1), _leaf(idx.shape[0], 2, 4, seed=2)
+    with request_groups.call_groups(idx):
+        out = _op("broadcast_interaction")(u, c, idx) + _op("broadcast_interaction")(u, c, idx)
+    out.sum().backward()
+    assert counts == {"groups": 1, "checks": 1}
+    with pytest.raises(ValueError, match="candidate_to_request"):
+        with request_groups.call_groups(idx):
+            _op("broadcast_interaction")(u, c, idx)
+            _op("broadcast_interaction")(u[:1], c, idx)  # other rows: checked again
