@@ -102,8 +102,7 @@ def _cpu(q, k, v, candidate_to_request, key_mask=None, scale=None, key_bias=None
     return out
 
 
-def _backward(needs, grad, q, k, v, candidate_to_request, key_mask=None, scale=None,
-              key_bias=None):
+def _backward(needs, grad, q, k, v, candidate_to_request, key_mask=None, scale=None, key_bias=None):
     """The module docstring's formulas: gradients of ``(q, k, v, idx, key_mask, scale,
     key_bias)``."""
     num_requests, h, key_len, d = k.shape
@@ -124,11 +123,11 @@ def _backward(needs, grad, q, k, v, candidate_to_request, key_mask=None, scale=N
         grad = grad.to(work).contiguous()
         for group in group_by_request(candidate_to_request, num_requests):
             g, c = group.candidates.shape
-
-            def queries(x):  # [N, H, Lq, D] -> [G, H, c * Lq, D], as the forward stacks them
-                return group.gather_candidates(x).transpose(1, 2).reshape(g, h, c * lq, d)
-
-            qg, gg = queries(q.to(work)), queries(grad)
+            # [N, H, Lq, D] -> [G, H, c * Lq, D], as the forward stacks the queries
+            qg, gg = (
+                group.gather_candidates(x).transpose(1, 2).reshape(g, h, c * lq, d)
+                for x in (q.to(work), grad)
+            )
             kg, vg = group.gather_requests(k).to(work), group.gather_requests(v).to(work)
             scores = torch.matmul(qg, kg.transpose(-1, -2)).mul_(scale)
             if key_mask is not None:
@@ -147,20 +146,21 @@ def _backward(needs, grad, q, k, v, candidate_to_request, key_mask=None, scale=N
             if want_q:
                 dq = torch.matmul(dscores, kg).mul_(scale)
                 group.scatter_candidates(grads["q"], dq.view(g, h, c, lq, d).transpose(1, 2))
-            values = {
-                "k": lambda: torch.matmul(dscores.transpose(-1, -2), qg).mul_(scale),
-                "v": lambda: torch.matmul(probs.transpose(-1, -2), gg),
-                "bias": lambda: dscores.sum(2, keepdim=True),
-            }
             for name, (wanted, like) in per_request.items():
                 if not wanted:
                     continue
+                if name == "k":
+                    value = torch.matmul(dscores.transpose(-1, -2), qg).mul_(scale)
+                elif name == "v":
+                    value = torch.matmul(probs.transpose(-1, -2), gg)
+                else:
+                    value = dscores.sum(2, keepdim=True)
                 if group.all_requests:  # the only group: every request has c candidates
-                    grads[name] = values[name]()
+                    grads[name] = value
                     continue
                 if name not in grads:  # requests without candidates keep a zero gradient
                     grads[name] = like.new_zeros(like.shape, dtype=work)
-                grads[name].index_copy_(0, group.requests, values[name]())
+                grads[name].index_copy_(0, group.requests, value)
     for name, (wanted, like) in per_request.items():
         if wanted and name not in grads:  # no candidates at all
             grads[name] = like.new_zeros(like.shape, dtype=work)

@@ -25,7 +25,9 @@ MODE_SUM, MODE_MEAN, MODE_MAX = 0, 1, 2
 
 def _check(weight, indices, mode, padding_idx):
     if indices.dim() != 2:
-        raise ValueError(f"rocs::embedding_bag_rows: indices must be [B, L], got {list(indices.shape)}")
+        raise ValueError(
+            f"rocs::embedding_bag_rows: indices must be [B, L], got {list(indices.shape)}"
+        )
     return None, None
 
 

@@ -61,7 +61,7 @@ class _CallGroups:
     per op. ``uniform`` is the number of requests when the caller knows the index is
     ``arange(uniform)`` with each entry repeated equally often (drop-in request detection)."""
 
-    __slots__ = ("index", "uniform", "groups", "checked")
+    __slots__ = ("checked", "groups", "index", "uniform")
 
     def __init__(self, index: torch.Tensor, uniform: Optional[int]):
         self.index, self.uniform, self.groups = index, uniform, {}

@@ -29,8 +29,8 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils.flop_counter import register_flop_formula
 
-from .index_contract import check_candidate_to_request
 from .common import debug_checks, use_triton
+from .index_contract import check_candidate_to_request
 from .request_groups import current_call, reentered
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import pytest
 import torch
 from ikbo_testing import make_index, randn
-
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -103,12 +102,22 @@ def _cases(index_name):
         ),
         (
             "broadcast_attention",  # only the candidate side wants a gradient
-            (_leaf(n, 2, 2, 3, seed=8), randn(r, 2, 4, 3, seed=9, dtype=DT),
-             randn(r, 2, 4, 3, seed=10, dtype=DT), idx),
-        ),  # fmt: skip
+            (
+                _leaf(n, 2, 2, 3, seed=8),
+                randn(r, 2, 4, 3, seed=9, dtype=DT),
+                randn(r, 2, 4, 3, seed=10, dtype=DT),
+                idx,
+            ),
+        ),
         ("broadcast_interaction", (_leaf(r, 3, 4, seed=11), _leaf(n, 2, 4, seed=12), idx)),
-        ("broadcast_interaction", (_leaf(r, 3, 4, seed=11), randn(n, 2, 4, seed=12, dtype=DT), idx)),
-        ("broadcast_interaction", (randn(r, 3, 4, seed=11, dtype=DT), _leaf(n, 2, 4, seed=12), idx)),
+        (
+            "broadcast_interaction",
+            (_leaf(r, 3, 4, seed=11), randn(n, 2, 4, seed=12, dtype=DT), idx),
+        ),
+        (
+            "broadcast_interaction",
+            (randn(r, 3, 4, seed=11, dtype=DT), _leaf(n, 2, 4, seed=12), idx),
+        ),
         (
             "broadcast_pointwise",
             (
@@ -360,7 +369,6 @@ def test_one_call_groups_and_checks_its_index_once_forward_and_backward(monkeypa
         out = _op("broadcast_interaction")(u, c, idx) + _op("broadcast_interaction")(u, c, idx)
     out.sum().backward()
     assert counts == {"groups": 1, "checks": 1}
-    with pytest.raises(ValueError, match="candidate_to_request"):
-        with request_groups.call_groups(idx):
-            _op("broadcast_interaction")(u, c, idx)
-            _op("broadcast_interaction")(u[:1], c, idx)  # other rows: checked again
+    with pytest.raises(ValueError, match="candidate_to_request"), request_groups.call_groups(idx):
+        _op("broadcast_interaction")(u, c, idx)
+        _op("broadcast_interaction")(u[:1], c, idx)  # other rows: checked again
