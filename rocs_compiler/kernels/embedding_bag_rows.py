@@ -5,6 +5,12 @@ fixed-length index matrix into one bag. It calls ``aten.embedding_bag`` exactly 
 ``nn.EmbeddingBag`` does for 2-D input, so results are bit-identical; unlike the flattened
 spelling it is visibly row-wise: its role rule (registered below, with the op) is that of a
 table lookup, and its lane pools each row's id taints.
+
+Backward (torch, any device): for ``sum`` and ``mean`` the table's gradient is
+``zeros_like(weight).index_add_(0, indices, g[b] * w[b, l])`` over the entries, with
+``w = 1`` (sum) or ``1 / count[b]`` (mean, ``count`` the row's non-padding entries) and
+``w = 0`` at ``padding_idx``, which is excluded from the bag; nothing of the forward is
+recomputed. ``max`` needs the forward's argmax: its backward differentiates the op again.
 """
 
 from __future__ import annotations
@@ -12,12 +18,16 @@ from __future__ import annotations
 import torch
 
 from rocs_compiler.analysis.role_rules import Lane, register, table_lookup_rule
-from rocs_compiler.kernels.rocs_op import RocsOp, define
+from rocs_compiler.kernels.rocs_op import RocsOp, define, vjp
+
+MODE_SUM, MODE_MEAN, MODE_MAX = 0, 1, 2
 
 
 def _check(weight, indices, mode, padding_idx):
     if indices.dim() != 2:
-        raise ValueError(f"rocs::embedding_bag_rows: indices must be [B, L], got {list(indices.shape)}")
+        raise ValueError(
+            f"rocs::embedding_bag_rows: indices must be [B, L], got {list(indices.shape)}"
+        )
     return None, None
 
 
@@ -27,6 +37,26 @@ def _cpu(weight, indices, mode, padding_idx):
     return torch.ops.aten.embedding_bag.padding_idx(
         weight, indices.reshape(-1), offsets, False, mode, False, None, False, padding_idx
     )[0]
+
+
+def _backward(needs, grad, weight, indices, mode, padding_idx):
+    """The module docstring's formula; ``(d weight, None, None, None)``."""
+    if not needs[0]:
+        return None, None, None, None
+    if mode == MODE_MAX:
+        return vjp(_cpu, grad, (weight, indices, mode, padding_idx), needs)
+    rows, width = indices.shape
+    entries = grad.unsqueeze(1).expand(rows, width, grad.shape[1])
+    if padding_idx is not None:
+        keep = indices != (padding_idx if padding_idx >= 0 else padding_idx + weight.shape[0])
+        share = keep.to(grad.dtype)
+        if mode == MODE_MEAN:
+            share = share / keep.sum(1, keepdim=True).clamp_min(1)
+        entries = entries * share.unsqueeze(2)
+    elif mode == MODE_MEAN and width > 0:
+        entries = entries / width
+    source = entries.reshape(rows * width, grad.shape[1])
+    return torch.zeros_like(weight).index_add_(0, indices.reshape(-1), source), None, None, None
 
 
 def _fake(weight, indices, mode, padding_idx):
@@ -48,6 +78,7 @@ EMBEDDING_BAG_ROWS = define(
         fake=_fake,
         cpu=_cpu,
         reference=_reference,
+        backward=_backward,
     )
 )
 register(torch.ops.rocs.embedding_bag_rows, lane=Lane.LOOKUP)(table_lookup_rule)

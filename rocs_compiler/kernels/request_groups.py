@@ -61,10 +61,13 @@ class _CallGroups:
     per op. ``uniform`` is the number of requests when the caller knows the index is
     ``arange(uniform)`` with each entry repeated equally often (drop-in request detection)."""
 
-    __slots__ = ("index", "uniform", "groups")
+    __slots__ = ("checked", "groups", "index", "uniform")
 
     def __init__(self, index: torch.Tensor, uniform: Optional[int]):
         self.index, self.uniform, self.groups = index, uniform, {}
+        # (N, R, device) the index contract was checked for by an op of this call: the same
+        # index object within one call passes the same check again (rocs_op.checked_run).
+        self.checked: set = set()
 
 
 # Per call, never across calls: set by the runtime around one run of a graph, per thread and
@@ -81,6 +84,27 @@ class call_groups:  # noqa: N801 - used as a function: ``with call_groups(index)
 
     def __init__(self, index: Optional[torch.Tensor], uniform: Optional[int] = None):
         self._scope = _CallGroups(index, uniform) if index is not None else None
+
+    def __enter__(self) -> None:
+        self._token = _CALL.set(self._scope)
+
+    def __exit__(self, *exc) -> None:
+        _CALL.reset(self._token)
+
+
+def current_call() -> Optional[_CallGroups]:
+    """The scope of the call being run (None outside ``call_groups``)."""
+    return _CALL.get()
+
+
+class reentered:  # noqa: N801 - used as a function: ``with reentered(scope):``
+    """Runs a block inside a call's scope again: an op's backward, which autograd runs after
+    the call returned, reuses the groups its forward computed."""
+
+    __slots__ = ("_scope", "_token")
+
+    def __init__(self, scope: Optional[_CallGroups]):
+        self._scope = scope
 
     def __enter__(self) -> None:
         self._token = _CALL.set(self._scope)

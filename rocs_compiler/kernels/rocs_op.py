@@ -29,8 +29,9 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils.flop_counter import register_flop_formula
 
-from .index_contract import check_candidate_to_request
 from .common import debug_checks, use_triton
+from .index_contract import check_candidate_to_request
+from .request_groups import current_call, reentered
 
 
 def first_tensor(*args: Any) -> torch.Tensor:
@@ -82,18 +83,25 @@ class RocsOp:
         return self.cpu(*args)
 
     def checked_run(self, *args: Any) -> torch.Tensor:
-        """The op's body: its checks, the index contract, then :meth:`run`."""
+        """The op's body: its checks, the index contract (once per call of a compiled graph
+        for each index, rows and device), then :meth:`run`."""
         num_candidates, num_requests = self.check(*args)
         if self.index_arg is not None:
             index = args[self.index_arg]
-            check_candidate_to_request(
-                index,
-                num_candidates,
-                num_requests,
-                device=self.dispatch(*args).device,
-                where=f"rocs::{self.name}",
-                check_range=not index.is_cuda or debug_checks(),
-            )
+            device = self.dispatch(*args).device
+            scope = current_call()
+            key = (num_candidates, num_requests, device)
+            if scope is None or scope.index is not index or key not in scope.checked:
+                check_candidate_to_request(
+                    index,
+                    num_candidates,
+                    num_requests,
+                    device=device,
+                    where=f"rocs::{self.name}",
+                    check_range=not index.is_cuda or debug_checks(),
+                )
+                if scope is not None and scope.index is index:
+                    scope.checked.add(key)
         return self.run(*args)
 
 
@@ -120,7 +128,15 @@ def define(op: RocsOp) -> RocsOp:
 
 def _save_arguments(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
     """Keep the op's arguments for its backward: tensors through ``save_for_backward`` (so an
-    in-place write to one before the backward is caught), everything else as it is."""
+    in-place write to one before the backward is caught), everything else as it is; and the
+    call's scope, so the backward reuses the request groups of the forward."""
+    ctx.rocs_scope = current_call()
+    if not any(isinstance(v, (list, tuple)) for v in inputs):  # flat arguments: no pytree
+        positions = [i for i, v in enumerate(inputs) if isinstance(v, torch.Tensor)]
+        ctx.save_for_backward(*[inputs[i] for i in positions])
+        ctx.rocs_arguments = ([None if i in positions else v for i, v in enumerate(inputs)],
+                              positions, None)  # fmt: skip
+        return
     flat, spec = pytree.tree_flatten(inputs)
     positions = [i for i, v in enumerate(flat) if isinstance(v, torch.Tensor)]
     ctx.save_for_backward(*[flat[i] for i in positions])
@@ -136,15 +152,16 @@ def _saved_arguments(ctx: Any) -> tuple:
     flat = list(flat)
     for i, tensor in zip(positions, ctx.saved_tensors):
         flat[i] = tensor
-    return pytree.tree_unflatten(flat, spec)
+    return tuple(flat) if spec is None else pytree.tree_unflatten(flat, spec)
 
 
 def _backward_of(op: RocsOp) -> Callable[..., tuple]:
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
         args = _saved_arguments(ctx)
-        if op.backward is not None:
-            return tuple(op.backward(ctx.needs_input_grad, grad, *args))
-        return vjp(op.differentiable or op.reference, grad, args, ctx.needs_input_grad)
+        with reentered(ctx.rocs_scope):
+            if op.backward is not None:
+                return tuple(op.backward(ctx.needs_input_grad, grad, *args))
+            return vjp(op.differentiable or op.reference, grad, args, ctx.needs_input_grad)
 
     return backward
 
