@@ -10,7 +10,7 @@ two-step sequence in either layout) and with in-place updates through views. A
 module interprets the program; it is compiled with rocs and compared with the eager module on
 ragged batches in both calling conventions. The oracle knows nothing about roles or passes.
 
-``ROCS_HYPOTHESIS_EXAMPLES`` sets the number of examples (200 by default, 120 with ``CI`` set);
+``ROCS_HYPOTHESIS_EXAMPLES`` sets the number of examples (200 by default, 60 with ``CI`` set);
 with ``CI`` set the draws are derandomized so that a run is reproducible.
 """
 
@@ -277,7 +277,7 @@ def make_batch(counts, seed: int, shuffle: bool) -> Batch:
 
 
 # CI runs fewer (derandomized, so the same ones every run) to keep the whole run in its budget.
-EXAMPLES = int(os.environ.get("ROCS_HYPOTHESIS_EXAMPLES", "120" if os.environ.get("CI") else "200"))
+EXAMPLES = int(os.environ.get("ROCS_HYPOTHESIS_EXAMPLES", "60" if os.environ.get("CI") else "200"))
 # The generated pointwise kernels are on by default only for models on a GPU; draw them on CPU
 # too, through their CPU implementation.
 RANDOM_OPTION_SETS = OPTION_SETS + ([{"ikbo_pointwise": True}] if "ikbo" not in OPTIONS else [])

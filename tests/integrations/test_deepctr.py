@@ -49,7 +49,9 @@ def test_request_columns_that_vary_within_a_request_are_refused():
 BACKEND_SHARES = {"deepfm": True, "wdl": True, "dcn": True, "mmoe": True, "din": False}
 
 
-@pytest.mark.parametrize("name", MODELS)
+# Through the backend (the models' rocs.compile tests cover all five): DeepFM for a graph dynamo
+# traces whole, MMoE for multi-task heads, DIN for a graph break before its lookups.
+@pytest.mark.parametrize("name", ["deepfm", "mmoe", "din"])
 def test_deepctr_model_through_the_torch_compile_backend(name):
     torch._dynamo.reset()
     model, user, request_flops = build(name)
