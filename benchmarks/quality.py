@@ -67,6 +67,8 @@ from models_zoo import user_models
 
 SYNTHETIC = movielens.REPO_ROOT / "tests" / "data" / "ml-synthetic"
 BACKBONE_NAMES = ("dcnv2", "finalmlp", "wukong", "sequence", "ranker", "bst_like")
+# --quick: one backbone per path (a zoo model through GLM and through DCA, a user's through each)
+QUICK_BACKBONES = ("dcnv2", "sequence", "ranker", "bst_like")
 USER_BACKBONES = ("ranker", "bst_like")  # user-written: the transforms' generic paths
 SPEED_CANDIDATES = (100, 1000)
 # Request-scale caps below --max-scale, by backbone: the Ranker's hidden layers are 512 and 256
@@ -555,7 +557,10 @@ def parse_args(argv: list[str] | None = None):
         description="MovieLens-100K quality benchmark: vanilla vs ROCS"
     )
     parser.add_argument("--data", default=str(movielens.DEFAULT_DATA), help="ml-100k directory")
-    parser.add_argument("--models", nargs="+", choices=BACKBONE_NAMES, default=list(BACKBONE_NAMES))
+    parser.add_argument(
+        "--models", nargs="+", choices=BACKBONE_NAMES,
+        help="backbones (default: all; with --quick: " + ", ".join(QUICK_BACKBONES) + ")",
+    )
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=256)
@@ -577,6 +582,8 @@ def parse_args(argv: list[str] | None = None):
         help="tiny synthetic data and models (tests/data/ml-synthetic), 2 seeds, 1 epoch",
     )
     args = parser.parse_args(argv)
+    if args.models is None:
+        args.models = list(QUICK_BACKBONES if args.quick else BACKBONE_NAMES)
     if args.quick:
         args.seeds = args.seeds[:2] if args.seeds != [0, 1, 2] else [0, 1]
         args.epochs, args.emb_dim, args.speed_repeats, args.search_steps = 1, 8, 3, 1

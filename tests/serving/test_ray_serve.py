@@ -158,10 +158,11 @@ class Command:
         self.log.close()
 
 
-# Session scope: --dist loadgroup may run other modules' tests on this worker between these,
-# which would tear a module-scoped fixture down and start Ray again. One Ray starts at a time:
-# two cold starts at once on a 2-core machine can miss Serve's 60 s wait for its HTTP proxy.
-@pytest.fixture(scope="session")
+# Module scope: --dist loadgroup runs this module's tests on one worker, one after another, so
+# Ray starts once and stops after the last of them (its idle processes cost CPU while they run).
+# One Ray starts at a time: two cold starts at once on a 2-core machine can miss Serve's 60 s
+# wait for its HTTP proxy.
+@pytest.fixture(scope="module")
 def server():
     start = time.monotonic()
     port = launch.free_port()
@@ -189,7 +190,7 @@ def server():
     assert not left, f"processes left after shutdown: {left}"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def command(server, tmp_path_factory):
     """``rocs serve`` with its own Ray, started once this process's Ray is up."""
     started = Command(tmp_path_factory.mktemp("serve"))
