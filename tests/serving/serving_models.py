@@ -39,6 +39,18 @@ def nested(leaves: dict[str, Any]) -> dict:
     return out
 
 
+def changed(body: dict, **changes) -> dict:
+    """A copy of the JSON ``body`` with ``part__name=value`` set (``None`` removes the field)."""
+    body = {part: dict(fields) for part, fields in body.items()}
+    for key, value in changes.items():
+        part, name = key.split("__")
+        if value is None:
+            del body[part][name]
+        else:
+            body[part][name] = value
+    return body
+
+
 def dense_requests(batch, request_names) -> list[dict]:
     """Each request of a shared-layout ``models_zoo.Batch`` as a JSON-like body."""
     leaves = flat(batch.kwargs)

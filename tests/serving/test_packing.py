@@ -111,13 +111,7 @@ def _body(**changes):
         "request": {"user_id": 4, "user_dense": [0.5, 1, 2], "history": [1, 2]},
         "candidates": {"item_id": [7, 8], "item_dense": [[1, 2], [3, 4.5]], "tags": [[1], []]},
     }
-    for key, value in changes.items():
-        part, name = key.split("__")
-        if value is None:
-            del body[part][name]
-        else:
-            body[part][name] = value
-    return body
+    return H.changed(body, **changes)
 
 
 def test_a_good_request_is_packed_with_padding_and_jagged_rows():

@@ -254,27 +254,16 @@ def test_concurrent_http_clients(server, two_tower_model):
         _assert_scores(answer["scores"], H.dense_alone(two_tower_model, body))
 
 
-def _bad(body, **changes):
-    body = json.loads(json.dumps(body))
-    for key, value in changes.items():
-        part, name = key.split("__")
-        if value is None:
-            del body[part][name]
-        else:
-            body[part][name] = value
-    return body
-
-
 def test_bad_input_answers_400_naming_the_field(server):
     good = _two_tower_bodies([2], seed=12)[0]
     cases = [
-        (_bad(good, request__user_dense=None), "user_dense"),
-        (_bad(good, request__age=1), "age"),
-        (_bad(good, candidates__item_dense=[[1.0] * 5] * 2), "item_dense"),
-        (_bad(good, candidates__item_id=[1.5, 2.5]), "item_id"),
-        (_bad(good, candidates__item_id=[1, 2, 3]), "item_id"),
+        (H.changed(good, request__user_dense=None), "user_dense"),
+        (H.changed(good, request__age=1), "age"),
+        (H.changed(good, candidates__item_dense=[[1.0] * 5] * 2), "item_dense"),
+        (H.changed(good, candidates__item_id=[1.5, 2.5]), "item_id"),
+        (H.changed(good, candidates__item_id=[1, 2, 3]), "item_id"),
         (
-            _bad(good, candidates__item_id=[], candidates__item_cat=[], candidates__item_dense=[]),
+            H.changed(good, candidates__item_id=[], candidates__item_cat=[], candidates__item_dense=[]),
             "item_id",
         ),
     ]
@@ -293,8 +282,8 @@ def test_a_bad_request_never_fails_its_batch_mates(server, two_tower_model):
     good = _two_tower_bodies([4, 6], seed=13)
     # Passes the check (an id is an integer) but the model fails on it: an embedding row that
     # does not exist. The batch is run again one request at a time.
-    failing = _bad(good[0], candidates__item_id=[10**9] * 4)
-    wrong_shape = _bad(good[0], request__user_dense=[1.0])
+    failing = H.changed(good[0], candidates__item_id=[10**9] * 4)
+    wrong_shape = H.changed(good[0], request__user_dense=[1.0])
     handle = server.handles["two_tower"]
     calls = [handle.score.remote(b) for b in (good[0], failing, wrong_shape, good[1])]
     _assert_scores(calls[0].result(timeout_s=TIMEOUT_S), H.dense_alone(two_tower_model, good[0]))
