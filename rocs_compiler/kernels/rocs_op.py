@@ -82,6 +82,15 @@ class RocsOp:
             return _launcher(self.triton)(*args)
         return self.cpu(*args)
 
+    def run_with_backward(self, *args: Any) -> torch.Tensor:
+        """:meth:`run` recorded by autograd with the op's registered backward, without the
+        dispatcher: what a call of the op under grad computes and saves, for callers whose
+        arguments are already checked (the training program, ``runtime/training.py``)."""
+        if not any(isinstance(a, (list, tuple)) for a in args):
+            return _DirectAutograd.apply(self, None, *args)
+        flat, spec = pytree.tree_flatten(args)
+        return _DirectAutograd.apply(self, spec, *flat)
+
     def checked_run(self, *args: Any) -> torch.Tensor:
         """The op's body: its checks, the index contract (once per call of a compiled graph
         for each index, rows and device), then :meth:`run`."""
@@ -157,13 +166,56 @@ def _saved_arguments(ctx: Any) -> tuple:
 
 def _backward_of(op: RocsOp) -> Callable[..., tuple]:
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        args = _saved_arguments(ctx)
-        with reentered(ctx.rocs_scope):
-            if op.backward is not None:
-                return tuple(op.backward(ctx.needs_input_grad, grad, *args))
-            return vjp(op.differentiable or op.reference, grad, args, ctx.needs_input_grad)
+        return _gradients(op, ctx, ctx.needs_input_grad, grad)
 
     return backward
+
+
+def _gradients(op: RocsOp, ctx: Any, needs: tuple, grad: torch.Tensor) -> tuple:
+    """One gradient per argument of ``op`` (a list for a list argument), from what
+    :func:`_save_arguments` kept in ``ctx``."""
+    args = _saved_arguments(ctx)
+    with reentered(ctx.rocs_scope):
+        if op.backward is not None:
+            return tuple(op.backward(needs, grad, *args))
+        return vjp(op.differentiable or op.reference, grad, args, needs)
+
+
+class _DirectAutograd(torch.autograd.Function):
+    """``op.run`` as an autograd node whose backward is the op's own (:func:`_gradients`), the
+    arguments flattened (``spec``) so that tensors inside a list argument are inputs of the
+    node. Identity: the same forward and the same backward formula as the dispatcher's
+    autograd kernel of ``torch.ops.rocs.<name>`` registered by :func:`define`."""
+
+    # The forward takes ``ctx`` (no ``setup_context``): autograd.Function's separate-context
+    # form costs about 50 us more per call on a CPU.
+    @staticmethod
+    def forward(ctx: Any, op: RocsOp, spec: Any, *flat: Any) -> torch.Tensor:
+        args = _unflattened(flat, spec)
+        output = op.run(*args)
+        _save_arguments(ctx, args, output)
+        ctx.rocs_op, ctx.rocs_spec = op, spec
+        return output
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        spec = ctx.rocs_spec
+        needs = _unflattened(ctx.needs_input_grad[2:], spec)
+        grads = _gradients(ctx.rocs_op, ctx, needs, grad)
+        if spec is None:
+            return (None, None, *grads)
+        flat: list = []
+        for value, arg_grad in zip(needs, grads):  # ``needs`` has the arguments' structure
+            count = len(pytree.tree_leaves(value))  # 0 for None, which flattens to nothing
+            if isinstance(value, (list, tuple)):
+                flat += list(arg_grad) if arg_grad is not None else [None] * count
+            elif count:
+                flat.append(arg_grad)
+        return (None, None, *flat)
+
+
+def _unflattened(flat: Any, spec: Any) -> tuple:
+    return tuple(flat) if spec is None else tuple(pytree.tree_unflatten(list(flat), spec))
 
 
 def vjp(fn: Callable[..., torch.Tensor], grad: torch.Tensor, args: tuple, needs: tuple) -> tuple:

@@ -48,6 +48,10 @@ from rocs_compiler.runtime.inplace import inplace_plan
 
 # rocs:: ops called without their checks, which the runtime has made once for the call.
 RUNNERS: dict[object, Callable[..., torch.Tensor]] = {op.overload: op.run for op in ROCS_OPS.values()}
+# The same under autograd: each call an autograd node with the op's registered backward.
+DIFFERENTIABLE_RUNNERS: dict[object, Callable[..., torch.Tensor]] = {
+    op.overload: op.run_with_backward for op in ROCS_OPS.values()
+}
 
 # The node kinds of the graphs rocs builds (torch.export output, rewritten); ``direct_program``
 # leaves any other graph to FX.
@@ -62,9 +66,13 @@ class DirectProgram:
     The program holds references to ``gm``'s parameters and buffers as they are when it is
     built: rebuild it when they are replaced (``Module.to`` replaces buffers); in-place updates
     (``load_state_dict``, optimizers) are seen.
+
+    ``differentiable=True`` builds the program for autograd (the training program): each fused
+    op is :meth:`RocsOp.run_with_backward`, and no op runs in place (autograd may have saved
+    the operand for a backward).
     """
 
-    def __init__(self, gm: fx.GraphModule):
+    def __init__(self, gm: fx.GraphModule, differentiable: bool = False):
         unsupported = [f"{n.name} ({n.op})" for n in gm.graph.nodes if n.op not in NODE_KINDS]
         if unsupported:
             raise ValueError(f"DirectProgram runs {sorted(NODE_KINDS)} nodes only, not {unsupported}")
@@ -77,7 +85,8 @@ class DirectProgram:
         for node in nodes:
             for arg in node.all_input_nodes:
                 last_use[arg] = node
-        inplace = inplace_plan(nodes, last_use, set(RUNNERS))
+        runners = DIFFERENTIABLE_RUNNERS if differentiable else RUNNERS
+        inplace = {} if differentiable else inplace_plan(nodes, last_use, set(RUNNERS))
         params, body = [], []  # body: (region, label of a fused op or None, lines)
         for node in nodes:
             if node.op == "get_attr":
@@ -91,7 +100,7 @@ class DirectProgram:
                 returned = f"return {self._render(node.args[0])}"
                 continue
             target, node_args = inplace.get(node, (node.target, node.args))
-            fn = self._bind(_callable(target), "f")
+            fn = self._bind(_callable(target, runners), "f")
             args = [self._render(a) for a in node_args]
             args += [f"{k}={self._render(v)}" for k, v in node.kwargs.items()]
             lines = [f"{var} = {fn}({', '.join(args)})"]
@@ -213,16 +222,16 @@ def _profiled_body(body: list[tuple[Optional[Role], Optional[str], list[str]]]) 
     return out
 
 
-def _callable(target: Any) -> Callable:
-    if target in RUNNERS:
-        return RUNNERS[target]
+def _callable(target: Any, runners: dict) -> Callable:
+    if target in runners:
+        return runners[target]
     if isinstance(target, torch._ops.OpOverload):
         return fast_callable(target) or target._op
     return target
 
 
-def direct_program(gm: fx.GraphModule) -> Callable:
+def direct_program(gm: fx.GraphModule, differentiable: bool = False) -> Callable:
     """``gm`` as a :class:`DirectProgram`; ``gm`` itself if its graph has other node kinds."""
     if any(n.op not in NODE_KINDS for n in gm.graph.nodes):
         return gm
-    return DirectProgram(gm)
+    return DirectProgram(gm, differentiable)

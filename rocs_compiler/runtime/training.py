@@ -45,14 +45,15 @@ import torch
 from torch import fx, nn
 
 from ..errors import CompileError, InputError
+from .direct import direct_program
 from .program_choice import ProgramChoice
 from .step_timing import StepTrials
 from .weights import lookup_weight, registrations
 
 
 class TrainingProgram:
-    """``gm`` with its model weights read from ``model`` at each call, run by FX under autograd
-    (``rocs::`` ops through the dispatcher, where their backward is registered)."""
+    """``gm`` with its model weights read from ``model`` at each call, run under autograd (each
+    ``rocs::`` op with its registered backward)."""
 
     def __init__(
         self,
@@ -85,6 +86,17 @@ class TrainingProgram:
         graph.output(graph.graph_copy(gm.graph, env))
         self.graph_module = fx.GraphModule(gm, graph)
         self._weights: tuple[int, list[torch.Tensor]] | None = None
+        self._direct = None
+
+    def _program(self):
+        """The graph as a direct program (``runtime/direct.py``, fused ops as autograd nodes of
+        their registered backward, without the dispatcher's custom-op wrappers: the runtime
+        checked the call); the graph module itself under a tracer."""
+        if torch.compiler.is_compiling():
+            return self.graph_module
+        if self._direct is None:
+            self._direct = direct_program(self.graph_module, differentiable=True)
+        return self._direct
 
     @property
     def writes_buffers(self) -> bool:
@@ -96,7 +108,7 @@ class TrainingProgram:
         """The graph's outputs; the trailing ones that are buffer writes are applied to the
         model's buffers, as eager's forward writes them (and left in the list, after the user's
         outputs, where the output structure does not read them)."""
-        outputs = self.graph_module(*self.weights(), *inputs, index)
+        outputs = self._program()(*self.weights(), *inputs, index)
         if self._writes:
             with torch.no_grad():
                 for name, value in zip(self._writes, outputs[len(outputs) - len(self._writes) :]):

@@ -172,12 +172,21 @@ def _op(name):
     return getattr(torch.ops.rocs, name).default
 
 
+# Both ways a program calls an op under autograd: through the dispatcher (the graph module,
+# tracers) and the direct call of the training program (``RocsOp.run_with_backward``).
+CALLS = {
+    "dispatcher": _op,
+    "direct": lambda name: cg.ROCS_OPS[name].run_with_backward,
+}
+
+
+@pytest.mark.parametrize("call_name", list(CALLS))
 @pytest.mark.parametrize("index_name", list(INDEXES))
-def test_gradcheck_every_op(index_name):
+def test_gradcheck_every_op(index_name, call_name):
     covered = set()
     for name, args in _cases(index_name):
         covered.add(name)
-        op = _op(name)
+        op = CALLS[call_name](name)
         leaves = _differentiable_leaves(args)
 
         def call(*values, args=args, op=op):
@@ -196,12 +205,13 @@ def test_gradcheck_every_op(index_name):
     assert covered == set(cg.ROCS_OPS), "every rocs:: op has a gradcheck case"
 
 
+@pytest.mark.parametrize("call_name", list(CALLS))
 @pytest.mark.parametrize("index_name", list(INDEXES))
-def test_gradients_equal_the_references(index_name):
+def test_gradients_equal_the_references(index_name, call_name):
     for name, args in _cases(index_name):
         record = cg.ROCS_OPS[name]
         leaves = _differentiable_leaves(args)
-        out = _op(name)(*args)
+        out = CALLS[call_name](name)(*args)
         grad = torch.randn(out.shape, dtype=DT, generator=torch.Generator().manual_seed(5))
         got = torch.autograd.grad(out, leaves, grad)
         want = torch.autograd.grad(

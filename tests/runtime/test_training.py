@@ -206,6 +206,29 @@ def test_glm_and_dca_fifty_steps_track_eager(name, transform):
 # -- the contract ---------------------------------------------------------------------------------
 
 
+def _autograd_node_names(output: torch.Tensor) -> set[str]:
+    seen, stack, names = set(), [output.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.add(type(node).__name__)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return names
+
+
+def test_the_training_program_calls_its_fused_ops_directly():
+    """Each fused op of a training call is an autograd node of the op's own backward, reached
+    without the dispatcher's custom-op wrappers (``RocsOp.run_with_backward``)."""
+    entry, model, cm = _zoo("dlrm")
+    batch = entry.make_batch([1, 3, 17], seed=3)
+    out = cm(**batch.kwargs, candidate_to_request=batch.candidate_to_request)
+    names = _autograd_node_names(out)
+    assert "_DirectAutogradBackward" in names, names
+    assert not any(n.startswith("GeneratedBackwardFor_rocs") for n in names), names
+
+
 def test_parameters_are_the_models_own_and_updates_are_seen():
     entry, model, cm = _zoo("two_tower")
     batch = entry.make_batch([1, 3, 17], seed=6, shuffle=True)
