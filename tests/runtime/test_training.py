@@ -221,7 +221,7 @@ def _autograd_node_names(output: torch.Tensor) -> set[str]:
 def test_the_training_program_calls_its_fused_ops_directly():
     """Each fused op of a training call is an autograd node of the op's own backward, reached
     without the dispatcher's custom-op wrappers (``RocsOp.run_with_backward``)."""
-    entry, model, cm = _zoo("dlrm")
+    entry, _, cm = _zoo("dlrm")
     batch = entry.make_batch([1, 3, 17], seed=3)
     out = cm(**batch.kwargs, candidate_to_request=batch.candidate_to_request)
     names = _autograd_node_names(out)
