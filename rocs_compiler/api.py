@@ -21,7 +21,7 @@ from .runtime import CompiledModel, InputContract
 from .runtime.guards import Guards
 from .runtime.mislabel import example_finding
 from .runtime.plain import PlainProgram
-from .runtime.training import TrainingProgram
+from .runtime.training import TrainingProgram, draws_per_request
 from .runtime.request_cache import RequestCache
 from .runtime.request_cache import attach as attach_cache
 
@@ -151,8 +151,11 @@ def _recompiler(model, request_inputs, example_inputs, example_kwargs, options, 
 
 def _training_program(result, model: nn.Module, options: Options) -> TrainingProgram:
     captured = result.captured
+    # A program drawing dropout per request computes another model than the original: no
+    # choice between the two.
+    choose = options.autotune and not draws_per_request(result.shared_graph)
     return TrainingProgram(
-        result.shared_graph, model, captured.param_names, captured.buffer_writes, options.autotune
+        result.shared_graph, model, captured.param_names, captured.buffer_writes, choose
     )
 
 

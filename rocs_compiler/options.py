@@ -19,6 +19,10 @@ from typing import Any, Optional, Self, Union
 from .errors import OptionsError
 
 
+# The values of ``Options.request_dropout`` (docs/contract.md, "Autograd": randomness).
+REQUEST_DROPOUT = ("per_impression", "per_request")
+
+
 def _option(default: Any, doc: str) -> Any:
     return dataclasses.field(default=default, metadata={"doc": doc})
 
@@ -45,8 +49,22 @@ class Options:
         "through the model's own parameters (rocs.compile(..., training=True))",
     )
 
+    request_dropout: str = _option(
+        "per_impression",
+        "training: 'per_impression' draws dropout on request-side values once per impression, "
+        "as eager; 'per_request' draws once per request (more sharing; a change of the model)",
+    )
+
     def __post_init__(self):
-        _check(type(self), dataclasses.asdict(self), f"{type(self).__name__}(...)")
+        where = f"{type(self).__name__}(...)"
+        _check(type(self), dataclasses.asdict(self), where)
+        if self.request_dropout not in REQUEST_DROPOUT:
+            raise OptionsError(
+                where,
+                [f"option 'request_dropout' must be one of {', '.join(map(repr, REQUEST_DROPOUT))}"
+                 f", got {self.request_dropout!r}"],
+                type(self).describe(),
+            )  # fmt: skip
 
     @classmethod
     def from_mapping(
@@ -65,7 +83,10 @@ class Options:
             problem = f"options must be a dict or {cls.__name__}, got {type(options).__name__}"
             raise OptionsError(where, [problem], cls.describe())
         _check(cls, options, where)
-        return cls(**options)
+        try:
+            return cls(**options)
+        except OptionsError as err:  # a value the type admits but the option does not
+            raise OptionsError(where, err.problems, err.valid) from None
 
     @classmethod
     def describe(cls, one_line: bool = False) -> str:

@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 from torch import fx, nn
 
 from .analysis.driver import Analysis, analyze
+from .analysis.role_rules import dropout_per_request
 from .capture.trace import CapturedGraph, capture
 from .ir.graph_meta import ROLE
 from .ir.roles import Role
@@ -119,6 +120,12 @@ def compile_graph(
     Each stage is reported to the progress listener of :mod:`rocs_compiler.progress` (the CLI
     installs one; by default there is none and nothing is printed).
     """
+    with dropout_per_request(options.request_dropout == "per_request"):
+        return _compile_graph(model, request_inputs, example_args, example_kwargs, options,
+                              unbatched_inputs)  # fmt: skip
+
+
+def _compile_graph(model, request_inputs, example_args, example_kwargs, options, unbatched_inputs):
     with stage("capture"):
         captured = capture(
             model, example_args, example_kwargs, request_inputs,

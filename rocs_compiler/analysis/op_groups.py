@@ -119,12 +119,12 @@ FRESH_RESULT = frozenset(
 
 COMMUTATIVE = frozenset({aten.add.Tensor, aten.mul.Tensor})
 
+# ``op(input, p, train)``: random when ``train``.
+DROPOUTS = frozenset({aten.dropout, aten.feature_dropout, aten.alpha_dropout})
+
 # Tagged random because of an optional dropout; their rules check that it is off.
-RANDOM_ONLY_WHEN_ASKED = frozenset(
-    {
-        aten.dropout, aten.feature_dropout, aten.alpha_dropout, aten.scaled_dot_product_attention,
-        aten.gru, aten.lstm, aten.rnn_tanh, aten.rnn_relu,
-    }
+RANDOM_ONLY_WHEN_ASKED = DROPOUTS | frozenset(
+    {aten.scaled_dot_product_attention, aten.gru, aten.lstm, aten.rnn_tanh, aten.rnn_relu}
 )
 
 

@@ -24,8 +24,11 @@ output under its lane, so the two analyses agree on every value the role analysi
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import enum
 import operator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -360,9 +363,28 @@ def _triangular(ctx: RuleContext) -> Optional[str]:
     return ROWWISE
 
 
+# Set for one compile (``Options.request_dropout == "per_request"``, :func:`dropout_per_request`).
+_DROPOUT_PER_REQUEST: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "rocs_dropout_per_request", default=False
+)
+
+
+@contextlib.contextmanager
+def dropout_per_request(enabled: bool) -> Iterator[None]:
+    """Within this block, dropout in training mode on request-side values is row-wise: run on
+    the R request rows, it draws one mask per request, which every impression of the request
+    then shares. That changes the model (eager draws one mask per impression row), so it is
+    an option the user asks for, never a default."""
+    token = _DROPOUT_PER_REQUEST.set(enabled)
+    try:
+        yield
+    finally:
+        _DROPOUT_PER_REQUEST.reset(token)
+
+
 @register(aten.dropout, aten.feature_dropout, aten.alpha_dropout, lane=Lane.ELEMENTWISE)
 def _dropout(ctx: RuleContext) -> Optional[str]:
-    if ctx.arg("train"):
+    if ctx.arg("train") and not _DROPOUT_PER_REQUEST.get():
         return "dropout in training mode is random"
     return ROWWISE
 

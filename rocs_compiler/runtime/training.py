@@ -44,7 +44,10 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import fx, nn
 
+from ..analysis.op_groups import DROPOUTS, packet
 from ..errors import CompileError, InputError
+from ..ir.graph_meta import PLACEMENT
+from ..ir.roles import Role
 from .direct import direct_program
 from .program_choice import ProgramChoice
 from .step_timing import StepTrials
@@ -157,3 +160,13 @@ def refuse_replicated_grads(leaves: dict, requests: dict) -> None:
             "defined: pass them with one row per request and candidate_to_request (the shared "
             "layout), where each row's gradient is the sum over its candidates"
         )
+
+
+def draws_per_request(gm: fx.GraphModule) -> bool:
+    """True when a random op of ``gm`` runs on request rows (``Options.request_dropout ==
+    "per_request"``): one draw per request, where the original model draws per impression."""
+    return any(
+        n.op == "call_function" and n.meta.get(PLACEMENT) == Role.REQUEST
+        and packet(n.target) in DROPOUTS and bool(n.args[2] if len(n.args) > 2 else n.kwargs.get("train"))
+        for n in gm.graph.nodes
+    )  # fmt: skip

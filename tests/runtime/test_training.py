@@ -371,6 +371,72 @@ def test_request_dropout_draws_once_per_impression():
     assert len(distinct) > 32
 
 
+class _DroppedRequest(nn.Module):
+    """The request tower's values after dropout, next to the candidate's: ``[N, 2 * D]``."""
+
+    def __init__(self):
+        super().__init__()
+        self.user = nn.Linear(D, D)
+        self.drop = nn.Dropout(0.5)
+        self.item = nn.Linear(8, D)
+
+    def forward(self, hist, c):
+        return torch.cat([self.drop(self.user(hist.mean(1))), self.item(c)], -1)
+
+
+def _assert_one_mask_per_request(model, out, batch):
+    """``out``'s request half is each request's tower output under one dropout mask shared by
+    its impressions (kept values scaled by 1 / (1 - p)); and its gradients are those of the
+    model with that mask fixed."""
+    hist, c, index = batch.kwargs["hist"], batch.kwargs["c"], batch.candidate_to_request
+    dropped = out[:, :D]
+    kept = dropped != 0
+    masks = set()
+    for r in range(hist.shape[0]):
+        rows = kept[index == r]
+        assert (rows == rows[0]).all(), f"request {r}: its impressions drew different masks"
+        masks.add(tuple(rows[0].tolist()))
+    assert len(masks) > 1, "every request drew the same mask"
+    tower = model.user(hist.mean(1)).index_select(0, index)
+    torch.testing.assert_close(dropped[kept], 2 * tower[kept])
+    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(7))
+    got = torch.autograd.grad((out * weights).sum(), list(model.parameters()))
+    fixed_mask = torch.cat([2 * tower * kept, model.item(c)], -1)
+    want = torch.autograd.grad((fixed_mask * weights).sum(), list(model.parameters()))
+    for (name, _), g, w in zip(model.named_parameters(), got, want):
+        torch.testing.assert_close(g, w, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_per_request_dropout_draws_one_mask_per_request():
+    """``request_dropout="per_request"``: the dropout on request-side values runs once per
+    request (a change of the model, asked for), in the shared and the drop-in layout, and on
+    every call: the training choice never runs the original model, which draws per impression."""
+    torch.manual_seed(0)
+    model = _train_mode(_DroppedRequest())
+    example = _history_batch(EXAMPLE_COUNTS, seed=1).replicated()
+    cm = rocs.compile(
+        model, ["hist"], example_kwargs=example, training=True,
+        options={"request_dropout": "per_request"},
+    )  # fmt: skip
+    assert not cm.report().fallbacks
+    for call in range(15):  # past the choice's trials (12 calls per bucket)
+        batch = _history_batch([1, 3, 17, 4], seed=call, shuffle=True)
+        out = cm(**batch.kwargs, candidate_to_request=batch.candidate_to_request)
+        _assert_one_mask_per_request(model, out, batch)
+    batch = _history_batch([2, 5, 1], seed=99)
+    out = cm(**batch.replicated())  # drop-in: the requests are found, then masked once each
+    _assert_one_mask_per_request(model, out, batch)
+
+
+def test_request_dropout_takes_only_its_two_values():
+    model = _train_mode(_DroppedRequest())
+    with pytest.raises(rocs.OptionsError, match=r"rocs.compile.*'per_impression', 'per_request'"):
+        rocs.compile(
+            model, ["hist"], example_kwargs=_history_batch([2], seed=1).replicated(),
+            training=True, options={"request_dropout": "per_user"},
+        )  # fmt: skip
+
+
 def test_batch_norm_running_statistics_are_left_alone_by_compiling():
     torch.manual_seed(0)
     model = _train_mode(_RequestSide("batch_norm"))
