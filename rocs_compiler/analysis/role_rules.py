@@ -382,9 +382,14 @@ def dropout_per_request(enabled: bool) -> Iterator[None]:
         _DROPOUT_PER_REQUEST.reset(token)
 
 
+def dropout_is_per_request() -> bool:
+    """True inside :func:`dropout_per_request` (enabled)."""
+    return _DROPOUT_PER_REQUEST.get()
+
+
 @register(aten.dropout, aten.feature_dropout, aten.alpha_dropout, lane=Lane.ELEMENTWISE)
 def _dropout(ctx: RuleContext) -> Optional[str]:
-    if ctx.arg("train") and not _DROPOUT_PER_REQUEST.get():
+    if ctx.arg("train") and not dropout_is_per_request():
         return "dropout in training mode is random"
     return ROWWISE
 

@@ -42,6 +42,7 @@ from torch import fx
 from ..analysis import op_groups
 from ..ir.symbolic import same_size
 from ..analysis.driver import infer_node
+from ..analysis.role_rules import dropout_is_per_request
 from ..ir.roles import Role
 from .concat import Concat, mixed_concat, role_of, val_of
 from .engine import Builder, Rewrite, rewrite_to_fixpoint
@@ -245,9 +246,19 @@ def _candidate_operand(arg) -> bool:
     return role_of(arg) == Role.CANDIDATE and mixed_concat(arg) is None
 
 
+# Dropouts drawing each element alone (``feature_dropout`` draws per channel: not split).
+_ELEMENTWISE_DROPOUTS = frozenset({torch.ops.aten.dropout, torch.ops.aten.alpha_dropout})
+
+
 def _random_dropout(node: fx.Node) -> bool:
-    """Dropout in training mode draws one mask for the whole tensor: it must not be split."""
+    """Dropout in training mode draws one mask for the whole tensor, eager's numbers in eager's
+    order: it must not be split. With ``request_dropout="per_request"`` an elementwise dropout
+    draws each element independently, as split pieces do (``dropout(cat(a, b))`` and
+    ``cat(dropout(a), dropout(b))`` have one distribution), and the request piece then draws
+    once per request."""
     if op_groups.packet(node.target) not in op_groups.RANDOM_ONLY_WHEN_ASKED:
+        return False
+    if op_groups.packet(node.target) in _ELEMENTWISE_DROPOUTS and dropout_is_per_request():
         return False
     return bool(node.args[2] if len(node.args) > 2 else node.kwargs.get("train", False))
 

@@ -384,13 +384,25 @@ class _DroppedRequest(nn.Module):
         return torch.cat([self.drop(self.user(hist.mean(1))), self.item(c)], -1)
 
 
+class _DroppedConcat(_DroppedRequest):
+    """One dropout over the concatenation of the request's and the candidate's values."""
+
+    def forward(self, hist, c):
+        return self.drop(torch.cat([self.user(hist.mean(1)), self.item(c)], -1))
+
+
 def _assert_one_mask_per_request(model, out, batch):
     """``out``'s request half is each request's tower output under one dropout mask shared by
     its impressions (kept values scaled by 1 / (1 - p)); and its gradients are those of the
-    model with that mask fixed."""
+    model with that mask fixed (and with the candidate half's, where that is dropped too)."""
     hist, c, index = batch.kwargs["hist"], batch.kwargs["c"], batch.candidate_to_request
     dropped = out[:, :D]
     kept = dropped != 0
+    item = model.item(c)
+    if isinstance(model, _DroppedConcat):
+        kept_items = out[:, D:] != 0
+        assert len({tuple(row.tolist()) for row in kept_items}) > index.shape[0] // 2
+        item = 2 * item * kept_items
     masks = set()
     for r in range(hist.shape[0]):
         rows = kept[index == r]
@@ -401,18 +413,21 @@ def _assert_one_mask_per_request(model, out, batch):
     torch.testing.assert_close(dropped[kept], 2 * tower[kept])
     weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(7))
     got = torch.autograd.grad((out * weights).sum(), list(model.parameters()))
-    fixed_mask = torch.cat([2 * tower * kept, model.item(c)], -1)
+    fixed_mask = torch.cat([2 * tower * kept, item], -1)
     want = torch.autograd.grad((fixed_mask * weights).sum(), list(model.parameters()))
     for (name, _), g, w in zip(model.named_parameters(), got, want):
         torch.testing.assert_close(g, w, msg=lambda m, name=name: f"{name}: {m}")
 
 
-def test_per_request_dropout_draws_one_mask_per_request():
+@pytest.mark.parametrize("module", [_DroppedRequest, _DroppedConcat])
+def test_per_request_dropout_draws_one_mask_per_request(module):
     """``request_dropout="per_request"``: the dropout on request-side values runs once per
     request (a change of the model, asked for), in the shared and the drop-in layout, and on
-    every call: the training choice never runs the original model, which draws per impression."""
+    every call: the training choice never runs the original model, which draws per impression.
+    A dropout over request and candidate values together is split: its candidate part still
+    draws per impression."""
     torch.manual_seed(0)
-    model = _train_mode(_DroppedRequest())
+    model = _train_mode(module())
     example = _history_batch(EXAMPLE_COUNTS, seed=1).replicated()
     cm = rocs.compile(
         model, ["hist"], example_kwargs=example, training=True,
