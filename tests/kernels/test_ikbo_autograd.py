@@ -12,7 +12,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ikbo_testing import make_index, randn
+from ikbo_testing import (
+    AUTOGRAD_INDEXES,
+    autograd_cases,
+    differentiable_leaves,
+    make_index,
+    randn,
+)
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -21,151 +27,11 @@ from rocs_compiler.kernels import attention, request_groups, rocs_op
 from rocs_compiler.kernels.request_groups import group_by_request
 
 DT = torch.float64
-
-INDEXES = {
-    "ragged_shuffled": (4, make_index([1, 3, 0, 5], perm_seed=3)),
-    "one_request": (1, make_index([4])),
-    "each_its_own": (5, make_index([1, 1, 1, 1, 1], perm_seed=1)),
-    "equal_contiguous": (3, make_index([2, 2, 2])),
-}
+INDEXES = AUTOGRAD_INDEXES
 
 
 def _leaf(*shape, seed):
     return randn(*shape, seed=seed, dtype=DT).requires_grad_()
-
-
-def _cases(index_name):
-    """(op name, args) with small float64 inputs requiring grad."""
-    r, idx = INDEXES[index_name]
-    n = idx.shape[0]
-    mask = torch.ones(r, 4, dtype=torch.bool)
-    mask[:, 3] = False
-    bias = torch.zeros(r, 2, 1, 4, dtype=DT)
-    bias[:, :, :, 0] = -float("inf")
-    bias = bias.requires_grad_()
-    fully_masked = mask.clone()
-    fully_masked[0] = False
-    weights = torch.randn(4, 3, dtype=DT, generator=torch.Generator().manual_seed(2))
-    return [
-        (
-            "broadcast_linear",
-            (_leaf(n, 3, seed=1), _leaf(2, 3, seed=2), _leaf(2, seed=3), _leaf(r, 2, seed=4), idx),
-        ),
-        (
-            "broadcast_linear",
-            (_leaf(n, 3, seed=1), _leaf(2, 3, seed=2), None, _leaf(r, 2, seed=4), idx),
-        ),
-        (
-            "broadcast_linear_compression",
-            (_leaf(n, 3, 2, seed=5), _leaf(2, 3, seed=6), _leaf(r, 2, 2, seed=7), idx),
-        ),
-        (
-            "broadcast_linear_compression",
-            (_leaf(n, 3, 1, seed=5), _leaf(2, 3, seed=6), _leaf(r, 2, 1, seed=7), idx),
-        ),
-        (
-            "broadcast_attention",
-            (_leaf(n, 2, 2, 3, seed=8), _leaf(r, 2, 4, 3, seed=9), _leaf(r, 2, 4, 3, seed=10), idx),
-        ),
-        (
-            "broadcast_attention",
-            (
-                _leaf(n, 2, 1, 3, seed=8),
-                _leaf(r, 2, 4, 3, seed=9),
-                _leaf(r, 2, 4, 3, seed=10),
-                idx,
-                mask,
-                0.7,
-            ),
-        ),
-        (
-            "broadcast_attention",
-            (
-                _leaf(n, 2, 1, 3, seed=8),
-                _leaf(r, 2, 4, 3, seed=9),
-                _leaf(r, 2, 4, 3, seed=10),
-                idx,
-                None,
-                None,
-                bias,
-            ),
-        ),
-        (
-            "broadcast_attention",  # request 0 attends to nothing: zero output, zero gradient
-            (
-                _leaf(n, 2, 2, 3, seed=8),
-                _leaf(r, 2, 4, 3, seed=9),
-                _leaf(r, 2, 4, 3, seed=10),
-                idx,
-                fully_masked,
-            ),
-        ),
-        (
-            "broadcast_attention",  # only the candidate side wants a gradient
-            (
-                _leaf(n, 2, 2, 3, seed=8),
-                randn(r, 2, 4, 3, seed=9, dtype=DT),
-                randn(r, 2, 4, 3, seed=10, dtype=DT),
-                idx,
-            ),
-        ),
-        ("broadcast_interaction", (_leaf(r, 3, 4, seed=11), _leaf(n, 2, 4, seed=12), idx)),
-        (
-            "broadcast_interaction",
-            (_leaf(r, 3, 4, seed=11), randn(n, 2, 4, seed=12, dtype=DT), idx),
-        ),
-        (
-            "broadcast_interaction",
-            (randn(r, 3, 4, seed=11, dtype=DT), _leaf(n, 2, 4, seed=12), idx),
-        ),
-        (
-            "broadcast_pointwise",
-            (
-                "mul(sigmoid(add(c0, r0)), r1)",
-                [_leaf(n, 3, seed=13)],
-                [_leaf(r, 3, seed=14), _leaf(r, 3, seed=15)],
-                idx,
-            ),
-        ),
-        (
-            "broadcast_pointwise",
-            (
-                "where(c0, r0, tanh(c1))",
-                [torch.randint(0, 2, (n, 3)).to(DT), _leaf(n, 3, seed=16)],
-                [_leaf(r, 3, seed=17)],
-                idx,
-            ),
-        ),
-        ("broadcast_pointwise", ("relu(r0)", [], [_leaf(r, 3, seed=18)], idx)),
-        (
-            "embedding_bag_rows",
-            (weights.requires_grad_(), torch.tensor([[0, 1], [2, 2], [3, 0]]), 1, None),
-        ),
-        (
-            "embedding_bag_rows",
-            (weights.clone().requires_grad_(), torch.tensor([[0, 1], [2, 2], [3, 0]]), 0, 0),
-        ),
-        (  # mean over non-padding entries; an all-padding row is zero
-            "embedding_bag_rows",
-            (weights.clone().requires_grad_(), torch.tensor([[0, 1], [2, 2], [3, 3]]), 1, 3),
-        ),
-        (  # a negative padding_idx counts from the end, as in aten
-            "embedding_bag_rows",
-            (weights.clone().requires_grad_(), torch.tensor([[0, 3], [2, 1], [3, 0]]), 0, -1),
-        ),
-        (
-            "embedding_bag_rows",
-            (weights.clone().requires_grad_(), torch.tensor([[0, 1], [2, 2], [3, 0]]), 2, None),
-        ),
-    ]
-
-
-def _differentiable_leaves(args):
-    out = []
-    for a in args:
-        items = a if isinstance(a, list) else [a]
-        out += [t for t in items if isinstance(t, torch.Tensor) and t.requires_grad]
-    return out
 
 
 def _op(name):
@@ -184,10 +50,10 @@ CALLS = {
 @pytest.mark.parametrize("index_name", list(INDEXES))
 def test_gradcheck_every_op(index_name, call_name):
     covered = set()
-    for name, args in _cases(index_name):
+    for name, args in autograd_cases(index_name):
         covered.add(name)
         op = CALLS[call_name](name)
-        leaves = _differentiable_leaves(args)
+        leaves = differentiable_leaves(args)
 
         def call(*values, args=args, op=op):
             it = iter(values)
@@ -208,9 +74,9 @@ def test_gradcheck_every_op(index_name, call_name):
 @pytest.mark.parametrize("call_name", list(CALLS))
 @pytest.mark.parametrize("index_name", list(INDEXES))
 def test_gradients_equal_the_references(index_name, call_name):
-    for name, args in _cases(index_name):
+    for name, args in autograd_cases(index_name):
         record = cg.ROCS_OPS[name]
-        leaves = _differentiable_leaves(args)
+        leaves = differentiable_leaves(args)
         out = CALLS[call_name](name)(*args)
         grad = torch.randn(out.shape, dtype=DT, generator=torch.Generator().manual_seed(5))
         got = torch.autograd.grad(out, leaves, grad)
@@ -275,7 +141,7 @@ def test_backward_neither_recomputes_nor_replicates(index_name):
         out = _op(name)(*args)
         recorder = _Recorder()
         with recorder:
-            torch.autograd.grad(out, _differentiable_leaves(args), torch.ones_like(out))
+            torch.autograd.grad(out, differentiable_leaves(args), torch.ones_like(out))
         names = [op for op, _ in recorder.ops]
         replicated = (n, *args[0 if name == "broadcast_interaction" else 1].shape[1:])
         assert all(replicated not in shapes for _, shapes in recorder.ops), (name, recorder.ops)
@@ -346,10 +212,10 @@ def test_attention_backward_either_way_is_the_references(monkeypatch, limit):
     """Large attentions differentiate the grouped SDPA instead of the formula: both are exact."""
     monkeypatch.setattr(attention, "EXPLICIT_BACKWARD_MAX_SCORES", limit)
     for index_name in INDEXES:
-        for name, args in _cases(index_name):
+        for name, args in autograd_cases(index_name):
             if name != "broadcast_attention":
                 continue
-            leaves = _differentiable_leaves(args)
+            leaves = differentiable_leaves(args)
             out = _op(name)(*args)
             grad = torch.randn(out.shape, dtype=DT, generator=torch.Generator().manual_seed(5))
             got = torch.autograd.grad(out, leaves, grad)

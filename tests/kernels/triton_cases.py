@@ -32,7 +32,12 @@ if DEVICE == "cpu" and not (
 if DEVICE == "cuda" and not torch.cuda.is_available():
     pytest.skip("ROCS_TRITON_TEST_DEVICE=cuda but no CUDA device", allow_module_level=True)
 
-from ikbo_testing import make_index, random_mask  # noqa: E402
+from ikbo_testing import (  # noqa: E402
+    autograd_cases,
+    differentiable_leaves,
+    make_index,
+    random_mask,
+)
 
 import rocs_compiler.kernels as cg  # noqa: E402
 from rocs_compiler.kernels import (
@@ -234,6 +239,48 @@ def test_pointwise_kernel_cache_reuses_compiled_kernels(tmp_path, monkeypatch):
     first = pointwise_triton.get_kernel(program, 1, 1, torch.float32)
     assert pointwise_triton.get_kernel(program, 1, 1, torch.float32) is first
     assert any(name.startswith("rocs_generated_pointwise_") for name in sys.modules)
+
+
+def _on_device(value):
+    """``value`` in float32 on DEVICE: floating tensors as new leaves (requiring grad where the
+    original does), other tensors moved, lists item by item."""
+    if isinstance(value, list):
+        return [_on_device(v) for v in value]
+    if not isinstance(value, torch.Tensor):
+        return value
+    if not value.is_floating_point():
+        return value.to(DEVICE)
+    return value.detach().float().to(DEVICE).requires_grad_(value.requires_grad)
+
+
+CALLS = {
+    "dispatcher": lambda name: getattr(torch.ops.rocs, name).default,
+    "direct": lambda name: cg.ROCS_OPS[name].run_with_backward,
+}
+
+
+@pytest.mark.parametrize("call_name", list(CALLS))
+@pytest.mark.parametrize("index_name", ["ragged_shuffled"])
+def test_backward_after_a_triton_forward(launches, index_name, call_name):
+    """Every op's autograd formula, run after the Triton forward, gives the gradients of the
+    op's reference (the broadcast materialized, then the unfused op), in float32: the backward
+    the training program runs on a GPU."""
+    for name, args in autograd_cases(index_name):
+        args = tuple(_on_device(a) for a in args)
+        leaves = differentiable_leaves(args)
+        out = CALLS[call_name](name)(*args)
+        grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+        got = torch.autograd.grad(out, leaves, grad)
+        want = torch.autograd.grad(
+            cg.ROCS_OPS[name].reference(*args), leaves, grad, allow_unused=True,
+            materialize_grads=True,
+        )  # fmt: skip
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, **F32_TOL, msg=lambda m, name=name: f"{name}: {m}")
+    assert set(launches) == {
+        "broadcast_linear", "broadcast_linear_compression", "broadcast_attention",
+        "broadcast_interaction", "broadcast_pointwise",
+    }, "every op with a Triton kernel ran it"  # fmt: skip
 
 
 def test_launcher_rejects_out_of_range_index():
