@@ -29,6 +29,7 @@ see ``docs/tutorial.md``): :func:`aoti_package` wraps it.
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import warnings
 from typing import Any, Mapping, Optional
@@ -36,15 +37,18 @@ from typing import Any, Mapping, Optional
 import torch
 from torch import fx, nn
 from torch.export import Dim, ExportedProgram
+from torch.utils import _pytree as pytree
 
 # Registration of every rocs:: custom op, so that a program loaded here can call them.
 from . import kernels as _kernels  # noqa: F401
 from .errors import CompileError, InputError
 from .ir.graph_meta import INDEX_NAME, PLACEMENT
-from .formats.leaves import nest
+from .formats.leaves import named_leaves, nest
 from .ir.roles import Role
 
-__all__ = ["LoadedProgram", "aoti_package", "export", "load", "save"]
+__all__ = [
+    "INPUTS_METADATA", "LoadedProgram", "aoti_package", "export", "input_signature", "load", "save",
+]
 
 
 class _SharedLayoutProgram(nn.Module):
@@ -249,6 +253,11 @@ def load(path: str | os.PathLike) -> LoadedProgram:
     return LoadedProgram(torch.export.load(path))
 
 
+# The AOTInductor package's metadata entry that describes the program's keyword inputs, which the
+# package (compiled code, no graph) cannot tell otherwise: ``json.dumps(input_signature(...))``.
+INPUTS_METADATA = "rocs.inputs"
+
+
 def aoti_package(
     program: ExportedProgram | LoadedProgram, path: str | os.PathLike, **inductor_configs: Any
 ) -> str:
@@ -256,10 +265,40 @@ def aoti_package(
 
     Needs a C++ compiler. Load the package with ``torch._inductor.aoti_load_package(path)`` in a
     process that has imported ``rocs_compiler.kernels`` (the package calls the rocs:: ops' CPU
-    kernels through the dispatcher when the graph contains them).
+    kernels through the dispatcher when the graph contains them). The package's metadata
+    (``runner.get_metadata()[INPUTS_METADATA]``) describes its inputs (:func:`input_signature`),
+    which is how ``rocs serve`` serves it.
     """
     if isinstance(program, LoadedProgram):
         program = program.program
+    configs = dict(inductor_configs)
+    metadata = dict(configs.pop("aot_inductor.metadata", None) or {})
+    metadata[INPUTS_METADATA] = json.dumps(input_signature(program))
+    configs["aot_inductor.metadata"] = metadata
     return torch._inductor.aoti_compile_and_package(
-        program, package_path=os.fspath(path), inductor_configs=inductor_configs or None
+        program, package_path=os.fspath(path), inductor_configs=configs
     )
+
+
+def input_signature(program: ExportedProgram) -> dict[str, Optional[dict]]:
+    """Each keyword input of ``program`` by its leaf name (``features.user_age`` inside a dict),
+    ``candidate_to_request`` included: ``{"dtype": "float32", "shape": [...]}`` with a dynamic
+    size as the name of its symbol (``"s0"``: sizes that share a symbol are equal), or None for
+    an input that is not a tensor."""
+    in_spec = program.call_spec.in_spec
+    children = in_spec.children() if hasattr(in_spec, "children") else in_spec.children_specs
+    kwargs_spec = children[1]
+    positions = named_leaves(
+        pytree.tree_unflatten(list(range(kwargs_spec.num_leaves)), kwargs_spec)
+    )
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    user_inputs = list(program.graph_signature.user_inputs)
+    signature: dict[str, Optional[dict]] = {}
+    for leaf, i in positions.items():
+        val = placeholders[user_inputs[i]].meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            signature[leaf] = None
+            continue
+        shape = [s if isinstance(s, int) else str(s) for s in val.shape]
+        signature[leaf] = {"dtype": str(val.dtype).removeprefix("torch."), "shape": shape}
+    return signature

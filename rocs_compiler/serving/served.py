@@ -7,6 +7,8 @@ Three sources give a :class:`ServedModel` (:func:`served_model`):
   is the compiled model's, with ``candidate_to_request`` taken on trust since packing built it;
 - a saved program (``rocs.save`` output, loaded with ``rocs.load``): fields are the program's
   inputs (a KJT key as its padded pieces ``sparse_features.user_id.ids``/``.lengths``);
+- an AOTInductor package (``rocs.aoti_package`` output): the same fields, read from the
+  package's metadata (its compiled code has no graph to read them from);
 - a path to such a file, or a no-argument factory returning any of the above (what a Ray
   replica calls in its own process).
 
@@ -18,17 +20,17 @@ which has no original, it is the program with every candidate its own request (R
 
 from __future__ import annotations
 
+import json
 import os
+import zipfile
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils import _pytree as pytree
 
 from ..errors import CompileError, InputError
 from ..formats.columns import ColumnFormat
 from ..formats.kjt import KJTFormat
-from ..formats.leaves import named_leaves
 from ..formats.names import covers, nest
 from ..ir.graph_meta import INDEX_NAME
 from ..kernels.index_contract import trusted_index
@@ -83,6 +85,8 @@ def served_model(source: Any, name: str | None = None) -> ServedModel:
         path = os.fspath(source)
         if not os.path.exists(path):
             raise InputError(f"no such artifact: {path}")
+        if is_aoti_package(path):
+            return _from_aoti(path, name or os.path.basename(path))
         return _from_program(load(path), name or os.path.basename(path))
     if isinstance(source, CompiledModel):
         return _from_compiled(source, name or _model_name(source))
@@ -126,7 +130,9 @@ def _from_compiled(cm, name: str) -> ServedModel:
             continue
         val = values[cm.placeholder_of[leaf]]
         side = REQUEST if any(covers(r, leaf) for r in contract.request_inputs) else CANDIDATE
-        fields.append(_field(name, leaf, val, contract.batched.get(leaf, False), side))
+        batched = contract.batched.get(leaf, False) and isinstance(val, torch.Tensor)
+        fields.append(_field(name, leaf, getattr(val, "dtype", None),
+                             tuple(val.shape) if batched else (), batched, side))  # fmt: skip
     for split in splits:
         if split.weighted:
             raise InputError(
@@ -172,42 +178,69 @@ def _kjt(split, packed: Packed):
     )
 
 
-def _field(model: str, leaf: str, val: Any, batched: bool, side: str) -> Field:
-    if not isinstance(val, torch.Tensor) or not batched or val.dim() == 0:
+def _field(model: str, leaf: str, dtype: torch.dtype, shape, batched: bool, side: str) -> Field:
+    """``shape``: the input's sizes, a dynamic one as anything but an int."""
+    if not batched or not shape:
         raise InputError(
             f"{model}: input {leaf!r} has no row per request or candidate (it is passed whole to "
             "every call); a served model takes every tensor input per row"
         )
-    shape = tuple(s if isinstance(s, int) else None for s in val.shape[1:])
-    return Field(leaf, side, val.dtype, shape)
+    return Field(leaf, side, dtype, tuple(s if isinstance(s, int) else None for s in shape[1:]))
 
 
-# -- a saved program ------------------------------------------------------------------------------
+# -- a saved program, an AOTInductor package ------------------------------------------------------
 
 
 def _from_program(program, name: str) -> ServedModel:
-    exported = program.program
-    in_spec = exported.call_spec.in_spec
-    children = in_spec.children() if hasattr(in_spec, "children") else in_spec.children_specs
-    kwargs_spec = children[1]
-    positions = named_leaves(
-        pytree.tree_unflatten(list(range(kwargs_spec.num_leaves)), kwargs_spec)
-    )
-    placeholders = {n.name: n for n in exported.graph.nodes if n.op == "placeholder"}
-    user_inputs = list(exported.graph_signature.user_inputs)
-    vals = {leaf: placeholders[user_inputs[i]].meta.get("val") for leaf, i in positions.items()}
-    index_val = vals.pop(INDEX_NAME, None)
-    if index_val is None:
+    from ..export import input_signature
+
+    return _from_signature(name, input_signature(program.program), program.module(),
+                           "saved program")  # fmt: skip
+
+
+def _from_aoti(path: str, name: str) -> ServedModel:
+    """An AOTInductor package from ``rocs.aoti_package``, its inputs read from its metadata."""
+    from ..export import INPUTS_METADATA
+
+    runner = torch._inductor.aoti_load_package(path)
+    described = runner.get_metadata().get(INPUTS_METADATA)
+    if described is None:
+        raise CompileError(
+            f"{name}: an AOTInductor package without rocs's description of its inputs; "
+            "package the program with rocs.aoti_package(program, path)"
+        )
+    return _from_signature(name, json.loads(described), runner, "AOTInductor package")
+
+
+def is_aoti_package(path: str) -> bool:
+    """True for a ``.pt2`` archive holding AOTInductor code (not a ``torch.export`` program)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return any("/data/aotinductor/" in n for n in archive.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
+def _from_signature(name: str, signature: dict, module: Callable, kind: str) -> ServedModel:
+    """Fields from a program's input signature (``export.input_signature``): a candidate input has
+    the index's rows (its first size is the index's symbol), a request input another symbol."""
+    signature = dict(signature)
+    index_entry = signature.pop(INDEX_NAME, None)
+    if index_entry is None:
         raise CompileError(f"{name}: not a rocs program (no {INDEX_NAME} input)")
-    candidates_symbol = index_val.shape[0]
+    candidates_symbol = index_entry["shape"][0]
     fields = []
-    for leaf, val in vals.items():
-        rows = val.shape[0] if isinstance(val, torch.Tensor) and val.dim() else None
-        batched = rows is not None and not isinstance(rows, int)
-        side = CANDIDATE if batched and str(rows) == str(candidates_symbol) else REQUEST
-        fields.append(_field(name, leaf, val, batched, side))
+    for leaf, entry in signature.items():
+        if entry is None:
+            raise InputError(
+                f"{name}: input {leaf!r} is not a tensor; a served model takes every input per row"
+            )
+        dtype = getattr(torch, entry["dtype"])
+        shape = entry["shape"]
+        batched = bool(shape) and isinstance(shape[0], str)
+        side = CANDIDATE if batched and shape[0] == candidates_symbol else REQUEST
+        fields.append(_field(name, leaf, dtype, shape, batched, side))
     schema = Schema(fields)
-    module = program.module()
     names = [f.name for f in fields]
     requests = [f.name for f in schema.request_fields]
 
@@ -223,4 +256,4 @@ def _from_program(program, name: str) -> ServedModel:
         identity = torch.arange(packed.num_candidates)
         return module(**kwargs, candidate_to_request=identity)
 
-    return ServedModel(name, schema, shared, plain, "saved program")
+    return ServedModel(name, schema, shared, plain, kind)

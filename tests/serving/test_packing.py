@@ -71,6 +71,43 @@ def test_dict_input_model_packed_equals_each_request_alone():
     _check(served, model, bodies, H.dense_alone)
 
 
+@pytest.mark.slow
+def test_aoti_package_packed_equals_each_request_alone(tmp_path):
+    """An AOTInductor package (``rocs.aoti_package``; about a minute of C++ compile on two cores,
+    so not in the default run) serves with the fields of the program it was built from, nested
+    dict inputs included; one without rocs's description of its inputs is refused, saying how
+    to package it."""
+    model = DICT_FEATURES.build()
+    program = rocs.export(DICT_FEATURES.compile(model, options=H.NO_AUTOTUNE))
+    path = rocs.aoti_package(program, tmp_path / "dict_aoti.pt2")
+    served = served_model(path)
+    assert served.kind == "AOTInductor package"
+    assert {f.name: f.side for f in served.schema.fields} == {
+        "features.user_age": REQUEST,
+        "features.user_dense": REQUEST,
+        "features.item_dense": CANDIDATE,
+    }
+    batch = DICT_FEATURES.batch(COUNTS, seed=4)
+    _check(served, model, H.dense_requests(batch, DICT_FEATURES.request_inputs), H.dense_alone)
+    bare = torch._inductor.aoti_compile_and_package(
+        program.program if hasattr(program, "program") else program,
+        package_path=str(tmp_path / "bare_aoti.pt2"),
+    )
+    with pytest.raises(rocs.CompileError, match=r"rocs.aoti_package"):
+        served_model(bare)
+
+
+def test_a_saved_program_is_not_taken_for_an_aoti_package(two_tower, tmp_path):
+    from rocs_compiler.export import input_signature
+    from rocs_compiler.serving.served import is_aoti_package
+
+    path = tmp_path / "two_tower.pt2"
+    rocs.save(rocs.export(two_tower[1]), path)
+    assert not is_aoti_package(str(path))
+    assert not is_aoti_package(str(tmp_path / "missing.pt2"))
+    assert input_signature(rocs.load(path).program)["candidate_to_request"]["dtype"] == "int64"
+
+
 def test_kjt_model_packed_equals_each_request_alone():
     pytest.importorskip("torchrec")
     model, compiled = H.kjt_model()
