@@ -1,23 +1,27 @@
-"""Serving end to end: a zoo model (twice: the second deployment, ``slow``, has its replica
-killed) and a KJT model deployed once on this process's Ray (the handle path and HTTP), and
-``rocs serve --address auto`` of a saved dict-input model in a subprocess, joining a cluster that
-``ray start --head`` runs (HTTP, overload, SIGTERM leaves the cluster up). Every test reuses them.
+"""Serving end to end: a zoo model and a KJT model deployed once on this process's Ray (the
+handle path and HTTP), a saved program deployed there too (``slow``: the last test kills its
+replica), and ``rocs serve --address auto`` of that program in a subprocess, joining a cluster
+that ``ray start --head`` runs (HTTP, overload, SIGTERM leaves the cluster up). Every test reuses
+them.
 
 This process's Ray starts once for the whole run: this module is one xdist group (the README's
 and .ci/run's ``pytest -n 2 --dist loadgroup`` keep it on one worker), with ``num_cpus=2``, no
-dashboard, and HTTP on 127.0.0.1 at free ports; the cluster starts after it (one cold start at a
-time). Every request loop is bounded in count and time; the teardowns check that no process
-either Ray started is left. The command's own-Ray default is covered by ``server`` (the same
-``launch.start``/``launch.stop``) and ``test_serve_command.py`` (the command's choice).
+dashboard, and HTTP on 127.0.0.1 at free ports. The cluster starts once its Serve proxy is up (one
+cold start at a time), while the replicas load. Every request loop is bounded in count and time;
+the teardowns check that no process either Ray started is left. The command's own-Ray default is
+covered by ``server`` (the same ``launch.start``/``launch.stop``) and ``test_serve_command.py``
+(the command's choice between them).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -32,6 +36,7 @@ pytest.importorskip("ray.serve", reason="the serving tests need the serve extra 
 import ray
 import serving_models as H
 from models_for_tests import DICT_FEATURES
+from ray import serve
 from ray.exceptions import RayActorError
 
 import rocs_compiler as rocs
@@ -99,23 +104,6 @@ def _http(url: str, body=None, raw: bytes | None = None):
     return status, value, {k.lower(): v for k, v in headers.items()}
 
 
-class Server:
-    def __init__(self, url: str, handles: dict, started_s: float):
-        self.url, self.handles, self.started_s = url, handles, started_s
-
-    def post(self, name: str, body, raw: bytes | None = None):
-        return _http(f"{self.url}/{name}/score", body, raw)
-
-    def get(self, name: str, path: str):
-        return _http(f"{self.url}/{name}/{path}")
-
-    def score(self, name: str, body):
-        return self.handles[name].score.remote(body).result(timeout_s=TIMEOUT_S)
-
-    def stats(self, name: str) -> dict:
-        return self.handles[name].stats.remote().result(timeout_s=TIMEOUT_S)
-
-
 def _cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
@@ -135,17 +123,22 @@ class Cluster:
     """``ray start --head`` on 127.0.0.1 at free ports, in the foreground (``--block``) so that
     every process of the cluster descends from it and the teardown ends exactly those: ``ray
     stop`` would end every Ray of the machine (this module's own too), and a SIGTERM drains
-    Serve for up to 30 s. Its workers import this checkout (``PYTHONPATH``)."""
+    Serve for up to 30 s.
+
+    Its clients (``env``) find it as the documented ``--address auto`` does, through the record
+    of the latest ``ray start`` (``ray_current_cluster``), kept in a folder of its own
+    (``RAY_TMPDIR``) so that no other Ray on the machine follows it; ``auto`` also turns on Ray's
+    token authentication where ``ray start`` did (an explicit address needs RAY_AUTH_MODE=token).
+    Its workers import this checkout (``PYTHONPATH``)."""
 
     def __init__(self, tmp: Path):
         port, client_port = launch.free_port(), launch.free_port()
-        self.address = f"127.0.0.1:{port}"
-        # Ray's default for ``ray start`` is token authentication; a client given the address
-        # (RAY_ADDRESS) turns it on with RAY_AUTH_MODE=token and reads ~/.ray/auth_token.
-        self.env = {**os.environ, "RAY_ADDRESS": self.address, "RAY_AUTH_MODE": "token"}
+        # short: Ray's socket paths below it must fit in 107 bytes
+        self.temp_dir = tempfile.mkdtemp(prefix="rocs-ray-")
+        self.env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        self.env["RAY_TMPDIR"] = self.temp_dir
         paths = [str(HERE.parents[1]), *filter(None, os.environ.get("PYTHONPATH", "").split(":"))]
-        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-        env["PYTHONPATH"] = os.pathsep.join(paths)
+        env = {**self.env, "PYTHONPATH": os.pathsep.join(paths)}
         self.log_path = tmp / "ray.log"
         self.log = open(self.log_path, "w+")  # noqa: SIM115 - open while the cluster runs
         command = [
@@ -174,9 +167,10 @@ class Cluster:
         raise AssertionError(f"ray start did not come up:\n{self.log_path.read_text()}")
 
     def up(self) -> bool:
-        """``ray status`` on this cluster succeeds."""
+        """A client joins the cluster (``ray status`` would need the authentication mode)."""
+        join = "import ray; ray.init(address='auto', log_to_driver=False); ray.shutdown()"
         status = subprocess.run(
-            [str(RAY), "status"],
+            [sys.executable, "-c", join],
             check=False,
             env=self.env,
             capture_output=True,
@@ -189,17 +183,41 @@ class Cluster:
         return {pid for pid in _descendants(self.process.pid) if word in _cmdline(pid)}
 
     def stop(self) -> None:
+        if self.log.closed:
+            return
         processes = self.processes() | {self.process.pid}
         try:
             os.killpg(self.process.pid, signal.SIGKILL)  # its own session: pgid == pid
         except ProcessLookupError:
             pass
         for pid in filter(_alive, processes):  # one that left the group
-            os.kill(pid, signal.SIGKILL)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         self.process.wait(timeout=COMMAND_STOP_S)
         self.log.close()
         left = _wait_dead(processes, COMMAND_STOP_S)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
         assert not left, f"cluster processes left: {left}"
+
+
+class Server:
+    def __init__(self, url: str, handles: dict, started_s: float, cluster: Cluster):
+        self.url, self.handles, self.started_s = url, handles, started_s
+        self.cluster = cluster
+
+    def post(self, name: str, body, raw: bytes | None = None):
+        return _http(f"{self.url}/{name}/score", body, raw)
+
+    def get(self, name: str, path: str):
+        return _http(f"{self.url}/{name}/{path}")
+
+    def score(self, name: str, body):
+        return self.handles[name].score.remote(body).result(timeout_s=TIMEOUT_S)
+
+    def stats(self, name: str) -> dict:
+        return self.handles[name].stats.remote().result(timeout_s=TIMEOUT_S)
 
 
 class Program:
@@ -281,24 +299,32 @@ def program(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(program):
+def server(program, tmp_path_factory):
     start = time.monotonic()
     port = launch.free_port()
     paths = [str(HERE), str(HERE.parent), str(HERE.parents[1])]
     launch.start(port, num_cpus=2, pythonpath=paths)
     before = _descendants(os.getpid())
+    # The cluster for rocs serve starts while the replicas load, once this Ray's Serve proxy is
+    # up (two cold starts at once on 2 cores can miss Serve's 60 s wait for it).
+    cluster = Cluster(tmp_path_factory.mktemp("cluster"))
     try:
-        apps = {
-            "two_tower": deployment(H.two_tower_factory, TWO_TOWER, name="two_tower"),
-            "kjt": deployment(H.kjt_factory, KJT, name="kjt"),
-            "slow": deployment(str(program.artifact), SLOW, name="slow"),
-        }
-        handles = launch.run_many(apps)
-        started = time.monotonic() - start
-        print(f"\n[serving tests] Ray and 3 deployments up in {started:.1f} s", file=sys.stderr)
-        yield Server(f"http://127.0.0.1:{port}", handles, started)
-        # This Ray's processes (the ``rocs serve`` command, set up after this fixture, was torn
-        # down before it, with its own Ray).
+        try:
+            apps = {
+                "two_tower": deployment(H.two_tower_factory, TWO_TOWER, name="two_tower"),
+                "kjt": deployment(H.kjt_factory, KJT, name="kjt"),
+            }
+            handles = launch.run_many(apps)
+            started = time.monotonic() - start
+            print(f"\n[serving tests] Ray and 2 deployments up in {started:.1f} s", file=sys.stderr)
+            # The last test's: its replica loads while the others run.
+            slow = deployment(str(program.artifact), SLOW, name="slow")
+            target = serve.RunTarget(slow, name="slow", route_prefix="/slow")
+            (handles["slow"],) = serve.run_many([target], wait_for_applications_running=False)
+            yield Server(f"http://127.0.0.1:{port}", handles, started, cluster)
+        finally:
+            cluster.stop()
+        # This Ray's processes (the ``rocs serve`` command and its cluster are gone).
         ray_processes = _descendants(os.getpid()) | before
     finally:
         launch.stop()
@@ -308,16 +334,11 @@ def server(program):
 
 @pytest.fixture(scope="module")
 def command(server, program, tmp_path_factory):
-    """``rocs serve --address auto`` on a cluster started once this process's Ray is up."""
-    tmp = tmp_path_factory.mktemp("serve")
-    cluster = Cluster(tmp)
-    try:
-        cluster.ready()
-        started = Command(tmp, program, cluster)
-        yield started
-        started.close()
-    finally:
-        cluster.stop()
+    """``rocs serve --address auto`` on the cluster ``server`` started."""
+    server.cluster.ready()
+    started = Command(tmp_path_factory.mktemp("serve"), program, server.cluster)
+    yield started
+    started.close()
 
 
 def _two_tower_bodies(counts, seed=3):
@@ -433,59 +454,6 @@ def test_health_and_info(server):
     assert info["batch"]["max_batch_candidates"] == 1000
 
 
-def _replica(app: str) -> str:
-    """The name of the live replica actor of the one-replica application ``app``."""
-    prefix = f"SERVE_REPLICA::{app}#"  # Serve's name: SERVE_REPLICA::<app>#<deployment>#<id>
-    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
-    (name,) = [n for n in names if n.startswith(prefix)]
-    return name
-
-
-def _until(condition, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} within {timeout_s} s"
-        time.sleep(0.05)
-
-
-def test_a_replica_that_dies_fails_its_requests_and_is_replaced(server, program):
-    """Requests in flight on a replica killed by ``ray.kill`` fail at once (HTTP 500 from
-    Serve's proxy, ``RayActorError`` on the handle) instead of hanging; Serve replaces the
-    replica and the next requests are scored right."""
-    waiting = program.bodies([2, 3, 1], seed=15)  # under SLOW's cap: they wait for company
-    alone = program.bodies([9], seed=16)[0]  # over it: runs at once
-    handle = server.handles["slow"]
-    killed = _replica("slow")
-    with ThreadPoolExecutor(2) as pool:
-        posts = [pool.submit(server.post, "slow", body) for body in waiting[:2]]
-        call = handle.score.remote(waiting[2])
-        _until(lambda: server.stats("slow")["held"] == 3, TIMEOUT_S, "3 requests held")
-        ray.kill(ray.get_actor(killed, namespace="serve"))
-        answers = [post.result(timeout=TIMEOUT_S) for post in posts]
-    assert [status for status, _, _ in answers] == [500, 500], answers
-    with pytest.raises(RayActorError):
-        call.result(timeout_s=TIMEOUT_S)
-
-    # Requests sent now wait in Serve's queue for the replacement; one routed to the dead
-    # replica before Serve knew fails, and is sent again.
-    start, deadline = time.monotonic(), time.monotonic() + RESTART_S
-    while True:
-        try:
-            got = server.score("slow", alone)
-            break
-        except (RayActorError, TimeoutError):
-            assert time.monotonic() < deadline, f"no replica answered within {RESTART_S} s"
-    print(
-        f"\n[serving tests] replica replaced in {time.monotonic() - start:.1f} s", file=sys.stderr
-    )
-    want = H.dense_alone(program.model, alone)
-    _assert_scores(got, want)
-    status, answer, _ = server.post("slow", alone)
-    assert status == 200
-    _assert_scores(answer["scores"], want)
-    assert _replica("slow") != killed
-
-
 def test_dict_input_model_over_http(command):
     command.ready()
     bodies = H.dense_requests(DICT_FEATURES.batch([3, 1], seed=4), DICT_FEATURES.request_inputs)
@@ -542,3 +510,66 @@ def test_rocs_serve_joins_a_cluster_and_leaves_it_running_on_sigterm(command):
     assert not left, f"replica processes left after rocs serve stopped: {left}"
     assert _http(f"{url}/healthz")[0] == 404
     assert command.cluster.up(), "the cluster stopped with rocs serve"
+
+
+def _replica(app: str) -> str:
+    """The name of the live replica actor of the one-replica application ``app``."""
+    prefix = f"SERVE_REPLICA::{app}#"  # Serve's name: SERVE_REPLICA::<app>#<deployment>#<id>
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
+    (name,) = [n for n in names if n.startswith(prefix)]
+    return name
+
+
+def _answers(server: Server, app: str) -> bool:
+    try:
+        return server.get(app, "healthz")[0] == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
+
+
+def _until(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} within {timeout_s} s"
+        time.sleep(0.05)
+
+
+def test_a_replica_that_dies_fails_its_requests_and_is_replaced(server, program):
+    """Requests in flight on a replica killed by ``ray.kill`` fail at once (HTTP 500 from
+    Serve's proxy, ``RayActorError`` on the handle) instead of hanging; Serve replaces the
+    replica and the next requests are scored right."""
+    waiting = program.bodies([2, 3, 1], seed=15)  # under SLOW's cap: they wait for company
+    alone = program.bodies([9], seed=16)[0]  # over it: runs at once
+    handle = server.handles["slow"]
+    _until(lambda: _answers(server, "slow"), RESTART_S, "slow's replica up")
+    killed = _replica("slow")
+    with ThreadPoolExecutor(2) as pool:
+        posts = [pool.submit(server.post, "slow", body) for body in waiting[:2]]
+        call = handle.score.remote(waiting[2])
+        _until(lambda: server.stats("slow")["held"] == 3, TIMEOUT_S, "3 requests held")
+        ray.kill(ray.get_actor(killed, namespace="serve"))
+        answers = [post.result(timeout=TIMEOUT_S) for post in posts]
+    # Serve's proxy answers for the dead replica, in plain text (docs/serving.md says so)
+    dead = (500, {"error": "Internal Server Error", "field": None})
+    assert [answer[:2] for answer in answers] == [dead, dead], answers
+    with pytest.raises(RayActorError):
+        call.result(timeout_s=TIMEOUT_S)
+
+    # Requests sent now wait in Serve's queue for the replacement; one routed to the dead
+    # replica before Serve knew fails, and is sent again.
+    start, deadline = time.monotonic(), time.monotonic() + RESTART_S
+    while True:
+        try:
+            got = server.score("slow", alone)
+            break
+        except (RayActorError, TimeoutError):
+            assert time.monotonic() < deadline, f"no replica answered within {RESTART_S} s"
+    print(
+        f"\n[serving tests] replica replaced in {time.monotonic() - start:.1f} s", file=sys.stderr
+    )
+    want = H.dense_alone(program.model, alone)
+    _assert_scores(got, want)
+    status, answer, _ = server.post("slow", alone)
+    assert status == 200
+    _assert_scores(answer["scores"], want)
+    assert _replica("slow") != killed
