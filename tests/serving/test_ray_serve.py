@@ -289,15 +289,15 @@ class Command:
         self.log.close()
 
 
-# Module scope: --dist loadgroup runs this module's tests on one worker, one after another, so
-# Ray starts once and stops after the last of them (its idle processes cost CPU while they run).
-# One Ray starts at a time: two cold starts at once on a 2-core machine can miss Serve's 60 s
-# wait for its HTTP proxy.
 @pytest.fixture(scope="module")
 def program(tmp_path_factory):
     return Program(tmp_path_factory.mktemp("program"))
 
 
+# Module scope: --dist loadgroup runs this module's tests on one worker, one after another, so
+# Ray starts once and stops after the last of them (its idle processes cost CPU while they run).
+# One Ray starts at a time: two cold starts at once on a 2-core machine can miss Serve's 60 s
+# wait for its HTTP proxy.
 @pytest.fixture(scope="module")
 def server(program, tmp_path_factory):
     start = time.monotonic()
@@ -305,10 +305,10 @@ def server(program, tmp_path_factory):
     paths = [str(HERE), str(HERE.parent), str(HERE.parents[1])]
     launch.start(port, num_cpus=2, pythonpath=paths)
     before = _descendants(os.getpid())
-    # The cluster for rocs serve starts while the replicas load, once this Ray's Serve proxy is
-    # up (two cold starts at once on 2 cores can miss Serve's 60 s wait for it).
-    cluster = Cluster(tmp_path_factory.mktemp("cluster"))
     try:
+        # The cluster for rocs serve starts while the replicas load, once this Ray's Serve proxy
+        # is up.
+        cluster = Cluster(tmp_path_factory.mktemp("cluster"))
         try:
             apps = {
                 "two_tower": deployment(H.two_tower_factory, TWO_TOWER, name="two_tower"),
