@@ -1,9 +1,10 @@
 """Starting Ray and Serve for one machine, or joining a cluster, and stopping both.
 
 Local (the default of ``rocs serve``): Ray starts in this process's session with the given CPUs,
-no dashboard, its node address 127.0.0.1, and Serve's HTTP proxy bound to ``host:port``.
-``address="auto"`` or ``"ray://..."`` joins a running cluster (``ray start --head`` ...) instead;
-Serve then places replicas on its nodes.
+no dashboard, its node address 127.0.0.1, and Serve's HTTP proxy bound to ``host:port``; it
+starts even where ``RAY_ADDRESS`` names a cluster (``ray.init()`` would join that cluster, and
+stopping would then shut down its Serve). ``address="auto"`` or ``"ray://..."`` joins a running
+cluster (``ray start --head`` ...) instead; Serve then places replicas on its nodes.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def start(
         os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
     if address is None:
-        options.update(num_cpus=num_cpus, _node_ip_address="127.0.0.1")
+        options.update(address="local", num_cpus=num_cpus, _node_ip_address="127.0.0.1")
     else:
         options["address"] = address
     if not ray.is_initialized():

@@ -1,21 +1,27 @@
 """Serving end to end: a zoo model and a KJT model deployed once on this process's Ray (the
-handle path and HTTP), and ``rocs serve`` of a saved dict-input model in a subprocess with its
-own Ray (HTTP, overload, SIGTERM), started first so that the two cold starts overlap. Every test
-reuses them.
+handle path and HTTP), a saved program deployed there too (``slow``: the last test kills its
+replica), and ``rocs serve --address auto`` of that program in a subprocess, joining a cluster
+that ``ray start --head`` runs (HTTP, overload, SIGTERM leaves the cluster up). Every test reuses
+them.
 
-Ray starts once for the whole run: this module is one xdist group (the README's and .ci/run's
-``pytest -n 2 --dist loadgroup`` keep it on one worker), with ``num_cpus=2``, no dashboard, and
-HTTP on 127.0.0.1 at free ports. Every request loop is bounded in count and time; the teardown
-and the SIGTERM test check that no process either Ray started is left.
+This process's Ray starts once for the whole run: this module is one xdist group (the README's
+and .ci/run's ``pytest -n 2 --dist loadgroup`` keep it on one worker), with ``num_cpus=2``, no
+dashboard, and HTTP on 127.0.0.1 at free ports. The cluster starts once its Serve proxy is up (one
+cold start at a time), while the replicas load. Every request loop is bounded in count and time;
+the teardowns check that no process either Ray started is left. The command's own-Ray default is
+covered by ``server`` (the same ``launch.start``/``launch.stop``) and ``test_serve_command.py``
+(the command's choice between them).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -27,8 +33,11 @@ import torch
 
 pytest.importorskip("ray.serve", reason="the serving tests need the serve extra (ray[serve])")
 
+import ray
 import serving_models as H
 from models_for_tests import DICT_FEATURES
+from ray import serve
+from ray.exceptions import RayActorError
 
 import rocs_compiler as rocs
 from models_zoo import ZOO
@@ -41,11 +50,16 @@ pytestmark = pytest.mark.xdist_group("ray")
 HERE = Path(__file__).resolve().parent
 TIMEOUT_S = 60  # any one HTTP request or handle call
 COMMAND_START_S, COMMAND_STOP_S = 240, 60
+RESTART_S = 180  # a killed replica's replacement answers within this
+RAY = Path(sys.executable).with_name("ray")  # the CLI next to this interpreter
 # Batches of up to 400 candidates, a wait long enough that concurrent requests meet.
 TWO_TOWER = ServeSettings(
     max_batch_candidates=400, batch_wait_ms=100, replica_cpus=0, body_limit=2**20
 )
 KJT = ServeSettings(max_batch_candidates=1000, batch_wait_ms=100, replica_cpus=0)
+# A request under the cap waits for company far longer than any client's timeout: it is in
+# flight until its replica dies. A request over the cap runs at once.
+SLOW = ServeSettings(max_batch_candidates=8, batch_wait_ms=600_000, replica_cpus=0)
 
 
 def _descendants(pid: int) -> set[int]:
@@ -90,9 +104,108 @@ def _http(url: str, body=None, raw: bytes | None = None):
     return status, value, {k.lower(): v for k, v in headers.items()}
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _wait_dead(pids, timeout_s: float) -> list[int]:
+    """Waits (bounded) until none of ``pids`` runs: those still running."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(map(_alive, pids)):
+        time.sleep(0.5)
+    return [pid for pid in pids if _alive(pid)]
+
+
+class Cluster:
+    """``ray start --head`` on 127.0.0.1 at free ports, in the foreground (``--block``) so that
+    every process of the cluster descends from it and the teardown ends exactly those: ``ray
+    stop`` would end every Ray of the machine (this module's own too), and a SIGTERM drains
+    Serve for up to 30 s.
+
+    Its clients (``env``) find it as the documented ``--address auto`` does, through the record
+    of the latest ``ray start`` (``ray_current_cluster``), kept in a folder of its own
+    (``RAY_TMPDIR``) so that no other Ray on the machine follows it; ``auto`` also turns on Ray's
+    token authentication where ``ray start`` did (an explicit address needs RAY_AUTH_MODE=token).
+    Its workers import this checkout (``PYTHONPATH``)."""
+
+    def __init__(self, tmp: Path):
+        port, client_port = launch.free_port(), launch.free_port()
+        # short: Ray's socket paths below it must fit in 107 bytes
+        self.temp_dir = tempfile.mkdtemp(prefix="rocs-ray-")
+        self.env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        self.env["RAY_TMPDIR"] = self.temp_dir
+        paths = [str(HERE.parents[1]), *filter(None, os.environ.get("PYTHONPATH", "").split(":"))]
+        env = {**self.env, "PYTHONPATH": os.pathsep.join(paths)}
+        self.log_path = tmp / "ray.log"
+        self.log = open(self.log_path, "w+")  # noqa: SIM115 - open while the cluster runs
+        command = [
+            str(RAY),
+            "start",
+            "--head",
+            "--block",
+            f"--port={port}",
+            f"--ray-client-server-port={client_port}",
+            "--num-cpus=2",
+            "--include-dashboard=false",
+            "--node-ip-address=127.0.0.1",
+            "--disable-usage-stats",
+        ]
+        self.process = subprocess.Popen(
+            command, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+
+    def ready(self) -> None:
+        """Wait (bounded) until ``ray start`` says the cluster runs."""
+        deadline = time.monotonic() + COMMAND_START_S
+        while time.monotonic() < deadline and self.process.poll() is None:
+            if "Ray runtime started" in self.log_path.read_text():
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"ray start did not come up:\n{self.log_path.read_text()}")
+
+    def up(self) -> bool:
+        """A client joins the cluster (``ray status`` would need the authentication mode)."""
+        join = "import ray; ray.init(address='auto', log_to_driver=False); ray.shutdown()"
+        status = subprocess.run(
+            [sys.executable, "-c", join],
+            check=False,
+            env=self.env,
+            capture_output=True,
+            timeout=COMMAND_STOP_S,
+        )
+        return status.returncode == 0
+
+    def processes(self, word: str = "") -> set[int]:
+        """The cluster's processes whose command line holds ``word``."""
+        return {pid for pid in _descendants(self.process.pid) if word in _cmdline(pid)}
+
+    def stop(self) -> None:
+        if self.log.closed:
+            return
+        processes = self.processes() | {self.process.pid}
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)  # its own session: pgid == pid
+        except ProcessLookupError:
+            pass
+        for pid in filter(_alive, processes):  # one that left the group
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.process.wait(timeout=COMMAND_STOP_S)
+        self.log.close()
+        left = _wait_dead(processes, COMMAND_STOP_S)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        assert not left, f"cluster processes left: {left}"
+
+
 class Server:
-    def __init__(self, url: str, handles: dict, started_s: float):
+    def __init__(self, url: str, handles: dict, started_s: float, cluster: Cluster):
         self.url, self.handles, self.started_s = url, handles, started_s
+        self.cluster = cluster
 
     def post(self, name: str, body, raw: bytes | None = None):
         return _http(f"{self.url}/{name}/score", body, raw)
@@ -107,14 +220,28 @@ class Server:
         return self.handles[name].stats.remote().result(timeout_s=TIMEOUT_S)
 
 
-class Command:
-    """``rocs serve ARTIFACT`` in a subprocess, with a Ray of its own."""
+class Program:
+    """The dict-input model and its saved program (``slow`` and ``rocs serve`` serve it: a
+    replica loads it in a fraction of the time a compile takes)."""
 
     def __init__(self, tmp: Path):
         self.model = DICT_FEATURES.build()
         compiled = DICT_FEATURES.compile(self.model, options={})
         self.artifact = tmp / "dict_features.pt2"
         rocs.save(rocs.export(compiled), self.artifact)
+
+    def bodies(self, counts, seed: int) -> list[dict]:
+        return H.dense_requests(
+            DICT_FEATURES.batch(counts, seed=seed), DICT_FEATURES.request_inputs
+        )
+
+
+class Command:
+    """``rocs serve ARTIFACT --address auto`` in a subprocess, joining ``cluster``."""
+
+    def __init__(self, tmp: Path, program: Program, cluster: Cluster):
+        self.cluster = cluster
+        self.model, self.artifact = program.model, program.artifact
         self.port = launch.free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = tmp / "serve.log"
@@ -134,8 +261,12 @@ class Command:
             "2",
             "--batch-wait-ms",
             "300",
+            "--address",
+            "auto",
         ]
-        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(
+            command, stdout=self.log, stderr=subprocess.STDOUT, env=cluster.env
+        )
 
     def output(self) -> str:
         return self.log_path.read_text()
@@ -158,42 +289,54 @@ class Command:
         self.log.close()
 
 
+@pytest.fixture(scope="module")
+def program(tmp_path_factory):
+    return Program(tmp_path_factory.mktemp("program"))
+
+
 # Module scope: --dist loadgroup runs this module's tests on one worker, one after another, so
 # Ray starts once and stops after the last of them (its idle processes cost CPU while they run).
 # One Ray starts at a time: two cold starts at once on a 2-core machine can miss Serve's 60 s
 # wait for its HTTP proxy.
 @pytest.fixture(scope="module")
-def server():
+def server(program, tmp_path_factory):
     start = time.monotonic()
     port = launch.free_port()
     paths = [str(HERE), str(HERE.parent), str(HERE.parents[1])]
     launch.start(port, num_cpus=2, pythonpath=paths)
     before = _descendants(os.getpid())
     try:
-        apps = {
-            "two_tower": deployment(H.two_tower_factory, TWO_TOWER, name="two_tower"),
-            "kjt": deployment(H.kjt_factory, KJT, name="kjt"),
-        }
-        handles = launch.run_many(apps)
-        started = time.monotonic() - start
-        print(f"\n[serving tests] Ray and two deployments up in {started:.1f} s", file=sys.stderr)
-        yield Server(f"http://127.0.0.1:{port}", handles, started)
-        # This Ray's processes (the ``rocs serve`` command, set up after this fixture, was torn
-        # down before it, with its own Ray).
+        # The cluster for rocs serve starts while the replicas load, once this Ray's Serve proxy
+        # is up.
+        cluster = Cluster(tmp_path_factory.mktemp("cluster"))
+        try:
+            apps = {
+                "two_tower": deployment(H.two_tower_factory, TWO_TOWER, name="two_tower"),
+                "kjt": deployment(H.kjt_factory, KJT, name="kjt"),
+            }
+            handles = launch.run_many(apps)
+            started = time.monotonic() - start
+            print(f"\n[serving tests] Ray and 2 deployments up in {started:.1f} s", file=sys.stderr)
+            # The last test's: its replica loads while the others run.
+            slow = deployment(str(program.artifact), SLOW, name="slow")
+            target = serve.RunTarget(slow, name="slow", route_prefix="/slow")
+            (handles["slow"],) = serve.run_many([target], wait_for_applications_running=False)
+            yield Server(f"http://127.0.0.1:{port}", handles, started, cluster)
+        finally:
+            cluster.stop()
+        # This Ray's processes (the ``rocs serve`` command and its cluster are gone).
         ray_processes = _descendants(os.getpid()) | before
     finally:
         launch.stop()
-    deadline = time.monotonic() + 180  # a loaded machine can take a minute to reap them
-    while time.monotonic() < deadline and any(map(_alive, ray_processes)):
-        time.sleep(0.5)
-    left = [pid for pid in ray_processes if _alive(pid)]
+    left = _wait_dead(ray_processes, 180)  # a loaded machine can take a minute to reap them
     assert not left, f"processes left after shutdown: {left}"
 
 
 @pytest.fixture(scope="module")
-def command(server, tmp_path_factory):
-    """``rocs serve`` with its own Ray, started once this process's Ray is up."""
-    started = Command(tmp_path_factory.mktemp("serve"))
+def command(server, program, tmp_path_factory):
+    """``rocs serve --address auto`` on the cluster ``server`` started."""
+    server.cluster.ready()
+    started = Command(tmp_path_factory.mktemp("serve"), program, server.cluster)
     yield started
     started.close()
 
@@ -263,7 +406,9 @@ def test_bad_input_answers_400_naming_the_field(server):
         (H.changed(good, candidates__item_id=[1.5, 2.5]), "item_id"),
         (H.changed(good, candidates__item_id=[1, 2, 3]), "item_id"),
         (
-            H.changed(good, candidates__item_id=[], candidates__item_cat=[], candidates__item_dense=[]),
+            H.changed(
+                good, candidates__item_id=[], candidates__item_cat=[], candidates__item_dense=[]
+            ),
             "item_id",
         ),
     ]
@@ -344,8 +489,9 @@ def test_a_full_queue_answers_503_with_retry_after(command):
     assert headers.get("retry-after") == "1" and "max_queued" in answer["error"]
 
 
-def test_rocs_serve_serves_a_saved_program_and_stops_on_sigterm(command):
-    """Last of the tests using the command: it stops it."""
+def test_rocs_serve_joins_a_cluster_and_leaves_it_running_on_sigterm(command):
+    """Last of the tests using the command: it stops it. Its application goes (the replica's
+    process ends; the cluster's Serve proxy answers 404), the cluster stays."""
     command.ready()
     process, url = command.process, command.url
     status, info, _ = _http(f"{url}/info")
@@ -355,13 +501,75 @@ def test_rocs_serve_serves_a_saved_program_and_stops_on_sigterm(command):
     status, answer, _ = _http(f"{url}/score", body)
     assert status == 200
     _assert_scores(answer["scores"], H.dense_alone(command.model, body))
-    processes = _descendants(process.pid)
-    assert processes, "Ray started no process"
+    replicas = command.cluster.processes("ServeReplica:rocs")
+    assert replicas, "the application has no replica process in the cluster"
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=COMMAND_STOP_S) == 0, command.output()
     assert f"at {url}/score" in command.output()
-    deadline = time.monotonic() + COMMAND_STOP_S
-    while time.monotonic() < deadline and any(map(_alive, processes)):
-        time.sleep(0.5)
-    left = [pid for pid in processes if _alive(pid)]
-    assert not left, f"processes left after rocs serve stopped: {left}"
+    left = _wait_dead(replicas, COMMAND_STOP_S)
+    assert not left, f"replica processes left after rocs serve stopped: {left}"
+    assert _http(f"{url}/healthz")[0] == 404
+    assert command.cluster.up(), "the cluster stopped with rocs serve"
+
+
+def _replica(app: str) -> str:
+    """The name of the live replica actor of the one-replica application ``app``."""
+    prefix = f"SERVE_REPLICA::{app}#"  # Serve's name: SERVE_REPLICA::<app>#<deployment>#<id>
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
+    (name,) = [n for n in names if n.startswith(prefix)]
+    return name
+
+
+def _answers(server: Server, app: str) -> bool:
+    try:
+        return server.get(app, "healthz")[0] == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
+
+
+def _until(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} within {timeout_s} s"
+        time.sleep(0.05)
+
+
+def test_a_replica_that_dies_fails_its_requests_and_is_replaced(server, program):
+    """Requests in flight on a replica killed by ``ray.kill`` fail at once (HTTP 500 from
+    Serve's proxy, ``RayActorError`` on the handle) instead of hanging; Serve replaces the
+    replica and the next requests are scored right."""
+    waiting = program.bodies([2, 3, 1], seed=15)  # under SLOW's cap: they wait for company
+    alone = program.bodies([9], seed=16)[0]  # over it: runs at once
+    handle = server.handles["slow"]
+    _until(lambda: _answers(server, "slow"), RESTART_S, "slow's replica up")
+    killed = _replica("slow")
+    with ThreadPoolExecutor(2) as pool:
+        posts = [pool.submit(server.post, "slow", body) for body in waiting[:2]]
+        call = handle.score.remote(waiting[2])
+        _until(lambda: server.stats("slow")["held"] == 3, TIMEOUT_S, "3 requests held")
+        ray.kill(ray.get_actor(killed, namespace="serve"))
+        answers = [post.result(timeout=TIMEOUT_S) for post in posts]
+    # Serve's proxy answers for the dead replica, in plain text (docs/serving.md says so)
+    dead = (500, {"error": "Internal Server Error", "field": None})
+    assert [answer[:2] for answer in answers] == [dead, dead], answers
+    with pytest.raises(RayActorError):
+        call.result(timeout_s=TIMEOUT_S)
+
+    # Requests sent now wait in Serve's queue for the replacement; one routed to the dead
+    # replica before Serve knew fails, and is sent again.
+    start, deadline = time.monotonic(), time.monotonic() + RESTART_S
+    while True:
+        try:
+            got = server.score("slow", alone)
+            break
+        except (RayActorError, TimeoutError):
+            assert time.monotonic() < deadline, f"no replica answered within {RESTART_S} s"
+    print(
+        f"\n[serving tests] replica replaced in {time.monotonic() - start:.1f} s", file=sys.stderr
+    )
+    want = H.dense_alone(program.model, alone)
+    _assert_scores(got, want)
+    status, answer, _ = server.post("slow", alone)
+    assert status == 200
+    _assert_scores(answer["scores"], want)
+    assert _replica("slow") != killed

@@ -1,7 +1,16 @@
-"""``rocs serve`` without Ray running: usage errors. The command serving a saved program is
-tested in ``test_ray_serve.py``, whose Ray start it overlaps."""
+"""``rocs serve`` without Ray running: usage errors, and which Ray the command starts or joins
+and how it lets go of it (Ray's calls replaced by recorders). The command serving a saved
+program on a running cluster is tested in ``test_ray_serve.py``."""
 
 from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+# On the worker that runs test_ray_serve.py, which imports Ray anyway (2 s).
+pytestmark = pytest.mark.xdist_group("ray")
 
 
 def test_rocs_serve_refuses_a_missing_artifact(tmp_path, capsys):
@@ -9,3 +18,55 @@ def test_rocs_serve_refuses_a_missing_artifact(tmp_path, capsys):
 
     assert cli.main(["serve", str(tmp_path / "none.pt2")]) == 1
     assert "no such artifact" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("address", "ends_with"), [(None, ("stop",)), ("auto", ("leave", "rocs"))])
+def test_rocs_serve_stops_its_own_ray_and_leaves_a_cluster_running(
+    tmp_path, monkeypatch, address, ends_with
+):
+    """Without ``--address`` the command stops the Ray it started (the Ray processes are
+    checked in ``test_ray_serve.py``'s ``server`` teardown, which uses the same ``launch``
+    calls); with one it removes its application and disconnects."""
+    pytest.importorskip("ray.serve", reason="rocs serve needs the serve extra (ray[serve])")
+    from rocs_compiler.cli import main as cli
+    from rocs_compiler.serving import deployment, launch
+
+    calls = []
+
+    def run(app, name):
+        calls.append(("run", name))
+        os.kill(os.getpid(), signal.SIGTERM)  # as a supervisor stops it; the command handles it
+
+    monkeypatch.setattr(
+        launch, "start", lambda port, host, address: calls.append(("start", address))
+    )
+    monkeypatch.setattr(launch, "run", run)
+    monkeypatch.setattr(launch, "stop", lambda: calls.append(("stop",)))
+    monkeypatch.setattr(launch, "leave", lambda name: calls.append(("leave", name)))
+    monkeypatch.setattr(deployment, "deployment", lambda *args, **kwargs: "app")
+    artifact = tmp_path / "model.pt2"
+    artifact.write_bytes(b"")
+    handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        status = cli.main(["serve", str(artifact), *(["--address", address] if address else [])])
+    finally:
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+    assert status == 0
+    assert calls == [("start", address), ("run", "rocs"), ends_with]
+
+
+def test_a_local_start_ignores_a_cluster_named_in_ray_address(monkeypatch):
+    """``ray.init()`` joins the cluster ``RAY_ADDRESS`` names; the local default must not (it
+    passes ``num_cpus``, which a cluster refuses, and stopping would shut the cluster's Serve
+    down)."""
+    pytest.importorskip("ray.serve", reason="the launch module needs the serve extra")
+    from rocs_compiler.serving import launch
+
+    seen = {}
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
+    monkeypatch.setattr(launch.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(launch.ray, "init", lambda **options: seen.update(options))
+    monkeypatch.setattr(launch.serve, "start", lambda **options: None)
+    launch.start(8000, num_cpus=2)
+    assert seen["address"] == "local" and seen["num_cpus"] == 2
