@@ -60,6 +60,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import movielens
+import quality_training as qt
 
 import rocs_compiler as rocs
 from models_zoo import backbones as bb
@@ -403,30 +404,84 @@ def choose_scale(
 
 
 def run_variant(variant: Variant, schema, config: dict, ml, args, show: bool) -> dict[str, Any]:
-    """Train and test one variant on every seed; cost and speed from the first seed's model."""
+    """Train and test one variant on every seed with each trainer of ``--trainer``; cost and speed
+    from the first seed's model of the first trainer, whose numbers fill the main tables."""
     entry: dict[str, Any] = {
         "backbone": variant.backbone,
         "variant": variant.name,
         "request_scale": variant.request_scale,
         "config": config,
     }
-    aucs, losses, seconds = [], [], []
+    trainings = qt.TRAINERS[args.trainer]
+    runs: dict[str, list[dict]] = {kind: [] for kind in trainings}
     for i, seed in enumerate(args.seeds):
-        model = variant.build(schema, config, seed, example_batch(ml.train))
-        label = f"{variant.backbone}/{variant.name} seed {seed}"
-        fit = {"epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr, "seed": seed}
-        seconds.append(train(model, ml.train, **fit, label=label, show=show))
-        logits = predict(model, ml.test)
-        aucs.append(auc(logits, ml.test["label"]))
-        losses.append(logloss(logits, ml.test["label"]))
-        note(f"{label}: AUC {aucs[-1]:.4f} LogLoss {losses[-1]:.4f} ({seconds[-1]:.0f}s)", show)
-        if i == 0:
-            entry["parameters"] = sum(p.numel() for p in model.parameters())
-            cm = compile_model(model, ml.train)
-            entry["flops"] = flop_summary(cm)
-            entry["speed"] = measure_speed(model.eval(), cm, ml, args.speed_repeats)
-    entry.update(auc=mean_std(aucs), logloss=mean_std(losses), train_seconds=mean_std(seconds))
+        example = example_batch(ml.train)
+        for k, kind in enumerate(trainings):
+            model = variant.build(schema, config, seed, example)
+            label = f"{variant.backbone}/{variant.name} seed {seed}"
+            label += "" if args.trainer == "eager" else f" {kind}"
+            fit = {"epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr, "seed": seed}
+            if kind == "eager_random":
+                record = {"seconds": train(model, ml.train, **fit, label=label, show=show)}
+            else:
+                record = qt.train_grouped(
+                    model, ml.train, through=kind.split("_")[0], features=movielens.FEATURES,
+                    requests=movielens.REQUEST_INPUTS, example=example, window=args.window,
+                    progress=functools.partial(progress_bar, label=label, show=show), **fit,
+                )  # fmt: skip
+            logits = predict(model, ml.test)
+            record.update(auc=auc(logits, ml.test["label"]), logloss=logloss(logits, ml.test["label"]))
+            runs[kind].append(record)
+            note(
+                f"{label}: AUC {record['auc']:.4f} LogLoss {record['logloss']:.4f} "
+                f"({record['seconds']:.0f}s)",
+                show,
+            )
+            if i == 0 and k == 0:
+                entry["parameters"] = sum(p.numel() for p in model.parameters())
+                cm = compile_model(model, ml.train)
+                entry["flops"] = flop_summary(cm)
+                entry["speed"] = measure_speed(model.eval(), cm, ml, args.speed_repeats)
+        if all(kind in runs for kind in qt.GROUPED):
+            eager, compiled = (runs[kind][-1]["first_epoch_losses"] for kind in qt.GROUPED)
+            note(f"{variant.backbone}/{variant.name} seed {seed}: max abs first-epoch loss diff, eager vs rocs grouped: "
+                 f"{qt.loss_gap(eager, compiled):.2e}", show)  # fmt: skip
+    entry["trainers"] = {kind: trainer_summary(records) for kind, records in runs.items()}
+    primary = entry["trainers"][trainings[0]]
+    entry.update(auc=primary["auc"], logloss=primary["logloss"], train_seconds=primary["train_seconds"])
+    if all(kind in runs for kind in qt.GROUPED):
+        gaps = [
+            qt.loss_gap(a["first_epoch_losses"], b["first_epoch_losses"])
+            for a, b in zip(*(runs[kind] for kind in qt.GROUPED))
+        ]
+        entry["loss_gap_per_seed"] = gaps
+        entry["loss_gap"] = max(gaps)
+        entry["loss_gap_first_step"] = max(
+            qt.loss_gap(a["first_epoch_losses"][:1], b["first_epoch_losses"][:1])
+            for a, b in zip(*(runs[kind] for kind in qt.GROUPED))
+        )
     return entry
+
+
+def progress_bar(total: int, *, label: str, show: bool) -> Progress:
+    return Progress(total, label, show)
+
+
+def trainer_summary(records: list[dict]) -> dict[str, Any]:
+    """One trainer's numbers over the seeds (a JSON field of the variant's entry)."""
+    out = {
+        "auc": mean_std([r["auc"] for r in records]),
+        "logloss": mean_std([r["logloss"] for r in records]),
+        "train_seconds": mean_std([r["seconds"] for r in records]),
+    }
+    if "first_epoch_losses" in records[0]:  # a grouped trainer
+        out["compile_seconds"] = mean_std([r["compile_seconds"] for r in records])
+        out["impressions_per_request"] = statistics.fmean(
+            r["impressions_per_request"] for r in records
+        )
+        out["first_epoch_losses"] = [r["first_epoch_losses"] for r in records]
+        out["program_choices"] = [r["program_choices"] for r in records]
+    return out
 
 
 def run(args) -> dict[str, Any]:
@@ -574,6 +629,15 @@ def parse_args(argv: list[str] | None = None):
     )
     parser.add_argument("--speed-repeats", type=int, default=31)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--trainer", choices=tuple(qt.TRAINERS), default="eager",
+        help="eager: Adam on random row batches (the main tables); rocs: through a training "
+        "compile on request-grouped batches; both: those two and eager on the grouped batches",
+    )  # fmt: skip
+    parser.add_argument(
+        "--window", type=int, default=0,
+        help="rows per shuffle window of the request-grouped batches (0: the whole split)",
+    )  # fmt: skip
     parser.add_argument("--json", help="write the results as JSON to this file")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument(
@@ -605,6 +669,9 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown(out))
     print()
     print(markdown_details(out))
+    if args.trainer != "eager":
+        print()
+        print(qt.markdown_training(out))
     return 0
 
 
