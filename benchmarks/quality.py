@@ -30,11 +30,20 @@ amortized FLOPs per candidate ``C_cand + C_req / N`` at N = 1 and N = 100
 candidates, eager on replicated inputs vs the compiled model in shared layout (median of
 ``--speed-repeats`` interleaved calls, after a check that both agree).
 
+Training: by default (``--trainer eager``) Adam on random row batches, eager. ``--trainer rocs``
+trains instead through a training compile (``rocs.compile(..., training=True)``) in the shared
+layout on batches of whole requests (``quality_training.py`` says what a request is here);
+``--trainer both`` runs both and eager on the same request-grouped batches, to separate the
+effect of the batching from the compiler's, and prints a third table, "Training through the
+compiled model" (AUC and training seconds per trainer). Cost, speed and the first two tables come
+from the first trainer (eager on random batches, unless ``--trainer rocs``).
+
 Usage::
 
     python benchmarks/quality.py                      # full run, Markdown table on stdout
     python benchmarks/quality.py --json results.json  # also write every number as JSON
     python benchmarks/quality.py --quick --json q.json  # tiny synthetic data, about a minute
+    python benchmarks/quality.py --trainer both --models dcnv2  # + training through rocs
 """
 
 from __future__ import annotations
@@ -420,17 +429,10 @@ def run_variant(variant: Variant, schema, config: dict, ml, args, show: bool) ->
             model = variant.build(schema, config, seed, example)
             label = f"{variant.backbone}/{variant.name} seed {seed}"
             label += "" if args.trainer == "eager" else f" {kind}"
-            fit = {"epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr, "seed": seed}
-            if kind == "eager_random":
-                record = {"seconds": train(model, ml.train, **fit, label=label, show=show)}
-            else:
-                record = qt.train_grouped(
-                    model, ml.train, through=kind.split("_")[0], features=movielens.FEATURES,
-                    requests=movielens.REQUEST_INPUTS, example=example, window=args.window,
-                    progress=functools.partial(progress_bar, label=label, show=show), **fit,
-                )  # fmt: skip
+            record = train_with(kind, model, ml.train, example, seed, args, label, show)
             logits = predict(model, ml.test)
-            record.update(auc=auc(logits, ml.test["label"]), logloss=logloss(logits, ml.test["label"]))
+            record["auc"] = auc(logits, ml.test["label"])
+            record["logloss"] = logloss(logits, ml.test["label"])
             runs[kind].append(record)
             note(
                 f"{label}: AUC {record['auc']:.4f} LogLoss {record['logloss']:.4f} "
@@ -443,24 +445,34 @@ def run_variant(variant: Variant, schema, config: dict, ml, args, show: bool) ->
                 entry["flops"] = flop_summary(cm)
                 entry["speed"] = measure_speed(model.eval(), cm, ml, args.speed_repeats)
         if all(kind in runs for kind in qt.GROUPED):
-            eager, compiled = (runs[kind][-1]["first_epoch_losses"] for kind in qt.GROUPED)
-            note(f"{variant.backbone}/{variant.name} seed {seed}: max abs first-epoch loss diff, eager vs rocs grouped: "
-                 f"{qt.loss_gap(eager, compiled):.2e}", show)  # fmt: skip
+            gap = qt.loss_gap(*(runs[kind][-1]["first_epoch_losses"] for kind in qt.GROUPED))
+            note(f"{variant.backbone}/{variant.name} seed {seed}: first-epoch losses of eager and "
+                 f"rocs on the same grouped batches differ by at most {gap:.2e}", show)  # fmt: skip
     entry["trainers"] = {kind: trainer_summary(records) for kind, records in runs.items()}
     primary = entry["trainers"][trainings[0]]
-    entry.update(auc=primary["auc"], logloss=primary["logloss"], train_seconds=primary["train_seconds"])
+    for key in ("auc", "logloss", "train_seconds"):
+        entry[key] = primary[key]
     if all(kind in runs for kind in qt.GROUPED):
-        gaps = [
-            qt.loss_gap(a["first_epoch_losses"], b["first_epoch_losses"])
-            for a, b in zip(*(runs[kind] for kind in qt.GROUPED))
-        ]
+        pairs = list(zip(*(runs[kind] for kind in qt.GROUPED)))
+        gaps = [qt.loss_gap(a["first_epoch_losses"], b["first_epoch_losses"]) for a, b in pairs]
         entry["loss_gap_per_seed"] = gaps
         entry["loss_gap"] = max(gaps)
         entry["loss_gap_first_step"] = max(
-            qt.loss_gap(a["first_epoch_losses"][:1], b["first_epoch_losses"][:1])
-            for a, b in zip(*(runs[kind] for kind in qt.GROUPED))
+            qt.loss_gap(a["first_epoch_losses"][:1], b["first_epoch_losses"][:1]) for a, b in pairs
         )
     return entry
+
+
+def train_with(kind: str, model, data: dict, example: dict, seed: int, args, label: str, show):
+    """One training of ``kind`` (a name in ``quality_training.TRAINERS``); its record."""
+    fit = {"epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr, "seed": seed}
+    if kind == "eager_random":
+        return {"seconds": train(model, data, **fit, label=label, show=show)}
+    return qt.train_grouped(
+        model, data, through=kind.split("_")[0], features=movielens.FEATURES,
+        requests=movielens.REQUEST_INPUTS, example=example, window=args.window,
+        progress=functools.partial(progress_bar, label=label, show=show), **fit,
+    )  # fmt: skip
 
 
 def progress_bar(total: int, *, label: str, show: bool) -> Progress:

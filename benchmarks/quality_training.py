@@ -183,6 +183,9 @@ def markdown_training(out: Mapping[str, Any]) -> str:
             if eager and compiled else ""
         )  # fmt: skip
         grouped = eager or compiled
+        gap = "" if r.get("loss_gap") is None else (
+            f"{r['loss_gap_first_step']:.1e} / {r['loss_gap']:.1e}"
+        )  # fmt: skip
         cells = [
             r["backbone"],
             r["variant"],
@@ -195,8 +198,7 @@ def markdown_training(out: Mapping[str, Any]) -> str:
             _cell(compiled, "compile_seconds", ".1f"),
             speedup,
             "" if grouped is None else f"{grouped['impressions_per_request']:.2f}",
-            "" if r.get("loss_gap") is None
-            else f"{r['loss_gap_first_step']:.1e} / {r['loss_gap']:.1e}",
+            gap,
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

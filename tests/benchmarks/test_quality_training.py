@@ -16,9 +16,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import movielens  # noqa: E402
-import quality  # noqa: E402
-import quality_training as qt  # noqa: E402
+import movielens
+import quality
+import quality_training as qt
 
 
 def test_request_ids_split_a_user_whose_history_changes():
