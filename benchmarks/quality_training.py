@@ -152,6 +152,13 @@ def loss_gap(a: Sequence[float], b: Sequence[float]) -> float:
 # -- output -----------------------------------------------------------------------------------------
 
 
+def ideal_speedup(flops: Mapping[str, float], impressions_per_request: float) -> float:
+    """Forward FLOPs per impression replicated over shared, ``k`` impressions per request:
+    ``(C_req + C_cand) / (C_cand + C_req / k)`` (the FLOP report's split)."""
+    request, candidate = flops["request"], flops["candidate"]
+    return (request + candidate) / (candidate + request / impressions_per_request)
+
+
 def _cell(stats: Mapping[str, Any] | None, key: str, fmt: str) -> str:
     return "" if stats is None else format(stats[key]["mean"], fmt)
 
@@ -165,9 +172,10 @@ def markdown_training(out: Mapping[str, Any]) -> str:
             f"| backbone | variant | AUC eager random | AUC eager grouped | AUC rocs grouped "
             f"(mean ± std, {seeds} seeds) | train s eager random | train s eager grouped | "
             "train s rocs grouped | rocs compile s | speedup rocs / eager grouped | "
-            "impressions per request | max abs loss diff, 1st step / 1st epoch |"
+            "impressions per request | ideal (forward FLOPs) | max abs loss diff, 1st step / "
+            "1st epoch |"
         ),
-        "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in out["results"]:
         t = r["trainers"]
@@ -183,6 +191,9 @@ def markdown_training(out: Mapping[str, Any]) -> str:
             if eager and compiled else ""
         )  # fmt: skip
         grouped = eager or compiled
+        ideal = "" if grouped is None else (
+            f"{ideal_speedup(r['flops'], grouped['impressions_per_request']):.2f}x"
+        )  # fmt: skip
         gap = "" if r.get("loss_gap") is None else (
             f"{r['loss_gap_first_step']:.1e} / {r['loss_gap']:.1e}"
         )  # fmt: skip
@@ -198,6 +209,7 @@ def markdown_training(out: Mapping[str, Any]) -> str:
             _cell(compiled, "compile_seconds", ".1f"),
             speedup,
             "" if grouped is None else f"{grouped['impressions_per_request']:.2f}",
+            ideal,
             gap,
         ]
         lines.append("| " + " | ".join(cells) + " |")
