@@ -30,11 +30,20 @@ amortized FLOPs per candidate ``C_cand + C_req / N`` at N = 1 and N = 100
 candidates, eager on replicated inputs vs the compiled model in shared layout (median of
 ``--speed-repeats`` interleaved calls, after a check that both agree).
 
+Training: by default (``--trainer eager``) Adam on random row batches, eager. ``--trainer rocs``
+trains instead through a training compile (``rocs.compile(..., training=True)``) in the shared
+layout on batches of whole requests (``quality_training.py`` says what a request is here);
+``--trainer both`` runs both and eager on the same request-grouped batches, to separate the
+effect of the batching from the compiler's, and prints a third table, "Training through the
+compiled model" (AUC and training seconds per trainer). Cost, speed and the first two tables come
+from the first trainer (eager on random batches, unless ``--trainer rocs``).
+
 Usage::
 
     python benchmarks/quality.py                      # full run, Markdown table on stdout
     python benchmarks/quality.py --json results.json  # also write every number as JSON
     python benchmarks/quality.py --quick --json q.json  # tiny synthetic data, about a minute
+    python benchmarks/quality.py --trainer both --models dcnv2  # + training through rocs
 """
 
 from __future__ import annotations
@@ -60,6 +69,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import movielens
+import quality_training as qt
 
 import rocs_compiler as rocs
 from models_zoo import backbones as bb
@@ -403,30 +413,87 @@ def choose_scale(
 
 
 def run_variant(variant: Variant, schema, config: dict, ml, args, show: bool) -> dict[str, Any]:
-    """Train and test one variant on every seed; cost and speed from the first seed's model."""
+    """Train and test one variant on every seed with each trainer of ``--trainer``; cost and speed
+    from the first seed's model of the first trainer, whose numbers fill the main tables."""
     entry: dict[str, Any] = {
         "backbone": variant.backbone,
         "variant": variant.name,
         "request_scale": variant.request_scale,
         "config": config,
     }
-    aucs, losses, seconds = [], [], []
+    trainings = qt.TRAINERS[args.trainer]
+    runs: dict[str, list[dict]] = {kind: [] for kind in trainings}
     for i, seed in enumerate(args.seeds):
-        model = variant.build(schema, config, seed, example_batch(ml.train))
-        label = f"{variant.backbone}/{variant.name} seed {seed}"
-        fit = {"epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr, "seed": seed}
-        seconds.append(train(model, ml.train, **fit, label=label, show=show))
-        logits = predict(model, ml.test)
-        aucs.append(auc(logits, ml.test["label"]))
-        losses.append(logloss(logits, ml.test["label"]))
-        note(f"{label}: AUC {aucs[-1]:.4f} LogLoss {losses[-1]:.4f} ({seconds[-1]:.0f}s)", show)
-        if i == 0:
-            entry["parameters"] = sum(p.numel() for p in model.parameters())
-            cm = compile_model(model, ml.train)
-            entry["flops"] = flop_summary(cm)
-            entry["speed"] = measure_speed(model.eval(), cm, ml, args.speed_repeats)
-    entry.update(auc=mean_std(aucs), logloss=mean_std(losses), train_seconds=mean_std(seconds))
+        example = example_batch(ml.train)
+        for k, kind in enumerate(trainings):
+            model = variant.build(schema, config, seed, example)
+            label = f"{variant.backbone}/{variant.name} seed {seed}"
+            label += "" if args.trainer == "eager" else f" {kind}"
+            record = train_with(kind, model, ml.train, example, seed, args, label, show)
+            logits = predict(model, ml.test)
+            record["auc"] = auc(logits, ml.test["label"])
+            record["logloss"] = logloss(logits, ml.test["label"])
+            runs[kind].append(record)
+            note(
+                f"{label}: AUC {record['auc']:.4f} LogLoss {record['logloss']:.4f} "
+                f"({record['seconds']:.0f}s)",
+                show,
+            )
+            if i == 0 and k == 0:
+                entry["parameters"] = sum(p.numel() for p in model.parameters())
+                cm = compile_model(model, ml.train)
+                entry["flops"] = flop_summary(cm)
+                entry["speed"] = measure_speed(model.eval(), cm, ml, args.speed_repeats)
+        if all(kind in runs for kind in qt.GROUPED):
+            gap = qt.loss_gap(*(runs[kind][-1]["first_epoch_losses"] for kind in qt.GROUPED))
+            note(f"{variant.backbone}/{variant.name} seed {seed}: first-epoch losses of eager and "
+                 f"rocs on the same grouped batches differ by at most {gap:.2e}", show)  # fmt: skip
+    entry["trainers"] = {kind: trainer_summary(records) for kind, records in runs.items()}
+    primary = entry["trainers"][trainings[0]]
+    for key in ("auc", "logloss", "train_seconds"):
+        entry[key] = primary[key]
+    if all(kind in runs for kind in qt.GROUPED):
+        pairs = list(zip(*(runs[kind] for kind in qt.GROUPED)))
+        gaps = [qt.loss_gap(a["first_epoch_losses"], b["first_epoch_losses"]) for a, b in pairs]
+        entry["loss_gap_per_seed"] = gaps
+        entry["loss_gap"] = max(gaps)
+        entry["loss_gap_first_step"] = max(
+            qt.loss_gap(a["first_epoch_losses"][:1], b["first_epoch_losses"][:1]) for a, b in pairs
+        )
     return entry
+
+
+def train_with(kind: str, model, data: dict, example: dict, seed: int, args, label: str, show):
+    """One training of ``kind`` (a name in ``quality_training.TRAINERS``); its record."""
+    fit = {"epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr, "seed": seed}
+    if kind == "eager_random":
+        return {"seconds": train(model, data, **fit, label=label, show=show)}
+    return qt.train_grouped(
+        model, data, through=kind.split("_")[0], features=movielens.FEATURES,
+        requests=movielens.REQUEST_INPUTS, example=example, window=args.window,
+        progress=functools.partial(progress_bar, label=label, show=show), **fit,
+    )  # fmt: skip
+
+
+def progress_bar(total: int, *, label: str, show: bool) -> Progress:
+    return Progress(total, label, show)
+
+
+def trainer_summary(records: list[dict]) -> dict[str, Any]:
+    """One trainer's numbers over the seeds (a JSON field of the variant's entry)."""
+    out = {
+        "auc": mean_std([r["auc"] for r in records]),
+        "logloss": mean_std([r["logloss"] for r in records]),
+        "train_seconds": mean_std([r["seconds"] for r in records]),
+    }
+    if "first_epoch_losses" in records[0]:  # a grouped trainer
+        out["compile_seconds"] = mean_std([r["compile_seconds"] for r in records])
+        out["impressions_per_request"] = statistics.fmean(
+            r["impressions_per_request"] for r in records
+        )
+        out["first_epoch_losses"] = [r["first_epoch_losses"] for r in records]
+        out["program_choices"] = [r["program_choices"] for r in records]
+    return out
 
 
 def run(args) -> dict[str, Any]:
@@ -574,6 +641,15 @@ def parse_args(argv: list[str] | None = None):
     )
     parser.add_argument("--speed-repeats", type=int, default=31)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--trainer", choices=tuple(qt.TRAINERS), default="eager",
+        help="eager: Adam on random row batches (the main tables); rocs: through a training "
+        "compile on request-grouped batches; both: those two and eager on the grouped batches",
+    )  # fmt: skip
+    parser.add_argument(
+        "--window", type=int, default=0,
+        help="rows per shuffle window of the request-grouped batches (0: the whole split)",
+    )  # fmt: skip
     parser.add_argument("--json", help="write the results as JSON to this file")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument(
@@ -605,6 +681,9 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown(out))
     print()
     print(markdown_details(out))
+    if args.trainer != "eager":
+        print()
+        print(qt.markdown_training(out))
     return 0
 
 
