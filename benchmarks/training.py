@@ -25,6 +25,9 @@ from the other one; the reported time is the median of ``--repeats`` rounds. Col
   table's size), timed right after an eager step (its gradients in place);
 - **attainable**: the speedup if the rest of eager's step shrank by the FLOP ideal,
   ``eager / (floor + (eager - floor) / ideal)``; **of attainable**: speedup / attainable.
+- **eager+gather ms**: eager for a caller whose batch is in the shared layout, the request rows
+  gathered to one per impression first (``batch.replicated()`` inside the step); **speedup vs
+  eager+gather**: that time / rocs time, what such a caller saves;
 - **saved MB**: bytes of the tensors autograd saved for the backward (distinct storages other
   than the model's weights, counted with ``torch.autograd.graph.saved_tensors_hooks``), eager /
   the training program: the activations of request rows are kept per request.
@@ -135,6 +138,8 @@ def measure(
             "eager": eager_step,
             "rocs": lambda: compiled_step("rocs"),
             "program": lambda: compiled_step("program"),
+            # eager for a caller holding the shared layout: the request rows gathered first
+            "eager_gather": lambda batch=batch: eager_step(batch.replicated()),
         }
         floor = floor_of(model, opt)
         losses = {}
@@ -148,7 +153,8 @@ def measure(
                       file=sys.stderr)  # fmt: skip
         times = {v: [] for v in [*steps, "floor"]}
         for round_ in range(repeats):
-            order = list(steps)[round_ % 3 :] + list(steps)[: round_ % 3]
+            turn = round_ % len(steps)
+            order = list(steps)[turn:] + list(steps)[:turn]
             for v in order:
                 start = time.perf_counter()
                 steps[v]()
@@ -160,7 +166,7 @@ def measure(
         for v in times:
             results[v] = statistics.median(times[v])
         weights = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
-        saved = {v: saved_bytes(steps[v], weights) for v in steps}
+        saved = {v: saved_bytes(steps[v], weights) for v in ("eager", "rocs", "program")}
         ideal = cm.report(num_candidates=requests * k, num_requests=requests).ideal_speedup()
         speedup = results["eager"] / results["rocs"]
         fixed = min(results["floor"], results["eager"])
@@ -175,6 +181,8 @@ def measure(
                 "program_speedup": results["eager"] / results["program"], "runs": runs,
                 "efficiency": speedup / ideal, "eager_saved_mb": saved["eager"] / 2**20,
                 "floor_ms": 1e3 * results["floor"], "attainable": attainable,
+                "eager_gather_ms": 1e3 * results["eager_gather"],
+                "speedup_vs_gather": results["eager_gather"] / results["rocs"],
                 "of_attainable": speedup / attainable,
                 "rocs_saved_mb": saved["rocs"] / 2**20,
                 "program_saved_mb": saved["program"] / 2**20,
@@ -205,16 +213,18 @@ def markdown(rows: list[dict]) -> str:
     lines = [
         (
             "| model | R | k | eager ms | program ms | program speedup | rocs ms | runs | speedup "
+            "| eager+gather ms | speedup vs eager+gather "
             "| ideal | efficiency | floor ms | attainable | of attainable "
             "| saved MB eager / program |"
         ),
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['model']} | {r['requests']} | {r['k']} | {r['eager_ms']:.2f} "
             f"| {r['program_ms']:.2f} | {r['program_speedup']:.2f}x | {r['rocs_ms']:.2f} "
-            f"| {r['runs']} | {r['speedup']:.2f}x | {r['ideal']:.2f}x | {r['efficiency']:.2f} "
+            f"| {r['runs']} | {r['speedup']:.2f}x | {r['eager_gather_ms']:.2f} "
+            f"| {r['speedup_vs_gather']:.2f}x | {r['ideal']:.2f}x | {r['efficiency']:.2f} "
             f"| {r['floor_ms']:.2f} | {r['attainable']:.2f}x | {r['of_attainable']:.2f} "
             f"| {r['eager_saved_mb']:.2f} / {r['program_saved_mb']:.2f} |"
         )
