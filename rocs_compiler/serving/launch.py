@@ -4,13 +4,16 @@ Local (the default of ``rocs serve``): Ray starts in this process's session with
 no dashboard, its node address 127.0.0.1, and Serve's HTTP proxy bound to ``host:port``; it
 starts even where ``RAY_ADDRESS`` names a cluster (``ray.init()`` would join that cluster, and
 stopping would then shut down its Serve). ``address="auto"`` or ``"ray://..."`` joins a running
-cluster (``ray start --head`` ...) instead; Serve then places replicas on its nodes.
+cluster (``ray start --head`` ...) instead; Serve then places replicas on its nodes. A local
+start whose HTTP proxy Serve gave up on (its fixed 60 s, which a cold start on a loaded
+two-core machine can miss) stops Ray and starts it once more, with a warning.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import warnings
 from typing import Any
 
 import ray
@@ -45,9 +48,25 @@ def start(
         options.update(address="local", num_cpus=num_cpus, _node_ip_address="127.0.0.1")
     else:
         options["address"] = address
+    http = {"host": host, "port": port}
     if not ray.is_initialized():
         ray.init(**options)
-    serve.start(http_options={"host": host, "port": port})
+    try:
+        serve.start(http_options=http)
+    except ray.exceptions.RayActorError:
+        if address is not None:
+            raise
+        # Serve waits a fixed 60 s for its HTTP proxy and kills one that is not up by then,
+        # which a cold start on a loaded two-core machine can miss: a fresh local Ray, once.
+        warnings.warn(
+            "rocs serve: Serve's HTTP proxy did not start within Serve's 60 s (a loaded "
+            "machine?); starting Ray again",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        stop()
+        ray.init(**options)
+        serve.start(http_options=http)
 
 
 def run(app: Any, name: str = "rocs", route_prefix: str = "/"):

@@ -70,3 +70,47 @@ def test_a_local_start_ignores_a_cluster_named_in_ray_address(monkeypatch):
     monkeypatch.setattr(launch.serve, "start", lambda **options: None)
     launch.start(8000, num_cpus=2)
     assert seen["address"] == "local" and seen["num_cpus"] == 2
+
+
+def test_a_local_start_whose_proxy_died_starts_ray_once_more(monkeypatch):
+    """Serve kills an HTTP proxy that is not up within its fixed 60 s (a cold start on a loaded
+    machine): a local start then stops Ray and starts it again, once; a second failure, or one
+    on a joined cluster, is raised."""
+    pytest.importorskip("ray.serve", reason="the launch module needs the serve extra")
+    from rocs_compiler.serving import launch
+
+    calls = []
+    failures = []
+
+    def serve_start(**options):
+        calls.append("serve.start")
+        if failures:
+            raise failures.pop()
+
+    def ray_call(name):
+        def call(**options):
+            calls.append(name)
+            running[:] = [name == "ray.init"]
+
+        return call
+
+    running = [False]
+    monkeypatch.setattr(launch.ray, "is_initialized", lambda: running[0])
+    monkeypatch.setattr(launch.ray, "init", ray_call("ray.init"))
+    monkeypatch.setattr(launch.ray, "shutdown", ray_call("ray.shutdown"))
+    monkeypatch.setattr(launch.serve, "start", serve_start)
+    monkeypatch.setattr(launch.serve, "shutdown", lambda: calls.append("serve.shutdown"))
+    failures.append(launch.ray.exceptions.RayActorError())
+    with pytest.warns(RuntimeWarning, match="HTTP proxy"):
+        launch.start(8000, num_cpus=2)
+    assert calls == ["ray.init", "serve.start", "serve.shutdown", "ray.shutdown", "ray.init",
+                     "serve.start"]  # fmt: skip
+    calls.clear()
+    running[:] = [False]
+    failures[:] = [launch.ray.exceptions.RayActorError()] * 2
+    with pytest.warns(RuntimeWarning), pytest.raises(launch.ray.exceptions.RayActorError):
+        launch.start(8000, num_cpus=2)
+    running[:] = [False]
+    failures[:] = [launch.ray.exceptions.RayActorError()]
+    with pytest.raises(launch.ray.exceptions.RayActorError):
+        launch.start(8000, address="auto")
