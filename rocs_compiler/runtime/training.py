@@ -15,7 +15,13 @@ Identity: every node of the shared graph equals the original graph's node gather
 for all weights; the backward of a gather is a per-request sum (``index_add``), and every
 ``rocs::`` op's backward is that of its reference (``kernels/rocs_op.py``). So each parameter's
 gradient equals eager's on the replicated batch, up to re-association of its sums (the same
-bounds as the forward, docs/contract.md).
+bounds as the forward, docs/contract.md). The graph runs as a direct program
+(``runtime/direct.py``) whose fused ops are autograd nodes of that same backward
+(``RocsOp.run_with_backward``), the call checked by the runtime before it runs.
+
+With ``Options.request_dropout == "per_request"`` a dropout on request rows draws one mask per
+request (:func:`draws_per_request`): the program then computes another model than the original
+(eager draws per impression), so it runs without the choice below.
 
 A forward that writes buffers (batch norm in training mode updating its running statistics)
 is captured functionalized: the new values are extra graph outputs, which this program copies
