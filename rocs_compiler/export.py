@@ -238,13 +238,18 @@ class LoadedProgram:
 def _keyword_names(program: ExportedProgram) -> list[str]:
     """The top-level keyword names of the program's inputs, in the order it was exported with
     (the model's argument order, then ``candidate_to_request``)."""
+    return list(_keyword_spec(program).context)
+
+
+def _keyword_spec(program: ExportedProgram):
+    """The pytree spec of the program's keyword inputs (a rocs program takes no positional)."""
     in_spec = program.call_spec.in_spec
     # newer torch has children() and deprecates children_specs; older ones have only the field
     children = in_spec.children() if hasattr(in_spec, "children") else in_spec.children_specs
     args_spec, kwargs_spec = children
     if args_spec.num_children:
         raise CompileError("not a rocs program: it takes positional inputs")
-    return list(kwargs_spec.context)
+    return kwargs_spec
 
 
 def load(path: str | os.PathLike) -> LoadedProgram:
@@ -285,9 +290,7 @@ def input_signature(program: ExportedProgram) -> dict[str, Optional[dict]]:
     ``candidate_to_request`` included: ``{"dtype": "float32", "shape": [...]}`` with a dynamic
     size as the name of its symbol (``"s0"``: sizes that share a symbol are equal), or None for
     an input that is not a tensor."""
-    in_spec = program.call_spec.in_spec
-    children = in_spec.children() if hasattr(in_spec, "children") else in_spec.children_specs
-    kwargs_spec = children[1]
+    kwargs_spec = _keyword_spec(program)
     positions = named_leaves(
         pytree.tree_unflatten(list(range(kwargs_spec.num_leaves)), kwargs_spec)
     )

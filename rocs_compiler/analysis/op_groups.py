@@ -122,6 +122,13 @@ COMMUTATIVE = frozenset({aten.add.Tensor, aten.mul.Tensor})
 # ``op(input, p, train)``: random when ``train``.
 DROPOUTS = frozenset({aten.dropout, aten.feature_dropout, aten.alpha_dropout})
 
+
+def dropout_in_training(node: Any) -> bool:
+    """True for an FX node calling a dropout of :data:`DROPOUTS` with ``train`` set."""
+    if getattr(node, "op", None) != "call_function" or packet(node.target) not in DROPOUTS:
+        return False
+    return bool(node.args[2] if len(node.args) > 2 else node.kwargs.get("train", False))
+
 # Tagged random because of an optional dropout; their rules check that it is off.
 RANDOM_ONLY_WHEN_ASKED = DROPOUTS | frozenset(
     {aten.scaled_dot_product_attention, aten.gru, aten.lstm, aten.rnn_tanh, aten.rnn_relu}

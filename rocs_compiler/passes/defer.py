@@ -256,11 +256,9 @@ def _random_dropout(node: fx.Node) -> bool:
     draws each element independently, as split pieces do (``dropout(cat(a, b))`` and
     ``cat(dropout(a), dropout(b))`` have one distribution), and the request piece then draws
     once per request."""
-    if op_groups.packet(node.target) not in op_groups.RANDOM_ONLY_WHEN_ASKED:
-        return False
     if op_groups.packet(node.target) in _ELEMENTWISE_DROPOUTS and dropout_is_per_request():
         return False
-    return bool(node.args[2] if len(node.args) > 2 else node.kwargs.get("train", False))
+    return op_groups.dropout_in_training(node)
 
 
 def _distribute_prelu(b: Builder, node: fx.Node) -> Optional[fx.Node]:

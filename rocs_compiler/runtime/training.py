@@ -50,7 +50,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import fx, nn
 
-from ..analysis.op_groups import DROPOUTS, packet
+from ..analysis.op_groups import dropout_in_training
 from ..errors import CompileError, InputError
 from ..ir.graph_meta import PLACEMENT
 from ..ir.roles import Role
@@ -172,7 +172,5 @@ def draws_per_request(gm: fx.GraphModule) -> bool:
     """True when a random op of ``gm`` runs on request rows (``Options.request_dropout ==
     "per_request"``): one draw per request, where the original model draws per impression."""
     return any(
-        n.op == "call_function" and n.meta.get(PLACEMENT) == Role.REQUEST
-        and packet(n.target) in DROPOUTS and bool(n.args[2] if len(n.args) > 2 else n.kwargs.get("train"))
-        for n in gm.graph.nodes
-    )  # fmt: skip
+        dropout_in_training(n) and n.meta.get(PLACEMENT) == Role.REQUEST for n in gm.graph.nodes
+    )
