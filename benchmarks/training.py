@@ -70,10 +70,11 @@ def build(name: str):
     entry = ZOO[zoo_name]
     model = entry.build(seed=0)
     torch.manual_seed(1)
+    example = {"example_kwargs": entry.make_batch([2, 3], seed=1).replicated()}
     if kind == "glm":
-        model = rocs.apply_glm(model, entry.request_inputs)
+        model = rocs.apply_glm(model, entry.request_inputs, **example)
     elif kind == "dca":
-        model = rocs.apply_dca(model, entry.request_inputs)
+        model = rocs.apply_dca(model, entry.request_inputs, **example)
     return model.train(), entry
 
 

@@ -277,7 +277,7 @@ def make_batch(counts, seed: int, shuffle: bool) -> Batch:
 
 
 # CI runs fewer (derandomized, so the same ones every run) to keep the whole run in its budget.
-EXAMPLES = int(os.environ.get("ROCS_HYPOTHESIS_EXAMPLES", "60" if os.environ.get("CI") else "200"))
+EXAMPLES = int(os.environ.get("ROCS_HYPOTHESIS_EXAMPLES", "40" if os.environ.get("CI") else "200"))
 # The generated pointwise kernels are on by default only for models on a GPU; draw them on CPU
 # too, through their CPU implementation.
 RANDOM_OPTION_SETS = OPTION_SETS + ([{"ikbo_pointwise": True}] if "ikbo" not in OPTIONS else [])

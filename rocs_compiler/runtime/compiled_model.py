@@ -319,10 +319,29 @@ class CompiledModel(nn.Module):
             return self._shared_choosing(args, kwargs, leaves, index, given)
         uniform = None
         if index is None:
+            if not replicated and self._trains_as_original(leaves):
+                return self._original(*args, **kwargs)
             requests, index, uniform = self._group(leaves)
         else:
             requests, index = self._check_shared(leaves, index)
         return self._run(args, kwargs, leaves, requests, index, uniform)
+
+    def _trains_as_original(self, leaves: dict) -> bool:
+        """True for a drop-in training call whose row count's buckets all chose the original
+        model (``_train``): it is called as made, without finding the requests first, which
+        only the training program needs (a call whose request inputs require grad goes on to be
+        refused by the program's path, whichever bucket it falls in)."""
+        training = self._training
+        if training is None or training.choice is None or self.input_format.converts:
+            return False
+        if torch.compiler.is_compiling():
+            return False
+        if not (torch.is_grad_enabled() or training.writes_buffers):
+            return False
+        rows = self._batch_rows(leaves, self.contract.batched_inputs)
+        if training.choice.everywhere(bucket("train-dropin", rows)[:2]) != PLAIN:
+            return False
+        return not any(leaves[n].requires_grad for n in self.contract.request_inputs)
 
     def _runs_as_given(self, given: dict, index: Any, replicated: frozenset) -> bool:
         """True when a shared-layout call whose request inputs all come with one row per

@@ -94,6 +94,38 @@ def test_each_program_decided_gives_eager_gradients(program, layout, program_run
     assert len(program_runs) == (3 if program == SHARED else 0)
 
 
+def test_a_row_count_run_by_the_original_everywhere_skips_finding_requests(monkeypatch):
+    """Drop-in calls whose row count's buckets all chose the original model call it as made:
+    no pass over the rows to find requests (which only the training program needs), the
+    gradients still eager's. Once a bucket of that row count shares, every call finds its
+    requests again."""
+    from rocs_compiler.runtime import compiled_model
+
+    entry, model, cm = _dlrm()
+    monkeypatch.setattr(cm._training, "choice", ProgramChoice())
+    finds = []
+    detect = compiled_model.detect_requests
+    monkeypatch.setattr(
+        compiled_model, "detect_requests", lambda *a: finds.append(1) or detect(*a)
+    )
+    batch = entry.make_batch([3, 3, 2], seed=50)
+    other = entry.make_batch([2, 2, 2, 2], seed=51)  # the same 8 rows, another bucket
+    cm._training.choice.settle(_key(batch, "dropin"), PLAIN)
+    _, want = gradients(model, lambda: model(**batch.replicated()))
+    for i in range(3):
+        _, got = gradients(model, _calls(cm, batch, "dropin"))
+        assert_gradients_match(got, want, f"original everywhere, call {i}")
+    assert not finds
+    cm._training.choice.settle(_key(other, "dropin"), SHARED)
+    _, got = gradients(model, _calls(cm, batch, "dropin"))
+    assert_gradients_match(got, want, "a row count that also shares")
+    assert finds
+    replicated = batch.replicated()
+    replicated["user_dense"] = replicated["user_dense"].requires_grad_()
+    with pytest.raises(rocs.InputError, match="require grad in a replicated call"):
+        cm(**replicated)
+
+
 def test_the_choice_decides_per_bucket(program_runs, monkeypatch):
     entry, model, cm = _dlrm()
     monkeypatch.setattr(cm._training, "choice", ProgramChoice())

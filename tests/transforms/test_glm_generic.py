@@ -264,7 +264,7 @@ class _Stack(nn.Module):
 
 
 @settings(
-    max_examples=15,
+    max_examples=10,
     deadline=None,
     phases=[Phase.explicit, Phase.reuse, Phase.generate],
     suppress_health_check=[HealthCheck.too_slow],
