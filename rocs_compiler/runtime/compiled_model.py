@@ -417,16 +417,15 @@ class CompiledModel(nn.Module):
             margin=self._margin(rows, num_requests, DROPIN_MARGIN if alone else 0.0),
         )
 
-    def _settle_if_clear(
-        self, key: tuple, rows: int, num_requests: int, choice=None
-    ) -> Optional[str]:
-        """``SHARED`` (and the bucket settled in ``choice``, by default the inference one) when,
-        for ``rows`` candidates of ``num_requests`` requests, the cost model's FLOP ideal reaches
-        ``CLEAR_GAIN`` and the saving ``CLEAR_SAVING``; else None (measure)."""
+    def _settle_if_clear(self, key: tuple, rows: int, num_requests: int) -> Optional[str]:
+        """``SHARED`` (and the bucket settled) when, for ``rows`` candidates of ``num_requests``
+        requests, the cost model's FLOP ideal reaches ``CLEAR_GAIN`` and the saving
+        ``CLEAR_SAVING``; else None (measure). Inference calls only (``_train`` measures every
+        bucket)."""
         shared, plain = self._flops(rows, num_requests)
         if shared <= 0 or plain < CLEAR_GAIN * shared or plain - shared < CLEAR_SAVING:
             return None
-        (choice or self._choice).settle(key, SHARED)
+        self._choice.settle(key, SHARED)
         return SHARED
 
     def _margin(self, rows: int, num_requests: int, margin: float = 0.0) -> float:
@@ -580,12 +579,15 @@ class CompiledModel(nn.Module):
         decided = choice.decided(key)
         if decided is not None:
             return original() if decided == PLAIN else program()
-        # Each trial is timed to the end of its backward (``runtime/step_timing.py``).
+        # Each trial is timed to the end of its backward (``runtime/step_timing.py``). No bucket
+        # is settled by its FLOPs alone: a training program's fixed costs per op (the autograd
+        # nodes of its fused ops, their backward's per-request sums) are not in the count, and
+        # a step of a few hundred rows can share half its FLOPs and no time.
         return training.trials.run(
             key,
             program,
             original,
-            lambda: self._settle_if_clear(key, index.shape[0], num_requests, choice),
+            lambda: None,
             margin=self._margin(index.shape[0], num_requests),
         )
 

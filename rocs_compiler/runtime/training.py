@@ -38,7 +38,10 @@ Program choice (``runtime/program_choice.py``, a separate :class:`ProgramChoice`
 model, :attr:`TrainingProgram.choice`): per call bucket, a grad-mode call runs this program or
 the original model itself (eager: on the call as made in the drop-in and replicated layouts, on
 the request rows gathered to one per candidate in the shared layout), whichever step (forward and
-backward, ``runtime/step_timing.py``) was faster in the bucket's trials. The original model *is* eager, so gradients, buffer updates and
+backward, ``runtime/step_timing.py``) was faster in the bucket's trials; every bucket is timed (none
+is settled by its FLOP count, which misses the fixed costs of autograd per op). A drop-in call
+whose row count runs the original model in every bucket calls it without finding its requests.
+The original model *is* eager, so gradients, buffer updates and
 dropout masks (drawn in eager's order on eager's shapes by both programs) do not depend on the
 choice. ``autotune=False`` (no choice) keeps this program.
 """

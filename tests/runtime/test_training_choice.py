@@ -126,6 +126,24 @@ def test_a_row_count_run_by_the_original_everywhere_skips_finding_requests(monke
         cm(**replicated)
 
 
+def test_a_training_bucket_is_timed_even_where_its_flops_would_settle_it(program_runs):
+    """An inference bucket whose FLOP ideal is at least CLEAR_GAIN with CLEAR_SAVING to save is
+    settled on sharing without trials; a training bucket is always timed (its program's fixed
+    costs per op are not in the count)."""
+    from rocs_compiler.runtime.program_choice import CLEAR_GAIN, CLEAR_SAVING
+
+    entry = ZOO["two_tower"]
+    model = entry.build(seed=0).train()
+    cm = _compile(model, entry.request_inputs, entry.make_batch)
+    batch = entry.make_batch([64] * 16, seed=60)
+    shared, plain = cm._flops(batch.candidate_to_request.shape[0], batch.num_requests)
+    assert plain >= CLEAR_GAIN * shared and plain - shared >= CLEAR_SAVING  # would settle
+    for _ in range(2):
+        gradients(model, _calls(cm, batch, "shared"))
+        assert _key(batch, "shared") not in cm.program_choices()
+    assert len(program_runs) == 1  # one trial of each program so far
+
+
 def test_the_choice_decides_per_bucket(program_runs, monkeypatch):
     entry, model, cm = _dlrm()
     monkeypatch.setattr(cm._training, "choice", ProgramChoice())
