@@ -39,24 +39,30 @@ def _cpu(weight, indices, mode, padding_idx):
     )[0]
 
 
-def _backward(needs, grad, weight, indices, mode, padding_idx):
-    """The module docstring's formula; ``(d weight, None, None, None)``."""
-    if not needs[0]:
-        return None, None, None, None
-    if mode == MODE_MAX:
-        return vjp(_cpu, grad, (weight, indices, mode, padding_idx), needs)
+def bag_gradient_rows(grad, indices, mode, padding_idx, num_rows):
+    """(table row ids, gradient rows) of a sum or mean bag: the module docstring's formula
+    before its ``index_add`` (``num_rows``: the table's, for a negative ``padding_idx``)."""
     rows, width = indices.shape
     entries = grad.unsqueeze(1).expand(rows, width, grad.shape[1])
     if padding_idx is not None:
-        keep = indices != (padding_idx if padding_idx >= 0 else padding_idx + weight.shape[0])
+        keep = indices != (padding_idx if padding_idx >= 0 else padding_idx + num_rows)
         share = keep.to(grad.dtype)
         if mode == MODE_MEAN:
             share = share / keep.sum(1, keepdim=True).clamp_min(1)
         entries = entries * share.unsqueeze(2)
     elif mode == MODE_MEAN and width > 0:
         entries = entries / width
-    source = entries.reshape(rows * width, grad.shape[1])
-    return torch.zeros_like(weight).index_add_(0, indices.reshape(-1), source), None, None, None
+    return indices.reshape(-1), entries.reshape(rows * width, grad.shape[1])
+
+
+def _backward(needs, grad, weight, indices, mode, padding_idx):
+    """The module docstring's formula; ``(d weight, None, None, None)``."""
+    if not needs[0]:
+        return None, None, None, None
+    if mode == MODE_MAX:
+        return vjp(_cpu, grad, (weight, indices, mode, padding_idx), needs)
+    ids, source = bag_gradient_rows(grad, indices, mode, padding_idx, weight.shape[0])
+    return torch.zeros_like(weight).index_add_(0, ids, source), None, None, None
 
 
 def _fake(weight, indices, mode, padding_idx):

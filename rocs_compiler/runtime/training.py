@@ -17,7 +17,9 @@ for all weights; the backward of a gather is a per-request sum (``index_add``), 
 gradient equals eager's on the replicated batch, up to re-association of its sums (the same
 bounds as the forward, docs/contract.md). The graph runs as a direct program
 (``runtime/direct.py``) whose fused ops are autograd nodes of that same backward
-(``RocsOp.run_with_backward``), the call checked by the runtime before it runs.
+(``RocsOp.run_with_backward``), the call checked by the runtime before it runs. An embedding
+table read by several lookups is read by one node whose backward fills one gradient buffer for
+them all (``table_gradients.py``).
 
 With ``Options.request_dropout == "per_request"`` a dropout on request rows draws one mask per
 request (:func:`draws_per_request`): the program then computes another model than the original
@@ -60,6 +62,7 @@ from ..ir.roles import Role
 from .direct import direct_program
 from .program_choice import ProgramChoice
 from .step_timing import StepTrials
+from .table_gradients import merge_table_lookups
 from .weights import lookup_weight, registrations
 
 
@@ -96,6 +99,7 @@ class TrainingProgram:
             self._names.append(name)
             self._specs.append((live.shape, live.dtype, live.device))
         graph.output(graph.graph_copy(gm.graph, env))
+        merge_table_lookups(graph)
         self.graph_module = fx.GraphModule(gm, graph)
         self._weights: tuple[int, list[torch.Tensor]] | None = None
         self._direct = None

@@ -102,7 +102,10 @@ def test_deepctr_fifty_steps_track_eager():
     batches = [draw(counts, seed) for seed, counts in enumerate([[1, 3, 17], [4, 4], [2, 1, 5]])]
     _fifty_steps(
         model,
-        [(lambda x=x: model(x), lambda x=x, i=i: cm(X=x, candidate_to_request=i)) for x, i in batches],
+        [
+            (lambda x=x: model(x), lambda x=x, i=i: cm(X=x, candidate_to_request=i))
+            for x, i in batches
+        ],
     )
 
 

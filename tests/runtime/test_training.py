@@ -461,6 +461,53 @@ def test_batch_norm_running_statistics_are_left_alone_by_compiling():
         assert torch.equal(b, before[n]), n
 
 
+# -- one gradient per shared table -------------------------------------------------------------------
+
+
+class _SharedTable(nn.Module):
+    """One item table read four ways: the request's history (padding id 0) and a mean bag of
+    it, the candidate's item, and a tied output projection (not a lookup)."""
+
+    def __init__(self):
+        super().__init__()
+        self.items = nn.Embedding(50, D, padding_idx=0)
+        self.mix = nn.Linear(3 * D, D)
+
+    def forward(self, hist_ids, item):
+        history = self.items(hist_ids).sum(1)
+        bag = nn.functional.embedding_bag(hist_ids, self.items.weight, mode="mean", padding_idx=0)
+        target = self.items(item)
+        user = self.mix(torch.cat([history, bag, target], -1))
+        return {"score": (user * target).sum(-1), "logits": user @ self.items.weight.t()}
+
+
+def _shared_table_batch(counts, seed=0, shuffle=False) -> Batch:
+    gen = torch.Generator().manual_seed(seed)
+    index = request_index(counts, shuffle=shuffle, generator=gen)
+    hist = torch.randint(0, 50, (len(counts), 6), generator=gen)
+    hist[0, 3:] = 0  # padding
+    item = torch.randint(1, 50, (index.shape[0],), generator=gen)
+    item[0] = hist[0, 0]  # a table row read by the history and a candidate
+    return Batch({"hist_ids": hist, "item": item}, index, ("hist_ids",))
+
+
+def test_a_table_read_by_several_lookups_gets_one_gradient_buffer():
+    """The training program reads the table's three lookups in one node whose backward adds
+    every lookup's rows into one zero buffer (``runtime/table_gradients.py``): the gradients
+    are eager's (padded history entries add nothing; the tied projection keeps its own)."""
+    from rocs_compiler.runtime.table_gradients import TableLookups
+
+    torch.manual_seed(0)
+    model = _train_mode(_SharedTable())
+    cm = _compile(model, ["hist_ids"], _shared_table_batch)
+    nodes = cm._training.graph_module.graph.nodes
+    merged = [n for n in nodes if isinstance(n.target, TableLookups)]
+    assert len(merged) == 1 and len(merged[0].target.lookups) == 3, merged
+    for batch_name, (counts, shuffle) in RAGGED_BATCHES.items():
+        batch = _shared_table_batch(counts, seed=len(counts), shuffle=shuffle)
+        check_gradients(model, cm, batch, f"shared table {batch_name}")
+
+
 # -- the torch.compile backend ---------------------------------------------------------------------
 
 

@@ -105,9 +105,7 @@ def test_a_row_count_run_by_the_original_everywhere_skips_finding_requests(monke
     monkeypatch.setattr(cm._training, "choice", ProgramChoice())
     finds = []
     detect = compiled_model.detect_requests
-    monkeypatch.setattr(
-        compiled_model, "detect_requests", lambda *a: finds.append(1) or detect(*a)
-    )
+    monkeypatch.setattr(compiled_model, "detect_requests", lambda *a: finds.append(1) or detect(*a))
     batch = entry.make_batch([3, 3, 2], seed=50)
     other = entry.make_batch([2, 2, 2, 2], seed=51)  # the same 8 rows, another bucket
     cm._training.choice.settle(_key(batch, "dropin"), PLAIN)
