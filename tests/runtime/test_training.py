@@ -184,7 +184,10 @@ def test_history_encoder_gradients_equal_eager(name, batch_name):
     check_gradients(model, cm, _history_batch(counts, seed=5, shuffle=shuffle), name)
 
 
-@pytest.mark.parametrize("name", ["mha", "gru"])
+@pytest.mark.parametrize(
+    "name",
+    [n if n in ("mha", "gru") else pytest.param(n, marks=pytest.mark.slow) for n in ENCODERS],
+)
 def test_history_encoder_fifty_steps_track_eager(name):
     model, cm = _encoder(name)
     batches = [_history_batch(c, seed=s, shuffle=True) for s, c in enumerate([[1, 3, 17], [4, 4]])]
@@ -193,7 +196,7 @@ def test_history_encoder_fifty_steps_track_eager(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,transform", [("dcnv2", "glm"), ("bst", "dca")])
+@pytest.mark.parametrize("name,transform", CONVERSIONS)
 def test_glm_and_dca_fifty_steps_track_eager(name, transform):
     entry, model, cm = _converted(name, transform)
     batches = [

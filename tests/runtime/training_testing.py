@@ -7,12 +7,12 @@ gradient's size (the compiled backward re-associates per-request sums).
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
+from optimizer_runs import optimizer_runs
 from torch.utils import _pytree as pytree
 
 from models_zoo import Batch
@@ -91,34 +91,14 @@ def optimizer_run(model: nn.Module, cm, batches: list[Batch], steps: int = 50) -
     through its compiled form ``cm`` (shared layout), on the same batches: (eager losses,
     compiled losses). Asserts that both runs end at the same weights; ``model`` is left as it
     was. ``cm`` follows the in-place reloads of the model's weights between the runs."""
-    start = copy.deepcopy(model.state_dict())
-    runs, finals = [], []
-    for call in (
-        lambda b: model(**b.replicated()),
-        lambda b: cm(**b.kwargs, candidate_to_request=b.candidate_to_request),
-    ):
-        model.load_state_dict(start)
-        opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
-        losses = []
-        for step in range(steps):
-            batch = batches[step % len(batches)]
-            opt.zero_grad(set_to_none=True)
-            torch.manual_seed(step)
-            loss = loss_of(call(batch), seed=step % len(batches))
-            loss.backward()
-            opt.step()
-            losses.append(float(loss))
-        runs.append(losses)
-        finals.append(copy.deepcopy(model.state_dict()))
-    model.load_state_dict(start)
-    model.zero_grad(set_to_none=True)
-    for name, value in finals[0].items():
-        # 50 momentum steps carry one step's rounding differences forward: a looser bound.
-        atol = 1e-3 * max(1.0, float(value.abs().max())) if value.is_floating_point() else 0
-        torch.testing.assert_close(
-            finals[1][name], value, rtol=1e-2, atol=atol, msg=lambda m, name=name: f"{name}: {m}"
+    calls = [
+        (
+            lambda b=b: model(**b.replicated()),
+            lambda b=b: cm(**b.kwargs, candidate_to_request=b.candidate_to_request),
         )
-    return runs[0], runs[1]
+        for b in batches
+    ]
+    return optimizer_runs(model, calls, lambda out, position: loss_of(out, seed=position), steps)
 
 
 def assert_losses_track(
