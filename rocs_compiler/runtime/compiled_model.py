@@ -260,10 +260,17 @@ class CompiledModel(nn.Module):
         return None if self._cache is None else self._cache.stats()
 
     def forward(self, *args, candidate_to_request: Optional[torch.Tensor] = None, **kwargs):
-        self._guards.check()
+        if not self._trains():  # a training call checks them where its program runs (``_train``)
+            self._guards.check()
         if self.input_format.converts:
             return self._forward_format(args, kwargs, candidate_to_request, replicated=False)
         return self._forward_leaves(args, kwargs, candidate_to_request, self._choosing())
+
+    def _trains(self) -> bool:
+        """True when this call is a training call (``_run``): the training program or, where its
+        bucket chose it, the original model itself, which needs no guards."""
+        training = self._training
+        return training is not None and (torch.is_grad_enabled() or training.writes_buffers)
 
     def _choosing(self) -> bool:
         """True when this call runs under the program choice (outside autograd and tracing)."""
@@ -334,9 +341,7 @@ class CompiledModel(nn.Module):
         training = self._training
         if training is None or training.choice is None or self.input_format.converts:
             return False
-        if torch.compiler.is_compiling():
-            return False
-        if not (torch.is_grad_enabled() or training.writes_buffers):
+        if torch.compiler.is_compiling() or not self._trains():
             return False
         rows = self._batch_rows(leaves, self.contract.batched_inputs)
         if training.choice.everywhere(bucket("train-dropin", rows)[:2]) != PLAIN:
@@ -515,8 +520,7 @@ class CompiledModel(nn.Module):
         if self._input_specs is not None:
             self._input_specs.check(leaves)
         grad_mode = torch.is_grad_enabled()
-        training = self._training
-        if training is not None and (grad_mode or training.writes_buffers):
+        if self._trains():
             refuse_replicated_grads(leaves, requests)
             return self._train(args, kwargs, leaves, requests, index, uniform)
         if not grad_mode and self.graph_module is not None:
@@ -555,6 +559,7 @@ class CompiledModel(nn.Module):
         training = self._training
 
         def program():
+            self._guards.check()
             with call_groups(index, uniform):
                 outputs = training(self._graph_inputs(leaves, requests), index)
             return self.contract.outputs(self._clone_constants(outputs))

@@ -124,6 +124,28 @@ def test_a_row_count_run_by_the_original_everywhere_skips_finding_requests(monke
         cm(**replicated)
 
 
+@pytest.mark.parametrize("layout", ["shared", "dropin"])
+def test_guards_are_checked_where_the_training_program_runs(layout, monkeypatch):
+    """The guards (``runtime/guards.py``) protect the compiled program; a training call that
+    runs the original model itself does not check them, one that runs the program does, and so
+    does every inference call."""
+    entry, model, cm = _dlrm()
+    checks = []
+    monkeypatch.setattr(cm._guards, "check", lambda: checks.append(1))
+    monkeypatch.setattr(cm._training, "choice", ProgramChoice())
+    batch = entry.make_batch([2, 2, 3], seed=70, shuffle=layout == "shared")
+    other = entry.make_batch([1] * 7, seed=71)  # the same 7 rows, another bucket
+    cm._training.choice.settle(_key(batch, layout), PLAIN)
+    cm._training.choice.settle(_key(other, layout), SHARED)
+    gradients(model, _calls(cm, batch, layout))
+    assert not checks
+    gradients(model, _calls(cm, other, layout))
+    assert len(checks) == 1
+    with torch.no_grad():
+        _calls(cm, batch, layout)()
+    assert len(checks) == 2
+
+
 def test_a_training_bucket_is_timed_even_where_its_flops_would_settle_it(program_runs):
     """An inference bucket whose FLOP ideal is at least CLEAR_GAIN with CLEAR_SAVING to save is
     settled on sharing without trials; a training bucket is always timed (its program's fixed
