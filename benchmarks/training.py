@@ -61,10 +61,10 @@ sys.path.insert(0, str(ROOT))
 import rocs_compiler as rocs
 from allocator import retain_freed_memory
 from models_zoo import ZOO
-from rocs_compiler.runtime.program_choice import bucket
+from rocs_compiler.runtime.program_choice import TRAINING_TRIALS, bucket
 
 DEFAULT_MODELS = ["two_tower", "din", "dlrm", "glm:dcnv2", "dca:bst"]
-WARMUP = 13  # calls per shape before timing: through the program choice's trials (2 * TRIALS)
+WARMUP = 2 * TRAINING_TRIALS + 1  # calls per shape before timing: through the choice's trials
 
 
 def build(name: str):

@@ -32,6 +32,11 @@ from typing import Any
 
 SHARED, PLAIN = "shared", "plain"
 TRIALS = 6  # timed calls per program; the first of each is discarded (allocation, caches)
+# Training steps (``runtime/step_timing.py``): more trials, compared by their median. A step of a
+# few milliseconds moves by 10-20 % from call to call on a loaded CPU (memory traffic more than
+# interrupts), so the lower minimum of five picks the more variable program, not the faster one;
+# a training run's cost is its typical step, and 2 x 10 trial steps are nothing beside it.
+TRAINING_TRIALS = 10
 # A bucket whose FLOP ideal (plain FLOPs over shared FLOPs) reaches CLEAR_GAIN while the plain
 # program would run CLEAR_SAVING more FLOPs (about a millisecond of CPU work) is settled on the
 # shared program without trials. Below that saving fixed per-call costs, which FLOPs do not
@@ -49,8 +54,9 @@ LOW_GAIN_MARGIN = 0.05
 class ProgramChoice:
     """Decisions and measurements per bucket (thread safe; decisions are read without a lock)."""
 
-    def __init__(self, trials: int = TRIALS):
+    def __init__(self, trials: int = TRIALS, typical: Callable[[list[float]], float] = min):
         self._trials = trials
+        self._typical = typical  # a program's time from its trials (the first one dropped)
         self._decided: dict[tuple, str] = {}
         self._times: dict[tuple, dict[str, list[float]]] = {}
         self._margins: dict[tuple, float] = {}  # lead the shared program needs, per bucket
@@ -96,7 +102,7 @@ class ProgramChoice:
             times = self._times.setdefault(key, {SHARED: [], PLAIN: []})
             times[program].append(seconds)
             if min(len(t) for t in times.values()) >= self._trials:
-                best = {p: min(t[1:]) for p, t in times.items()}
+                best = {p: self._typical(t[1:]) for p, t in times.items()}
                 lead = 1.0 - self._margins.pop(key, 0.0)
                 self._decided[key] = SHARED if best[SHARED] <= best[PLAIN] * lead else PLAIN
                 del self._times[key]

@@ -40,7 +40,8 @@ Program choice (``runtime/program_choice.py``, a separate :class:`ProgramChoice`
 model, :attr:`TrainingProgram.choice`): per call bucket, a grad-mode call runs this program or
 the original model itself (eager: on the call as made in the drop-in and replicated layouts, on
 the request rows gathered to one per candidate in the shared layout), whichever step (forward and
-backward, ``runtime/step_timing.py``) was faster in the bucket's trials; every bucket is timed (none
+backward, ``runtime/step_timing.py``) took less in the bucket's trials (``TRAINING_TRIALS`` each,
+compared by their median); every bucket is timed (none
 is settled by its FLOP count, which misses the fixed costs of autograd per op). A drop-in call
 whose row count runs the original model in every bucket calls it without finding its requests.
 The original model *is* eager, so gradients, buffer updates and
@@ -50,6 +51,7 @@ choice. ``autotune=False`` (no choice) keeps this program.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -60,7 +62,7 @@ from ..errors import CompileError, InputError
 from ..ir.graph_meta import PLACEMENT
 from ..ir.roles import Role
 from .direct import direct_program
-from .program_choice import ProgramChoice
+from .program_choice import TRAINING_TRIALS, ProgramChoice
 from .step_timing import StepTrials
 from .table_gradients import merge_table_lookups
 from .weights import lookup_weight, registrations
@@ -80,7 +82,7 @@ class TrainingProgram:
     ):
         self._model = model
         # Per bucket, this program or the original model (``compiled_model.py``, ``_train``).
-        self.choice = ProgramChoice() if choose else None
+        self.choice = ProgramChoice(TRAINING_TRIALS, statistics.median) if choose else None
         self.trials = StepTrials(self.choice) if choose else None  # timed forward + backward
         self._writes = list(buffer_writes)
         graph = fx.Graph()

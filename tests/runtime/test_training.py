@@ -437,7 +437,7 @@ def test_per_request_dropout_draws_one_mask_per_request(module):
         options={"request_dropout": "per_request"},
     )  # fmt: skip
     assert not cm.report().fallbacks
-    for call in range(15):  # past the choice's trials (12 calls per bucket)
+    for call in range(22):  # past the choice's trials (2 x TRAINING_TRIALS calls per bucket)
         batch = _history_batch([1, 3, 17, 4], seed=call, shuffle=True)
         out = cm(**batch.kwargs, candidate_to_request=batch.candidate_to_request)
         _assert_one_mask_per_request(model, out, batch)
