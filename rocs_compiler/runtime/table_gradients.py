@@ -34,7 +34,7 @@ from torch import fx
 
 from ..ir.graph_meta import PLACEMENT
 from ..ir.roles import Role
-from ..kernels.embedding_bag_rows import MODE_MAX, bag_gradient_rows
+from ..kernels.embedding_bag_rows import EMBEDDING_BAG_ROWS, MODE_MAX, bag_gradient_rows
 
 aten = torch.ops.aten
 
@@ -47,12 +47,12 @@ class _Lookup:
     mode: Optional[int] = None
 
     def forward(self, weight: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        # The ops' own paths without the dispatcher's wrappers, as the direct program calls them
+        # (``runtime/direct.py``; the runtime checked the call).
         if self.mode is None:
             padding = -1 if self.padding_idx is None else self.padding_idx
-            return aten.embedding.default(weight, indices, padding, False, False)
-        return torch.ops.rocs.embedding_bag_rows.default(
-            weight, indices, self.mode, self.padding_idx
-        )
+            return torch.embedding(weight, indices, padding, False, False)
+        return EMBEDDING_BAG_ROWS.run(weight, indices, self.mode, self.padding_idx)
 
     def gradient_rows(
         self, grad: torch.Tensor, indices: torch.Tensor, num_rows: int
