@@ -46,7 +46,7 @@ from .program_choice import (
 from .dtype_move import dtype_move
 from .guards import NO_GUARDS
 from .request_detection import detect_requests, reduce_rows
-from .settled_plain import NOT_TAKEN, run_settled_plain
+from .settled_plain import NOT_TAKEN, call_with_rows, run_settled_original, run_settled_plain
 from .training import refuse_replicated_grads
 from .weights import WeightRefresh
 from ..formats.leaves import GRAPH_OUTPUT, bind_inputs, is_tensor, named_leaves, replace_leaves
@@ -260,7 +260,13 @@ class CompiledModel(nn.Module):
         return None if self._cache is None else self._cache.stats()
 
     def forward(self, *args, candidate_to_request: Optional[torch.Tensor] = None, **kwargs):
-        if not self._trains():  # a training call checks them where its program runs (``_train``)
+        if self._trains():  # a training call checks the guards where its program runs (``_train``)
+            if candidate_to_request is not None and self._chooses_training():
+                leaves = self.contract.leaves(args, kwargs)
+                result = run_settled_original(self, args, kwargs, leaves, candidate_to_request)
+                if result is not NOT_TAKEN:
+                    return result
+        else:
             self._guards.check()
         if self.input_format.converts:
             return self._forward_format(args, kwargs, candidate_to_request, replicated=False)
@@ -333,18 +339,26 @@ class CompiledModel(nn.Module):
             requests, index = self._check_shared(leaves, index)
         return self._run(args, kwargs, leaves, requests, index, uniform)
 
+    def _chooses_training(self) -> bool:
+        """True when a training call (``_trains``) runs the program its bucket chose (``_train``):
+        a training compile with the choice on, no converting input format, not being traced."""
+        training = self._training
+        return (
+            training is not None
+            and training.choice is not None
+            and not self.input_format.converts
+            and not torch.compiler.is_compiling()
+        )
+
     def _trains_as_original(self, leaves: dict) -> bool:
         """True for a drop-in training call whose row count's buckets all chose the original
         model (``_train``): it is called as made, without finding the requests first, which
         only the training program needs (a call whose request inputs require grad goes on to be
         refused by the program's path, whichever bucket it falls in)."""
-        training = self._training
-        if training is None or training.choice is None or self.input_format.converts:
-            return False
-        if torch.compiler.is_compiling() or not self._trains():
+        if not self._trains() or not self._chooses_training():
             return False
         rows = self._batch_rows(leaves, self.contract.batched_inputs)
-        if training.choice.everywhere(bucket("train-dropin", rows)[:2]) != PLAIN:
+        if self._training.choice.everywhere(bucket("train-dropin", rows)[:2]) != PLAIN:
             return False
         return not any(leaves[n].requires_grad for n in self.contract.request_inputs)
 
@@ -576,10 +590,7 @@ class CompiledModel(nn.Module):
             if not shared:  # drop-in and replicated calls: the original call as made
                 return self._original(*args, **kwargs)
             gathered = {n: leaves[n].index_select(0, index) for n in self.contract.request_inputs}
-            if not args and gathered.keys() <= kwargs.keys():  # keyword tensors: no tree walk
-                return self._original(**{**kwargs, **gathered})
-            call_args, call_kwargs = replace_leaves(self.contract.signature, args, kwargs, gathered)
-            return self._original(*call_args, **call_kwargs)
+            return call_with_rows(self, args, kwargs, gathered)
 
         decided = choice.decided(key)
         if decided is not None:

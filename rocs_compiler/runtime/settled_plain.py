@@ -7,12 +7,16 @@ row counts, the input specs), which costs more than the gather on a small model.
 :func:`run_settled_plain` makes them in one pass and returns :data:`NOT_TAKEN` for any call it
 does not recognize as such (a bucket still measuring or sharing, an index or input that fails a
 check, one row per candidate): the general path then runs that call, and raises its errors.
+:func:`run_settled_original` does the same for a training call whose bucket chose the original
+model (``runtime/training.py``, "Program choice"): the same checks and gather, then the original
+model called with the gathered request rows.
 
-Identity: a call it takes returns what ``CompiledModel._shared_plain`` returns on it: the same
-plain program on the same gathered inputs, after checks that accept no call the general path
-refuses (index int64 ``[N]`` on the inputs' device, N rows in every candidate input, R rows in
-every request input, the input specs, the range of ``index``: by the CPU gather itself, else
-by ``check_index_range`` unless the caller trusts the index).
+Identity: a call it takes returns what the general path returns on it (``CompiledModel.
+_shared_plain``, or ``_train``'s original model): the same program on the same gathered inputs,
+after checks that accept no call the general path refuses (index int64 ``[N]`` on the inputs'
+device, N rows in every candidate input, R rows in every request input, the input specs, the
+range of ``index``: by the CPU gather itself, else by ``check_index_range`` unless the caller
+trusts the index).
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ from typing import Any
 
 import torch
 
+from ..formats.leaves import replace_leaves
 from ..kernels.index_contract import check_index_range, index_trusted
-from .program_choice import PLAIN
+from .program_choice import PLAIN, ProgramChoice
 
 NOT_TAKEN = object()
 
@@ -31,6 +36,39 @@ def run_settled_plain(model: Any, leaves: dict, index: Any) -> Any:
     """``model``'s plain program on the shared-layout call (``leaves``, ``index``), or
     :data:`NOT_TAKEN`. ``model`` is a ``CompiledModel`` whose call runs under its program choice
     and takes its tensors as they are (no converting input format)."""
+    gathered = _settled_gather(model, model._choice, "shared", leaves, index)
+    if gathered is NOT_TAKEN:
+        return NOT_TAKEN
+    contract = model.contract
+    inputs = [gathered[n] if n in gathered else leaves[n] for n in contract.input_names]
+    return contract.outputs(model._plain(inputs))
+
+
+def run_settled_original(model: Any, args: tuple, kwargs: dict, leaves: dict, index: Any) -> Any:
+    """The original model on the shared-layout training call (``args``, ``kwargs``, named
+    ``leaves``, ``index``) whose bucket chose it, or :data:`NOT_TAKEN`. ``model`` is a
+    ``CompiledModel`` in a training call under its training choice (no converting format)."""
+    gathered = _settled_gather(model, model._training.choice, "train-shared", leaves, index)
+    if gathered is NOT_TAKEN:
+        return NOT_TAKEN
+    return call_with_rows(model, args, kwargs, gathered)
+
+
+def call_with_rows(model: Any, args: tuple, kwargs: dict, gathered: dict) -> Any:
+    """``model``'s original model on its call (``args``, ``kwargs``) with the request leaves
+    replaced by ``gathered`` (one row per candidate)."""
+    if not args and gathered.keys() <= kwargs.keys():  # keyword tensors: no tree walk
+        return model._original(**{**kwargs, **gathered})
+    call_args, call_kwargs = replace_leaves(model.contract.signature, args, kwargs, gathered)
+    return model._original(*call_args, **call_kwargs)
+
+
+def _settled_gather(
+    model: Any, choice: ProgramChoice, layout: str, leaves: dict, index: Any
+) -> Any:
+    """The request leaves gathered to one row per candidate, by name, when (``leaves``,
+    ``index``) is a valid shared-layout call whose ``layout`` bucket ``choice`` settled on the
+    plain program; else :data:`NOT_TAKEN`."""
     contract = model.contract
     request_inputs = contract.request_inputs
     if not request_inputs or type(index) is not torch.Tensor:
@@ -41,8 +79,8 @@ def run_settled_plain(model: Any, leaves: dict, index: Any) -> Any:
     num_candidates, num_requests = index.shape[0], first.shape[0]
     if num_requests == num_candidates > 1:  # the general path checks a permutation
         return NOT_TAKEN
-    key = ("shared", num_candidates.bit_length(), num_requests.bit_length())
-    if model._choice.decided(key) != PLAIN:
+    key = (layout, num_candidates.bit_length(), num_requests.bit_length())
+    if choice.decided(key) != PLAIN:
         return NOT_TAKEN
     candidate_inputs = contract.candidate_inputs
     for names, rows in ((request_inputs, num_requests), (candidate_inputs, num_candidates)):
@@ -52,17 +90,12 @@ def run_settled_plain(model: Any, leaves: dict, index: Any) -> Any:
                 return NOT_TAKEN
     if index.device != (leaves[candidate_inputs[0]] if candidate_inputs else first).device:
         return NOT_TAKEN
-    request_set = model._request_set
     if model._input_specs is not None:
         model._input_specs.check(leaves)
     if first.is_cuda and not index_trusted():  # a CPU gather checks the range itself
         check_index_range(index, num_requests)
     try:
-        inputs = [
-            leaves[n].index_select(0, index) if n in request_set else leaves[n]
-            for n in contract.input_names
-        ]
+        return {n: leaves[n].index_select(0, index) for n in model._request_set}
     except IndexError:
         check_index_range(index, num_requests)  # raises IndexRangeError
         raise
-    return contract.outputs(model._plain(inputs))

@@ -1,6 +1,7 @@
-"""A shared-layout call of a bucket settled on the plain program runs in one pass
-(``runtime/settled_plain.py``): the same answer as the general path, the same errors, and every
-call it does not recognize left to the general path."""
+"""A shared-layout call of a bucket settled on the plain program (an inference call) or on the
+original model (a training call) runs in one pass (``runtime/settled_plain.py``): the same answer
+and gradients as the general path, the same errors, and every call it does not recognize left to
+the general path."""
 
 from __future__ import annotations
 
@@ -147,5 +148,86 @@ def test_a_settled_bucket_raises_what_the_general_path_raises(monkeypatch, case,
         cm(**_broken(case))
     monkeypatch.setattr(compiled_model, "run_settled_plain", lambda *a: settled_plain.NOT_TAKEN)
     with torch.no_grad(), pytest.raises(error) as general:
+        cm(**_broken(case))
+    assert str(settled.value) == str(general.value)
+
+
+# -- training calls whose bucket chose the original model (``run_settled_original``) -------------
+
+
+def _training_compiled():
+    torch.manual_seed(0)
+    model = NothingShared().train()
+    index = torch.tensor([0, 0, 0, 1, 1])
+    example = {"user": torch.randn(2, 8)[index], "item": torch.randn(5, 8)}
+    return model, rocs.compile(model, ["user"], example_kwargs=example, training=True)
+
+
+def _settle_training(cm, counts, program):
+    cm._training.choice.settle(bucket("train-shared", sum(counts), len(counts)), program)
+
+
+@pytest.fixture
+def taken_training(monkeypatch):
+    calls = []
+    real = compiled_model.run_settled_original
+
+    def recording(*args):
+        result = real(*args)
+        calls.append(result is not settled_plain.NOT_TAKEN)
+        return result
+
+    monkeypatch.setattr(compiled_model, "run_settled_original", recording)
+    return calls
+
+
+def _grads(model, user, loss):
+    model.zero_grad(set_to_none=True)
+    user.grad = None
+    loss().backward()
+    return [p.grad.clone() for p in model.parameters()], user.grad.clone()
+
+
+@pytest.mark.parametrize("counts", [[5, 1, 3], [1], [4, 4], [2, 7, 1, 1]])
+def test_a_training_bucket_settled_on_the_original_gives_eagers_gradients(taken_training, counts):
+    model, cm = _training_compiled()
+    _settle_training(cm, counts, PLAIN)
+    user, item, index = _batch(counts, seed=len(counts))
+    user.requires_grad_(True)  # a request row's gradient is the sum over its candidates
+    want = _grads(model, user, lambda: (model(user=user[index], item=item) ** 2).sum())
+    got = _grads(model, user, lambda: (cm(user=user, item=item, candidate_to_request=index) ** 2).sum())
+    torch.testing.assert_close(got, want, rtol=0, atol=0)  # the model's own ops on the same rows
+    assert taken_training == [True]
+
+
+def test_a_training_bucket_settled_on_the_program_is_not_taken(taken_training):
+    model, cm = _training_compiled()
+    _settle_training(cm, [3, 2], SHARED)
+    user, item, index = _batch([3, 2])
+    want = _grads(model, user.requires_grad_(True), lambda: model(user=user[index], item=item).sum())
+    got = _grads(model, user, lambda: cm(user=user, item=item, candidate_to_request=index).sum())
+    torch.testing.assert_close(got, want)
+    assert taken_training == [False]
+
+
+@pytest.mark.parametrize(
+    "case, error",
+    [
+        ("out_of_range", IndexRangeError),
+        ("negative", IndexRangeError),
+        ("int32_index", IndexTypeError),
+        ("short_index", InputError),
+        ("float64_item", InputError),
+        ("wide_item", InputError),
+        ("vector_user", InputError),
+    ],
+)
+def test_a_settled_training_bucket_raises_what_the_general_path_raises(monkeypatch, case, error):
+    _, cm = _training_compiled()
+    _settle_training(cm, [3, 2], PLAIN)
+    with pytest.raises(error) as settled:
+        cm(**_broken(case))
+    monkeypatch.setattr(compiled_model, "run_settled_original", lambda *a: settled_plain.NOT_TAKEN)
+    with pytest.raises(error) as general:
         cm(**_broken(case))
     assert str(settled.value) == str(general.value)
