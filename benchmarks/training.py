@@ -14,8 +14,16 @@ The optimizer is SGD with learning rate 0 (its step costs what a step costs; the
 so every round times the same computation). The process keeps freed CPU memory (``--malloc
 retain``, the default, ``allocator.py``): with glibc's malloc as it is, each step's zero-filled
 dense table gradients (6.4 MB for a 50000 x 32 table) land on fresh pages and fault them in,
-about 5 ms per table per step on this machine, in every variant alike. The variants run round-robin, each round starting
-from the other one; the reported time is the median of ``--repeats`` rounds. Columns:
+about 5 ms per table per step on this machine, in every variant alike.
+
+Timing: each round runs every variant for ``--block`` consecutive steps, as a training loop calls
+one model step after step, in a fresh random order of variants (a fixed rotation would always put
+the same variant after the training program); the first step of a block, which follows another
+variant's step, is not counted. The reported time is the median of the counted steps over
+``--repeats`` rounds. With one torch thread (the default) steps are timed by the thread's CPU
+time, which time spent preempted by other processes on a shared machine does not inflate (a CPU
+step's forward and backward both run on the calling thread); with more threads, by wall time.
+Columns:
 
 - **speedup**: eager time / rocs time (**program speedup**: eager time / program time);
 - **ideal**: ``cm.report(num_candidates=R * k, num_requests=R).ideal_speedup()``, the forward FLOP
@@ -31,6 +39,11 @@ from the other one; the reported time is the median of ``--repeats`` rounds. Col
 - **eager+gather ms**: eager for a caller whose batch is in the shared layout, the request rows
   gathered to one per impression first (``batch.replicated()`` inside the step); **speedup vs
   eager+gather**: that time / rocs time, what such a caller saves;
+- **drop-in ms**: the same step through ``cm(**batch.replicated())``, the impression-level batch
+  eager takes (its requests found by the compiled model), **drop-in runs** the program its bucket
+  kept, **drop-in speedup**: eager time / drop-in time;
+- **A/A**: eager time / the time of the same eager step run as a variant of its own: how far two
+  identical variants land apart in this run (the noise a ratio above is read against);
 - **saved MB**: bytes of the tensors autograd saved for the backward (distinct storages other
   than the model's weights, counted with ``torch.autograd.graph.saved_tensors_hooks``), eager /
   the training program: the activations of request rows are kept per request.
@@ -48,6 +61,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import time
@@ -105,7 +119,12 @@ def saved_bytes(step, weights: set[int]) -> int:
 
 
 def measure(
-    name: str, ks: list[int], requests: int, repeats: int, request_dropout: str = "per_impression"
+    name: str,
+    ks: list[int],
+    requests: int,
+    repeats: int,
+    request_dropout: str = "per_impression",
+    block: int = 3,
 ) -> list[dict]:
     model, entry = build(name)
     example = entry.make_batch([2, 3], seed=1).replicated()
@@ -139,10 +158,19 @@ def measure(
             opt.step()
             return float(loss)
 
+        def dropin_step(replicated=replicated):
+            opt.zero_grad(set_to_none=True)
+            loss = loss_of(cm(**replicated))
+            loss.backward()
+            opt.step()
+            return float(loss)
+
         steps = {
             "eager": eager_step,
             "rocs": lambda: compiled_step("rocs"),
             "program": lambda: compiled_step("program"),
+            "dropin": dropin_step,
+            "eager_again": eager_step,  # the same step as "eager": the A/A column, the noise
             # eager for a caller holding the shared layout: the request rows gathered first
             "eager_gather": lambda batch=batch: eager_step(batch.replicated()),
         }
@@ -152,22 +180,26 @@ def measure(
             for _ in range(WARMUP):
                 torch.manual_seed(0)
                 losses[v] = step()
-        for v in ("rocs", "program") if request_dropout == "per_impression" else ():
+        for v in ("rocs", "program", "dropin") if request_dropout == "per_impression" else ():
             if abs(losses["eager"] - losses[v]) > 1e-3 * max(1.0, abs(losses["eager"])):
                 print(f"MISMATCH {name} k={k}: eager loss {losses['eager']}, {v} {losses[v]}",
                       file=sys.stderr)  # fmt: skip
         times = {v: [] for v in [*steps, "floor"]}
-        for round_ in range(repeats):
-            turn = round_ % len(steps)
-            order = list(steps)[turn:] + list(steps)[:turn]
+        clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
+        shuffler = random.Random(k)
+        for _ in range(repeats):
+            order = list(steps)
+            shuffler.shuffle(order)  # no variant always follows the same one
             for v in order:
-                start = time.perf_counter()
-                steps[v]()
-                times[v].append(time.perf_counter() - start)
+                for counted in [False] + [True] * block:
+                    start = clock()
+                    steps[v]()
+                    if counted:
+                        times[v].append(clock() - start)
                 if v == "eager":  # its gradients are in place: what the optimizer steps over
-                    start = time.perf_counter()
+                    start = clock()
                     floor()
-                    times["floor"].append(time.perf_counter() - start)
+                    times["floor"].append(clock() - start)
         for v in times:
             results[v] = statistics.median(times[v])
         weights = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
@@ -176,8 +208,10 @@ def measure(
         speedup = results["eager"] / results["rocs"]
         fixed = min(results["floor"], results["eager"])
         attainable = results["eager"] / (fixed + (results["eager"] - fixed) / ideal)
-        kept = cm.program_choices().get(bucket("train-shared", requests * k, requests))
-        runs = {"plain": "eager", "shared": "program", None: "program (no choice)"}[kept]
+        choices = cm.program_choices()
+        names = {"plain": "eager", "shared": "program", None: "program (no choice)"}
+        runs = names[choices.get(bucket("train-shared", requests * k, requests))]
+        dropin_runs = names[choices.get(bucket("train-dropin", requests * k, requests))]
         rows.append(
             {
                 "model": name, "requests": requests, "k": k, "eager_ms": 1e3 * results["eager"],
@@ -188,10 +222,15 @@ def measure(
                 "floor_ms": 1e3 * results["floor"], "attainable": attainable,
                 "eager_gather_ms": 1e3 * results["eager_gather"],
                 "speedup_vs_gather": results["eager_gather"] / results["rocs"],
+                "dropin_ms": 1e3 * results["dropin"], "dropin_runs": dropin_runs,
+                "dropin_speedup": results["eager"] / results["dropin"],
+                "a_a": results["eager"] / results["eager_again"],
                 "of_attainable": speedup / attainable,
                 "rocs_saved_mb": saved["rocs"] / 2**20,
                 "program_saved_mb": saved["program"] / 2**20,
-                "loss_diff": max(abs(losses["eager"] - losses[v]) for v in ("rocs", "program")),
+                "loss_diff": max(
+                    abs(losses["eager"] - losses[v]) for v in ("rocs", "program", "dropin")
+                ),
             }
         )  # fmt: skip
     return rows
@@ -218,18 +257,19 @@ def markdown(rows: list[dict]) -> str:
     lines = [
         (
             "| model | R | k | eager ms | program ms | program speedup | rocs ms | runs | speedup "
-            "| eager+gather ms | speedup vs eager+gather "
+            "| eager+gather ms | speedup vs eager+gather | drop-in ms | drop-in runs | drop-in speedup | A/A "
             "| ideal | efficiency | floor ms | attainable | of attainable "
             "| saved MB eager / program |"
         ),
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['model']} | {r['requests']} | {r['k']} | {r['eager_ms']:.2f} "
             f"| {r['program_ms']:.2f} | {r['program_speedup']:.2f}x | {r['rocs_ms']:.2f} "
             f"| {r['runs']} | {r['speedup']:.2f}x | {r['eager_gather_ms']:.2f} "
-            f"| {r['speedup_vs_gather']:.2f}x | {r['ideal']:.2f}x | {r['efficiency']:.2f} "
+            f"| {r['speedup_vs_gather']:.2f}x | {r['dropin_ms']:.2f} | {r['dropin_runs']} "
+            f"| {r['dropin_speedup']:.2f}x | {r['a_a']:.2f} | {r['ideal']:.2f}x | {r['efficiency']:.2f} "
             f"| {r['floor_ms']:.2f} | {r['attainable']:.2f}x | {r['of_attainable']:.2f} "
             f"| {r['eager_saved_mb']:.2f} / {r['program_saved_mb']:.2f} |"
         )
@@ -243,6 +283,10 @@ def main(argv=None) -> int:
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--block", type=int, default=3,
+        help="counted steps per variant per round, after one uncounted step (module docstring)",
+    )  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="tiny sizes, 2 repeats (for tests)")
     parser.add_argument(
         "--request-dropout", choices=["per_impression", "per_request"], default="per_impression",
@@ -258,13 +302,15 @@ def main(argv=None) -> int:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     if args.quick:
-        args.ks, args.requests, args.repeats = [1, 4], 2, 2
+        args.ks, args.requests, args.repeats, args.block = [1, 4], 2, 2, 1
     torch.set_num_threads(args.threads)
     retained = args.malloc == "retain" and retain_freed_memory()
     print(f"malloc: {'glibc, freed memory retained' if retained else 'as the process found it'}")
     rows = []
     for name in args.models:
-        rows += measure(name, args.ks, args.requests, args.repeats, args.request_dropout)
+        rows += measure(
+            name, args.ks, args.requests, args.repeats, args.request_dropout, args.block
+        )
     print(markdown(rows))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))

@@ -103,6 +103,13 @@ def index_bounds(index: torch.Tensor) -> tuple[int, int]:
     return low, high
 
 
+def distinct_values(index: torch.Tensor) -> int:
+    """The number of distinct values of the int64 ``[N]`` ``index`` (a device sync on CUDA)."""
+    if not index.is_cuda and index.shape[0] <= _SMALL:  # a set of a few values beats a sort
+        return len(set(index.tolist()))
+    return int(torch.unique(index).numel())
+
+
 def check_index_range(index: torch.Tensor, num_requests: int, *, where: str = "") -> int:
     """Raise unless every value of the int64 ``[N]`` ``index`` lies in ``[0, num_requests)``;
     return the largest value plus one (0 for an empty index): the requests it reaches."""

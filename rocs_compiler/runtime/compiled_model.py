@@ -24,7 +24,12 @@ from torch.utils import _pytree as pytree
 
 from ..errors import InputError
 from ..ir.graph_meta import PLACEMENT
-from ..kernels.index_contract import check_candidate_to_request, check_index_range, index_trusted
+from ..kernels.index_contract import (
+    check_candidate_to_request,
+    check_index_range,
+    distinct_values,
+    index_trusted,
+)
 from ..formats.base import REPLICATED, InputFormat, ProgramCall
 from ..kernels.request_groups import call_groups
 from ..ir.roles import Role
@@ -41,6 +46,7 @@ from .program_choice import (
     SHARED,
     ProgramChoice,
     bucket,
+    call_clock,
     now,
 )
 from .dtype_move import dtype_move
@@ -605,6 +611,7 @@ class CompiledModel(nn.Module):
             original,
             lambda: None,
             margin=self._margin(index.shape[0], num_requests),
+            clock=call_clock(index.device.type == "cpu"),
         )
 
     def _graph_inputs(self, leaves: dict, requests: dict) -> list:
@@ -789,7 +796,7 @@ class CompiledModel(nn.Module):
         if contract.request_inputs and num_requests == num_candidates > 1:
             # One row per candidate is what replicated inputs look like: accept it only when
             # every row is its own request (the index is a permutation), never reinterpret it.
-            if int(torch.unique(index).numel()) != num_candidates:
+            if distinct_values(index) != num_candidates:
                 raise InputError(
                     f"request inputs have {num_requests} rows, one per candidate, but "
                     "candidate_to_request groups candidates into fewer requests: the shared "

@@ -30,6 +30,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 SHARED, PLAIN = "shared", "plain"
 TRIALS = 6  # timed calls per program; the first of each is discarded (allocation, caches)
 # Training steps (``runtime/step_timing.py``): more trials, compared by their median. A step of a
@@ -156,3 +158,11 @@ def bucket(layout: str, rows: int, requests: int = 0) -> tuple:
 
 
 now = time.perf_counter
+
+
+def call_clock(on_cpu: bool = True) -> Callable[[], float]:
+    """The clock a trial is timed by: the thread's CPU time when the call computes on the CPU
+    with one torch thread (all of its work is then on the calling thread, autograd's backward of
+    CPU tensors included, and time spent preempted by other processes is not the call's), else
+    wall time."""
+    return time.thread_time if on_cpu and torch.get_num_threads() == 1 else now

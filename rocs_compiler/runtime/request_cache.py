@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import statistics
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -44,7 +43,7 @@ from torch import fx
 from ..analysis.batch_axis import BatchAxis, row_dim, split_shape
 from ..errors import OptionsError
 from .direct import direct_program
-from .program_choice import PLAIN, SHARED, TRIALS, ProgramChoice, bucket, now
+from .program_choice import PLAIN, SHARED, TRIALS, ProgramChoice, bucket, call_clock
 from .request_split import RequestSplit, SplitRefused, split_request_region
 
 CACHED, UNCACHED = SHARED, PLAIN  # the two arms of a bucket's choice
@@ -199,13 +198,6 @@ class CacheChoice(ProgramChoice):
         result = cached() if program == CACHED else uncached()
         self.record(key, program, clock() - start)
         return result
-
-
-def call_clock() -> Callable[[], float]:
-    """The clock a trial is timed by: the thread's CPU time when torch computes on this thread
-    alone (all of the call's work is then on it, and time spent preempted by other processes is
-    not the call's), else wall time."""
-    return time.thread_time if torch.get_num_threads() == 1 else now
 
 
 class CachedGraph:

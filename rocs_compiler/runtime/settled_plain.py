@@ -6,7 +6,8 @@ general path spreads the checks over several layers (the call bucket, the index 
 row counts, the input specs), which costs more than the gather on a small model.
 :func:`run_settled_plain` makes them in one pass and returns :data:`NOT_TAKEN` for any call it
 does not recognize as such (a bucket still measuring or sharing, an index or input that fails a
-check, one row per candidate): the general path then runs that call, and raises its errors.
+check, one row per candidate grouped into fewer requests): the general path then runs that
+call, and raises its errors.
 :func:`run_settled_original` does the same for a training call whose bucket chose the original
 model (``runtime/training.py``, "Program choice"): the same checks and gather, then the original
 model called with the gathered request rows.
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 
 from ..formats.leaves import replace_leaves
-from ..kernels.index_contract import check_index_range, index_trusted
+from ..kernels.index_contract import check_index_range, distinct_values, index_trusted
 from .program_choice import PLAIN, ProgramChoice
 
 NOT_TAKEN = object()
@@ -77,8 +78,8 @@ def _settled_gather(
     if index.dtype != torch.int64 or index.dim() != 1 or not first.dim():
         return NOT_TAKEN
     num_candidates, num_requests = index.shape[0], first.shape[0]
-    if num_requests == num_candidates > 1:  # the general path checks a permutation
-        return NOT_TAKEN
+    if num_requests == num_candidates > 1 and distinct_values(index) != num_candidates:
+        return NOT_TAKEN  # one row per candidate, grouped: the general path refuses it
     key = (layout, num_candidates.bit_length(), num_requests.bit_length())
     if choice.decided(key) != PLAIN:
         return NOT_TAKEN

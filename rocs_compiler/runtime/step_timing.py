@@ -29,8 +29,11 @@ from .program_choice import PLAIN, ProgramChoice, now
 class _Pending:
     """One trial waiting for its backward: recorded once, by whichever comes first."""
 
-    def __init__(self, choice: ProgramChoice, key: tuple, program: str, forward: float):
+    def __init__(
+        self, choice: ProgramChoice, key: tuple, program: str, forward: float, clock: Callable
+    ):
         self.choice, self.key, self.program, self.forward = choice, key, program, forward
+        self.clock = clock  # the forward's clock, which times the backward too
         self._lock = threading.Lock()
         self._done = False
 
@@ -52,9 +55,11 @@ class _BackwardClock(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        pending, start = ctx.pending, now()
+        pending = ctx.pending
+        clock = pending.clock
+        start = clock()
         torch.autograd.Variable._execution_engine.queue_callback(
-            lambda: pending.finish(now() - start)
+            lambda: pending.finish(clock() - start)
         )
         return (None, *grads)
 
@@ -74,8 +79,12 @@ class StepTrials:
         plain: Callable[[], Any],
         settle: Callable[[], str | None],
         margin: float = 0.0,
+        clock: Callable[[], float] | None = None,
     ) -> Any:
-        """Like :meth:`ProgramChoice.run`, with each trial timed to the end of its backward."""
+        """Like :meth:`ProgramChoice.run`, with each trial timed to the end of its backward by
+        ``clock`` (``program_choice.call_clock``: a CPU call's backward runs on its thread; wall
+        time when None)."""
+        clock = clock or now
         choice = self.choice
         program = choice.decided(key) or settle()
         if program is not None:
@@ -85,9 +94,9 @@ class StepTrials:
         if waiting is not None:  # the previous trial of this bucket had no backward
             waiting.finish()
         program = choice.next_trial(key, margin)
-        start = now()
+        start = clock()
         result = plain() if program == PLAIN else shared()
-        pending = _Pending(choice, key, program, now() - start)
+        pending = _Pending(choice, key, program, clock() - start, clock)
         leaves, spec = pytree.tree_flatten(result)
         positions = [
             i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor) and v.requires_grad

@@ -231,3 +231,22 @@ def test_a_settled_training_bucket_raises_what_the_general_path_raises(monkeypat
     with pytest.raises(error) as general:
         cm(**_broken(case))
     assert str(settled.value) == str(general.value)
+
+
+def test_every_candidate_its_own_request_is_taken_in_either_lane(taken, taken_training):
+    """One request row per candidate with a permutation for the index (every impression its own
+    request, shuffled) is a shared-layout call like any other: both lanes take it."""
+    index = torch.tensor([2, 0, 3, 1])
+    user, item = torch.randn(4, 8), torch.randn(4, 8)
+    model, cm = _compiled()
+    _settle(cm, [1, 1, 1, 1], PLAIN)
+    with torch.no_grad():
+        got = cm(user=user, item=item, candidate_to_request=index)
+    torch.testing.assert_close(got, model(user=user[index], item=item), rtol=0, atol=0)
+    model, cm = _training_compiled()
+    _settle_training(cm, [1, 1, 1, 1], PLAIN)
+    user.requires_grad_(True)
+    want = _grads(model, user, lambda: model(user=user[index], item=item).sum())
+    got = _grads(model, user, lambda: cm(user=user, item=item, candidate_to_request=index).sum())
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert taken == [True] and taken_training == [True]

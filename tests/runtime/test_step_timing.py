@@ -7,6 +7,8 @@ the program's own.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from torch import nn
@@ -102,3 +104,31 @@ def test_a_settled_or_decided_bucket_runs_without_a_clock(clock):
     choice.settle(("train-shared", 5, 1), PLAIN)
     out = trials.run(("train-shared", 5, 1), lambda: None, lambda: x * weight, lambda: None)
     assert "BackwardClock" not in type(out.grad_fn).__name__
+
+
+def test_the_clock_given_times_forward_and_backward(clock):
+    """A trial is timed by the clock it is given (a CPU call's: its thread's CPU time), its
+    backward included; the wall clock is not read."""
+    given = _Clock()
+    weight = nn.Parameter(torch.ones(3))
+    x = torch.randn(4, 3)
+    slow = _program(given, weight, forward_s=1.0, backward_s=10.0)
+    fast = _program(given, weight, forward_s=2.0, backward_s=1.0)
+    trials = StepTrials(ProgramChoice())
+    for _ in range(2 * TRIALS):
+        out = trials.run(KEY, lambda: slow(x), lambda: fast(x), lambda: None, clock=given)
+        out["score"].sum().backward()
+    assert trials.choice.decisions() == {KEY: PLAIN}
+    assert clock.value == 0.0
+
+
+def test_a_cpu_call_with_one_thread_is_timed_by_the_threads_cpu_time():
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert program_choice.call_clock(on_cpu=True) is time.thread_time
+        assert program_choice.call_clock(on_cpu=False) is program_choice.now  # a device's work
+        torch.set_num_threads(2)  # other threads' work is not on the calling thread's clock
+        assert program_choice.call_clock(on_cpu=True) is program_choice.now
+    finally:
+        torch.set_num_threads(threads)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import time
 
 import pytest
 import torch
@@ -168,6 +169,31 @@ def test_a_training_bucket_is_timed_even_where_its_flops_would_settle_it(program
         gradients(model, _calls(cm, batch, "shared"))
         assert _key(batch, "shared") not in cm.program_choices()
     assert len(program_runs) == 1  # one trial of each program so far
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_cpu_trials_are_timed_by_the_calling_threads_cpu_time(threads, monkeypatch):
+    """With one torch thread a CPU trial's whole step runs on the calling thread: its CPU time
+    leaves out time spent preempted by other processes; with more, wall time."""
+    from rocs_compiler.runtime import program_choice, step_timing
+
+    clocks = []
+    run = step_timing.StepTrials.run
+
+    def recording(self, *args, clock=None, **kwargs):
+        clocks.append(clock)
+        return run(self, *args, clock=clock, **kwargs)
+
+    monkeypatch.setattr(step_timing.StepTrials, "run", recording)
+    entry, model, _ = _dlrm()
+    cm = _compile(model, entry.request_inputs, entry.make_batch)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        gradients(model, _calls(cm, entry.make_batch([2, 5], seed=3), "shared"))
+    finally:
+        torch.set_num_threads(before)
+    assert clocks == [time.thread_time if threads == 1 else program_choice.now]
 
 
 def test_the_choice_decides_per_bucket(program_runs, monkeypatch):
