@@ -143,9 +143,9 @@ def measure(
         replicated = batch.replicated()
         results = {}
 
-        def eager_step(replicated=replicated):
+        def eager_step(replicated=replicated, call=model):
             opt.zero_grad(set_to_none=True)
-            loss = loss_of(model(**replicated))
+            loss = loss_of(call(**replicated))
             loss.backward()
             opt.step()
             return float(loss)
@@ -158,18 +158,11 @@ def measure(
             opt.step()
             return float(loss)
 
-        def dropin_step(replicated=replicated):
-            opt.zero_grad(set_to_none=True)
-            loss = loss_of(cm(**replicated))
-            loss.backward()
-            opt.step()
-            return float(loss)
-
         steps = {
             "eager": eager_step,
             "rocs": lambda: compiled_step("rocs"),
             "program": lambda: compiled_step("program"),
-            "dropin": dropin_step,
+            "dropin": lambda: eager_step(call=cm),  # the impression-level batch, compiled
             "eager_again": eager_step,  # the same step as "eager": the A/A column, the noise
             # eager for a caller holding the shared layout: the request rows gathered first
             "eager_gather": lambda batch=batch: eager_step(batch.replicated()),

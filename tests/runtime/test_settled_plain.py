@@ -41,19 +41,24 @@ def _batch(counts, seed=0):
     return torch.randn(len(counts), 8, generator=g), torch.randn(sum(counts), 8, generator=g), index
 
 
-@pytest.fixture
-def taken(monkeypatch):
-    """The calls the settled lane took, recorded."""
+def _record_lane(monkeypatch, lane: str) -> list[bool]:
+    """Whether each call the lane ``lane`` (a function of ``compiled_model``) saw was taken."""
     calls = []
-    real = compiled_model.run_settled_plain
+    real = getattr(compiled_model, lane)
 
     def recording(*args):
         result = real(*args)
         calls.append(result is not settled_plain.NOT_TAKEN)
         return result
 
-    monkeypatch.setattr(compiled_model, "run_settled_plain", recording)
+    monkeypatch.setattr(compiled_model, lane, recording)
     return calls
+
+
+@pytest.fixture
+def taken(monkeypatch):
+    """The calls the settled lane of inference calls took, recorded."""
+    return _record_lane(monkeypatch, "run_settled_plain")
 
 
 def _settle(cm, counts, program):
@@ -129,29 +134,6 @@ def _broken(case):
     return {"user": user, "item": item, "candidate_to_request": index}
 
 
-@pytest.mark.parametrize(
-    "case, error",
-    [
-        ("out_of_range", IndexRangeError),
-        ("negative", IndexRangeError),
-        ("int32_index", IndexTypeError),
-        ("short_index", InputError),
-        ("float64_item", InputError),
-        ("wide_item", InputError),
-        ("vector_user", InputError),
-    ],
-)
-def test_a_settled_bucket_raises_what_the_general_path_raises(monkeypatch, case, error):
-    _, cm = _compiled()
-    _settle(cm, [3, 2], PLAIN)
-    with torch.no_grad(), pytest.raises(error) as settled:
-        cm(**_broken(case))
-    monkeypatch.setattr(compiled_model, "run_settled_plain", lambda *a: settled_plain.NOT_TAKEN)
-    with torch.no_grad(), pytest.raises(error) as general:
-        cm(**_broken(case))
-    assert str(settled.value) == str(general.value)
-
-
 # -- training calls whose bucket chose the original model (``run_settled_original``) -------------
 
 
@@ -169,16 +151,8 @@ def _settle_training(cm, counts, program):
 
 @pytest.fixture
 def taken_training(monkeypatch):
-    calls = []
-    real = compiled_model.run_settled_original
-
-    def recording(*args):
-        result = real(*args)
-        calls.append(result is not settled_plain.NOT_TAKEN)
-        return result
-
-    monkeypatch.setattr(compiled_model, "run_settled_original", recording)
-    return calls
+    """The calls the settled lane of training calls took, recorded."""
+    return _record_lane(monkeypatch, "run_settled_original")
 
 
 def _grads(model, user, loss):
@@ -210,25 +184,30 @@ def test_a_training_bucket_settled_on_the_program_is_not_taken(taken_training):
     assert taken_training == [False]
 
 
-@pytest.mark.parametrize(
-    "case, error",
-    [
-        ("out_of_range", IndexRangeError),
-        ("negative", IndexRangeError),
-        ("int32_index", IndexTypeError),
-        ("short_index", InputError),
-        ("float64_item", InputError),
-        ("wide_item", InputError),
-        ("vector_user", InputError),
-    ],
-)
-def test_a_settled_training_bucket_raises_what_the_general_path_raises(monkeypatch, case, error):
-    _, cm = _training_compiled()
-    _settle_training(cm, [3, 2], PLAIN)
-    with pytest.raises(error) as settled:
+BROKEN_CALLS = [
+    ("out_of_range", IndexRangeError),
+    ("negative", IndexRangeError),
+    ("int32_index", IndexTypeError),
+    ("short_index", InputError),
+    ("float64_item", InputError),
+    ("wide_item", InputError),
+    ("vector_user", InputError),
+]
+
+
+@pytest.mark.parametrize("lane", ["run_settled_plain", "run_settled_original"])
+@pytest.mark.parametrize("case, error", BROKEN_CALLS)
+def test_a_settled_bucket_raises_what_the_general_path_raises(monkeypatch, lane, case, error):
+    """Inference calls (no grad) in a bucket settled on the plain program, training calls in one
+    that chose the original model: the lane's errors are the general path's, word for word."""
+    training = lane == "run_settled_original"
+    _, cm = _training_compiled() if training else _compiled()
+    (_settle_training if training else _settle)(cm, [3, 2], PLAIN)
+    grad = torch.enable_grad() if training else torch.no_grad()
+    with grad, pytest.raises(error) as settled:
         cm(**_broken(case))
-    monkeypatch.setattr(compiled_model, "run_settled_original", lambda *a: settled_plain.NOT_TAKEN)
-    with pytest.raises(error) as general:
+    monkeypatch.setattr(compiled_model, lane, lambda *a: settled_plain.NOT_TAKEN)
+    with grad, pytest.raises(error) as general:
         cm(**_broken(case))
     assert str(settled.value) == str(general.value)
 
