@@ -303,7 +303,7 @@ def test_the_choice_turns_the_cache_off_where_it_measures_slower(monkeypatch):
     monkeypatch.setattr(request_cache, "row_keys", slow_keys)
     entry, model, cm = _compiled("two_tower", RequestCache(1 << 20))
     batch = entry.make_batch([2, 3], seed=1)
-    calls = request_cache.WARMUP + 2 * program_choice.TRIALS
+    calls = request_cache.WARMUP + 2 * request_cache.CACHE_TRIALS
     for _ in range(calls):
         _close(_call(cm, batch), _eager(model, batch))
     stats = cm.cache_stats()
@@ -314,7 +314,7 @@ def test_the_choice_turns_the_cache_off_where_it_measures_slower(monkeypatch):
     assert len(hashed) == count
 
 
-def test_the_cache_choice_compares_medians():
+def test_the_cache_choice_is_not_decided_by_one_lucky_call():
     """The cached arm's time depends on its hits; one lucky call must not decide."""
     choice = CacheChoice(trials=4)
     key = program_choice.bucket("cache", 16, 4)
@@ -323,6 +323,20 @@ def test_the_cache_choice_compares_medians():
         choice.record(key, program_choice.SHARED, c)
         choice.record(key, program_choice.PLAIN, 1.0)
     assert choice.decided(key) == program_choice.PLAIN
+
+
+def test_the_cache_choice_weighs_calls_with_a_miss_by_how_often_they_come():
+    """Most cached calls hit every row (0.4), a third have a miss (1.0): the median is an all-hit
+    call and would keep the cache, but over many calls the cached arm costs more than the plain
+    one (0.55), and the choice drops it."""
+    choice = CacheChoice(trials=10)
+    key = program_choice.bucket("cache", 16, 4)
+    cached = [9.0] + [0.4, 0.4, 1.0] * 3  # the first of each arm is discarded
+    for c in cached:
+        choice.record(key, program_choice.SHARED, c)
+        choice.record(key, program_choice.PLAIN, 0.55)
+    assert choice.decided(key) == program_choice.PLAIN
+    assert request_cache.trimmed_mean([0.4, 0.4, 1.0] * 3) > 0.55 > 0.4  # the median's pick
 
 
 @pytest.mark.parametrize("cached, expected", [(0.97, "plain"), (0.9, "shared")])
