@@ -17,7 +17,7 @@ _shared_plain``, or ``_train``'s original model): the same program on the same g
 after checks that accept no call the general path refuses (index int64 ``[N]`` on the inputs'
 device, N rows in every candidate input, R rows in every request input, the input specs, the
 range of ``index``: by the CPU gather itself, else by ``check_index_range`` unless the caller
-trusts the index).
+trusts the index; with one request row per candidate, an index that is a permutation).
 """
 
 from __future__ import annotations
