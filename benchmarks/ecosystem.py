@@ -49,7 +49,7 @@ def measure(name: str, requests: int, candidates: int, repeats: int) -> str:
         exact = all(_close(results[k], results["eager"]) for k in ("drop-in", "indexed"))
         medians = interleaved_medians(calls, repeats)
     eager, dropin, indexed = (medians[k] for k in calls)
-    report = compiled.report(num_candidates=candidates * requests, num_requests=requests)
+    report = compiled.report(candidates=candidates, requests=requests)
     return (
         f"| {name} | {eager:.2f} | {dropin:.2f} | {indexed:.2f} | {eager / dropin:.2f}x | "
         f"{eager / indexed:.2f}x | {report.ideal_speedup():.2f}x | {exact} |"
@@ -74,7 +74,7 @@ def measure_torchrec(name: str, requests: int, candidates: int, repeats: int) ->
         exact = all(_close(results[k], results["eager"]) for k in calls)
         medians = interleaved_medians(calls, repeats)
     eager, eager_shared, dropin, indexed = (medians[k] for k in calls)
-    report = compiled.report(num_candidates=candidates * requests, num_requests=requests)
+    report = compiled.report(candidates=candidates, requests=requests)
     return (
         f"| {name} | {eager:.2f} | {eager_shared:.2f} | {dropin:.2f} | {indexed:.2f} | "
         f"{eager / dropin:.2f}x | {eager / indexed:.2f}x | {report.ideal_speedup():.2f}x | "

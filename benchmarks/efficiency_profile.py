@@ -152,8 +152,7 @@ def measure(name: str, args) -> dict:
     for variant, acc in prof.items():
         acc["cats"][OUTSIDE] = acc["profiled"] - sum(acc["cats"].values())
         acc["unprofiled"], acc["faults"] = times[variant], faults[variant]
-    ideal = cm.report(num_candidates=args.candidates * args.requests,
-                      num_requests=args.requests).ideal_speedup()
+    ideal = cm.report(candidates=args.candidates, requests=args.requests).ideal_speedup()
     share = prof["eager"]["cats"][GEMM] / prof["eager"]["profiled"]
     return {"name": name, "prof": prof, "ideal": ideal, "speedup": times["eager"] / times["rocs"],
             "profiled_speedup": prof["eager"]["profiled"] / prof["rocs"]["profiled"],

@@ -126,7 +126,7 @@ def measure(name: str, candidates: int, repeats: int) -> dict:
         },
         repeats,
     )
-    report = cm.report(num_candidates=candidates, num_requests=1)
+    report = cm.report(candidates=candidates)
     return {
         "model": name,
         "ragged_max_abs_err": err,

@@ -78,7 +78,7 @@ def measure(name: str, num_requests: int, candidates: int, repeats: int) -> str:
         )
         medians = interleaved_medians(calls, repeats)
     eager, hand, ours = (medians[k] for k in ("eager", "hand", "rocs"))
-    fallbacks = len(compiled.report(num_candidates=candidates, num_requests=num_requests).fallbacks)
+    fallbacks = len(compiled.report(candidates=candidates, requests=num_requests).fallbacks)
     return (
         f"| {name} | {eager:.1f} | {hand:.2f} | {ours:.2f} | {eager / hand:.1f}x | "
         f"{eager / ours:.1f}x | {hand / ours:.2f} | {fallbacks} | {exact} |"

@@ -276,7 +276,7 @@ def compile_model(model, data: dict):
 
 
 def flop_summary(cm) -> dict[str, float]:
-    report = cm.report(num_candidates=100, num_requests=1)
+    report = cm.report(candidates=100)
     return {
         "request": report.request_flops,
         "candidate": report.candidate_flops,
@@ -323,7 +323,7 @@ def median_times(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, f
 
 def measure_speed(model, cm, ml: movielens.MovieLens, repeats: int) -> dict[str, Any]:
     out = {}
-    report = cm.report(num_candidates=1, num_requests=1)
+    report = cm.report(candidates=1)
     for n in SPEED_CANDIDATES:
         shared, replicated = serving_batch(ml, n)
         index = torch.zeros(n, dtype=torch.int64)

@@ -19,7 +19,7 @@ number of rounds is at least ``--min-repeats`` and stops at ``--max-repeats`` or
 slowest variant has spent ``--budget`` seconds. The reported time is the median.
 
 Each row also gives the ideal speedup from the compiler's FLOP report,
-``cm.report(num_candidates=R * N, num_requests=R).ideal_speedup()``, and the efficiency
+``cm.report(candidates=N, requests=R).ideal_speedup()``, and the efficiency
 (measured shared-layout speedup over eager divided by the ideal).
 
 Peak memory (one shape, R = 1, ``--memory-candidates`` per request): on CUDA,
@@ -377,7 +377,7 @@ def measure_shape(state: ModelState, R: int, N: int, args, device, progress) -> 
         row[key] = eager / row[f"{variant}_ms"] if row[f"{variant}_ms"] else None
     row["speedup_inductor"] = eager / row["inductor_ms"] if row["inductor_ms"] else None
     if state.cm is not None:
-        report = state.cm.report(num_candidates=R * N, num_requests=R)
+        report = state.cm.report(candidates=N, requests=R)
         row["ideal_speedup"] = report.ideal_speedup()
         row["efficiency"] = (
             row["speedup_shared"] / row["ideal_speedup"] if row["speedup_shared"] else None

@@ -26,7 +26,7 @@ step's forward and backward both run on the calling thread); with more threads, 
 Columns:
 
 - **speedup**: eager time / rocs time (**program speedup**: eager time / program time);
-- **ideal**: ``cm.report(num_candidates=R * k, num_requests=R).ideal_speedup()``, the forward FLOP
+- **ideal**: ``cm.report(candidates=k, requests=R).ideal_speedup()``, the forward FLOP
   ratio. A backward op costs about twice its forward and is shared exactly as its forward is,
   so the forward+backward ratio equals it under that approximation;
 - **efficiency**: speedup / ideal;
@@ -197,7 +197,7 @@ def measure(
             results[v] = statistics.median(times[v])
         weights = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
         saved = {v: saved_bytes(steps[v], weights) for v in ("eager", "rocs", "program")}
-        ideal = cm.report(num_candidates=requests * k, num_requests=requests).ideal_speedup()
+        ideal = cm.report(candidates=k, requests=requests).ideal_speedup()
         speedup = results["eager"] / results["rocs"]
         fixed = min(results["floor"], results["eager"])
         attainable = results["eager"] / (fixed + (results["eager"] - fixed) / ideal)

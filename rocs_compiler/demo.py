@@ -60,7 +60,7 @@ def main(argv=None) -> int:
             model, entry.request_inputs, example_kwargs=entry.make_batch([4, 3]).replicated()
         )
         compile_s = time.perf_counter() - start
-        report = compiled.report(num_candidates=args.candidates, num_requests=1)
+        report = compiled.report(candidates=args.candidates)
         print(f"\n=== {name}: {entry.description} (compiled in {compile_s:.1f} s) ===")
         print(report.to_text(max_rows=25))
         batch = entry.make_batch([args.candidates], seed=1)

@@ -33,7 +33,7 @@ def test_report_module_column_names_a_module_or_a_dash():
         entry.build(0), entry.request_inputs, example_kwargs=entry.make_batch([4, 3]).replicated(),
         options={"autotune": False},
     )  # fmt: skip
-    text = compiled.report(num_candidates=64, num_requests=1).to_text()
+    text = compiled.report(candidates=64).to_text()
     assert "_empty_nn_module_stack" not in text
     table = text.split("\n\n")[0].splitlines()[2:]
     rows = [line for line in table if not line.startswith(("...", "(*"))]

@@ -108,7 +108,7 @@ def test_report_of_a_model_with_data_dependent_shapes():
     model = module(forward, a=nn.Linear(4, 4))
     u, c = torch.randn(3, 4), torch.randn(7, 4)
     cm = rocs.compile(model, ["u"], example_kwargs={"u": u[[0, 0, 1]], "c": c[:3]})
-    report = cm.report(num_candidates=64)
+    report = cm.report(candidates=64)
     assert report.candidate_flops > 0  # the linear on c is counted
     with torch.no_grad():
         torch.testing.assert_close(cm(u=u[INDEX], c=c), model(u[INDEX], c))

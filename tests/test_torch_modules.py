@@ -82,7 +82,7 @@ def test_history_encoder_runs_once_per_request_and_is_exact(name):
         one = torch.tensor([0, 0, 0])
         torch.testing.assert_close(cm(hist=hist[:1], c=c[:3], candidate_to_request=one),
                                    model(hist[one], c[:3]))  # fmt: skip
-    report = cm.report(num_candidates=64, num_requests=2)
+    report = cm.report(candidates=32, requests=2)
     assert not report.fallbacks, [(f.op, f.reason, f.module) for f in report.fallbacks]
     assert report.request_flops > report.candidate_flops, "the encoder should be request-side"
     if name.startswith("mha") and name != "mha_key_padding":  # K/V read once per request
@@ -123,7 +123,7 @@ def test_embedding_bag_with_offsets_pools_once_per_request(mode):
         want = model(ids[INDEX], c)
         torch.testing.assert_close(cm(ids=ids, c=c, candidate_to_request=INDEX), want)
         torch.testing.assert_close(cm(ids=ids[INDEX], c=c), want)
-    report = cm.report(num_candidates=64, num_requests=2)
+    report = cm.report(candidates=32, requests=2)
     assert not report.fallbacks
     assert report.pass_counts["embedding_bag_rows"] == 1
 

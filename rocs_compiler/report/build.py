@@ -18,9 +18,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+import torch
+
 from ..analysis.driver import Fallback, op_name, source_module
 from ..ir.graph_meta import ROLE
-from .modules import ModuleRow, module_rows, parameter_counts
+from .modules import ModuleRow, module_rows, parameter_counts, parameter_readers
 from ..ir.roles import Role
 
 
@@ -195,6 +197,14 @@ def _fmt(flops: float) -> str:
     return f"{flops:.0f}"
 
 
+def _broadcast(node, role: Role) -> bool:
+    """A REQUEST tensor that a candidate node or the output reads. Sizes are not broadcast: the
+    rewrite derives each batch size from the role of the node it shapes."""
+    if role != Role.REQUEST or not isinstance(node.meta.get("val"), torch.Tensor):
+        return False
+    return any(u.op == "output" or u.meta.get(ROLE) == Role.CANDIDATE for u in node.users)
+
+
 def build_report(
     result, num_candidates: int = 1024, num_requests: int = 1, model: Any = None
 ) -> Report:
@@ -220,9 +230,7 @@ def build_report(
                 flops = cost.per_row
                 per_role[role] += cost.per_row
                 per_role[Role.CONST] += cost.fixed
-        broadcast = role == Role.REQUEST and any(
-            u.op == "output" or u.meta.get(ROLE) == Role.CANDIDATE for u in node.users
-        )
+        broadcast = _broadcast(node, role)
         nodes.append(
             NodeReport(
                 node.name,
@@ -248,6 +256,10 @@ def build_report(
         dict(result.pass_counts),
         fused,
         result.captured.route,
-        modules=module_rows(nodes, parameter_counts(model) if model is not None else {}),
+        modules=module_rows(
+            nodes,
+            parameter_counts(model) if model is not None else {},
+            parameter_readers(gm, result.captured.param_names),
+        ),
         _pipeline=result,
     )

@@ -252,12 +252,20 @@ class CompiledModel(nn.Module):
     def is_fallback(self) -> bool:
         return self.graph_module is None
 
-    def report(self, num_candidates: int = 1024, num_requests: int = 1):
+    def report(self, candidates: int = 1024, requests: int = 1, **renamed):
         """Structured report: roles, FLOPs per request / per candidate, fallbacks, ideal speedup
-        (built by the door that compiled the model; the runtime knows no report)."""
+        at ``requests`` requests of ``candidates`` candidates each, as ``rocs inspect
+        --candidates N --requests R`` (built by the door that compiled the model; the runtime
+        knows no report)."""
+        if renamed:
+            raise TypeError(
+                f"report() got {', '.join(sorted(renamed))}=: it takes candidates= (per request, "
+                "as `rocs inspect --candidates`) and requests=, e.g. "
+                "cm.report(candidates=N // R, requests=R)"
+            )
         if self._report_builder is None:
             raise RuntimeError("this compiled model was built without a report")
-        report = self._mislabel.annotate(self._report_builder(num_candidates, num_requests))
+        report = self._mislabel.annotate(self._report_builder(candidates * requests, requests))
         return report if self._cache is None else self._cache.annotate(report)
 
     def cache_stats(self) -> Optional[dict]:

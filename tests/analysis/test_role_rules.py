@@ -438,7 +438,7 @@ def test_batch_mixing_exact(mixing_compiled, batch_name):
 
 def test_report_names_the_fallback_node_and_reason():
     case = mixing_case("softmax_dim0")
-    report = case.compile().report(num_candidates=8, num_requests=2)
+    report = case.compile().report(candidates=4, requests=2)
     hits = [f for f in report.fallbacks if "softmax" in f.op]
     assert hits and all(f.reason for f in hits), report.fallbacks
 

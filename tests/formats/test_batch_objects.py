@@ -60,7 +60,7 @@ def test_batch_object_fields_are_named_like_keys(make, request_name):
         want = model(make(u[INDEX], c))
         torch.testing.assert_close(compiled(make(u[INDEX], c)), want)
         torch.testing.assert_close(compiled(make(u, c), candidate_to_request=INDEX), want)
-    report = compiled.report(num_candidates=64, num_requests=1)
+    report = compiled.report(candidates=64)
     assert report.request_flops == 2 * 4 * 8 + 2 * 8 * 1  # the user tower and its head share
 
 

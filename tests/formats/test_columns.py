@@ -56,7 +56,7 @@ def test_request_columns_run_once_per_request_in_both_layouts():
         torch.testing.assert_close(compiled(X=x), want)
         torch.testing.assert_close(compiled(x), want)
         torch.testing.assert_close(compiled(X=x, candidate_to_request=INDEX), want)
-    report = compiled.report(num_candidates=64, num_requests=1)
+    report = compiled.report(candidates=64)
     assert not report.fallbacks
     assert report.request_flops == 2 * (4 + 3) * 16  # the user's 7 columns of the first layer
     assert "rocs.broadcast_linear.default" in report.fused_ops

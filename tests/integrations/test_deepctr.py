@@ -28,7 +28,7 @@ def test_deepctr_model_with_request_columns(name):
         want = model(x)
         for got in (compiled(X=x), compiled(X=x, candidate_to_request=index)):
             torch.testing.assert_close(got, want)
-    report = compiled.report(num_candidates=64, num_requests=1)
+    report = compiled.report(candidates=64)
     assert not report.fallbacks, report.fallbacks
     assert report.request_flops == request_flops
 
@@ -62,7 +62,7 @@ def test_deepctr_model_through_the_torch_compile_backend(name):
             x, _ = draw(model, user, counts, seed)
             torch.testing.assert_close(compiled(x), model(x))
     rewritten = [s.compiled_model for s in backend.subgraphs if s.compiled_model is not None]
-    shared = sum(m.report(num_candidates=64, num_requests=1).request_flops for m in rewritten)
+    shared = sum(m.report(candidates=64).request_flops for m in rewritten)
     if BACKEND_SHARES[name]:
         assert shared == request_flops
     else:
@@ -87,6 +87,6 @@ def test_request_columns_from_feature_names_and_columns():
     x, index = draw(model, user, [3, 1, 2], seed=5)
     with torch.no_grad():
         torch.testing.assert_close(compiled(X=x, candidate_to_request=index), model(x))
-    assert compiled.report(num_candidates=64, num_requests=1).request_flops == request_flops
+    assert compiled.report(candidates=64).request_flops == request_flops
     with pytest.raises(ValueError, match="'age_group' is not a feature of DIN; its features are"):
         rocs_deepctr.request_columns(model, ["user_id", "age_group"])

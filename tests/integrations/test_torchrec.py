@@ -59,7 +59,7 @@ def test_torchrec_model_with_request_keys(name):
     compiled = _compile(model, request)
     _check_layouts(model, compiled, zoo.draw([3, 1, 5, 2], seed=1, histories=[2, 0, 5, 1]))
     _check_layouts(model, compiled, zoo.draw([4], seed=2))
-    report = compiled.report(num_candidates=64, num_requests=1)
+    report = compiled.report(candidates=64)
     assert not report.fallbacks, report.fallbacks
     assert report.request_flops == request_flops
     # Each request key is looked up once per request; the candidate keys once per candidate.
@@ -84,7 +84,7 @@ def test_user_dense_features_and_keys_together():
     dense_arch = 2 * (zoo.DENSE * 16 + 16 * zoo.D)
     block = 2 * (zoo.K + 1) ** 2 * zoo.D  # [dense, user_id, history] pairwise dots
     over = 2 * zoo.D * 16  # the over arch's first layer, the dense embedding's columns
-    report = compiled.report(num_candidates=64, num_requests=1)
+    report = compiled.report(candidates=64)
     assert report.request_flops == dense_arch + block + over
 
 

@@ -107,7 +107,7 @@ def test_categorical_columns_read_by_a_list_embed_once_per_request():
     model = CategoricalList().eval()
     compiled = _compile(model, _categorical_rows, "X[:, 0:5]")
     _check_both_layouts(model, compiled, _categorical_rows)
-    report = compiled.report(num_candidates=64, num_requests=1)
+    report = compiled.report(candidates=64)
     assert report.pass_counts["index_of_cat"] == 3, report.pass_counts
     assert _roles(report, "model.user") == {"REQUEST"}
     assert _roles(report, "model.item") == {"CANDIDATE"}
@@ -119,7 +119,7 @@ def test_a_history_read_by_a_list_is_attended_from_request_keys():
     model = HistoryList().eval()
     compiled = _compile(model, _history_rows, "X[:, 0:6]")
     _check_both_layouts(model, compiled, _history_rows)
-    report = compiled.report(num_candidates=64, num_requests=1)
+    report = compiled.report(candidates=64)
     assert report.pass_counts["index_of_cat"] == 2, report.pass_counts
     roles = {
         n.shape: n.role

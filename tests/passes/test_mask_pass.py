@@ -93,14 +93,14 @@ def _check(model, cm, batch, what):
 
 
 def _request_linears(cm) -> int:
-    report = cm.report(num_candidates=100, num_requests=1)
+    report = cm.report(candidates=100)
     return sum(n.role == "REQUEST" and n.op == "aten.linear.default" for n in report.nodes)
 
 
 def test_glm_layers_make_request_lanes_and_stay_exact():
     model, cm = _compile("glm")
     assert _request_linears(cm) >= 3, "each layer's request rows run once per request"
-    assert cm.report(num_candidates=100, num_requests=1).ideal_speedup() > 1.3
+    assert cm.report(candidates=100).ideal_speedup() > 1.3
     for counts in ([4, 1, 3], [1], [5]):
         _check(model, cm, _batch(counts, seed=len(counts)), f"glm {counts}")
 

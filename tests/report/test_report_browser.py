@@ -52,7 +52,7 @@ def chromium(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("name", ["dlrm", "target_attention", "bst"])
 def test_report_works_in_a_browser(name, tmp_path):
     path = tmp_path / f"{name}.html"
-    zoo_compiled(name).report(num_candidates=512).to_html(path, title=name)
+    zoo_compiled(name).report(candidates=512).to_html(path, title=name)
     proc = chromium("--dump-dom", f"{path.as_uri()}?selftest")
     assert proc.returncode == 0, proc.stderr[-2000:]
     found = re.search(r'<pre id="rocs-selftest"[^>]*>(.*?)</pre>', proc.stdout, re.S)

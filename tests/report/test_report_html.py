@@ -87,7 +87,7 @@ def test_module_table_counts_parameters_and_flops_per_side():
 
 
 def test_to_html_and_notebook_display(tmp_path):
-    report = zoo_compiled("dlrm").report(num_candidates=256)
+    report = zoo_compiled("dlrm").report(candidates=256)
     path = tmp_path / "dlrm.html"
     page = report.to_html(path, title="dlrm")
     assert path.read_text() == page
@@ -102,7 +102,7 @@ def test_to_html_and_notebook_display(tmp_path):
 
 
 def test_measured_vs_ideal_is_explained():
-    report = zoo_compiled("dlrm").report(num_candidates=256)
+    report = zoo_compiled("dlrm").report(candidates=256)
     ideal = report.ideal_speedup(256, 1)
     assert "FLOPs only" in measured_note(report, [(256, ideal)], 1)
     assert "exceeds" in measured_note(report, [(256, 3 * ideal)], 1)

@@ -267,7 +267,7 @@ def test_compiled_equals_eager(compiled_case, counts, shuffle):
 
 def test_request_lanes_are_recognised(compiled_case):
     name, _, cm = compiled_case
-    report = cm.report(num_candidates=100, num_requests=1)
+    report = cm.report(candidates=100)
     request_modules = {n.module for n in report.nodes if n.role == "REQUEST" and n.flops > 0}
     for module in MODEL_CASES[name][3]:
         assert module in request_modules, f"{name}: no request-side compute from {module}"
@@ -276,7 +276,7 @@ def test_request_lanes_are_recognised(compiled_case):
 
 def test_dca_candidate_attention_reads_request_keys():
     _, _, cm = _compiled("dca")
-    report = cm.report(num_candidates=100, num_requests=1)
+    report = cm.report(candidates=100)
     assert "rocs.broadcast_attention.default" in report.fused_ops
     candidate_modules = {n.module for n in report.nodes if n.role == "CANDIDATE" and n.flops > 0}
     assert not any(m.startswith("blocks.1.history") or ".request." in m for m in candidate_modules)

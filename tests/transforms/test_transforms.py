@@ -107,8 +107,8 @@ def test_transformed_model_compiles_exactly(compiled, counts, shuffle):
 
 def test_transformed_model_shares_more_per_request(compiled):
     name, _, cm_original, _, cm = compiled
-    before = cm_original.report(num_candidates=100, num_requests=1)
-    after = cm.report(num_candidates=100, num_requests=1)
+    before = cm_original.report(candidates=100)
+    after = cm.report(candidates=100)
     assert after.request_share > before.request_share, name
     assert after.candidate_flops < before.candidate_flops, name
     cut = 1 - after.amortized_flops(100) / before.amortized_flops(100)

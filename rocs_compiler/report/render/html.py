@@ -196,6 +196,11 @@ def measured_note(report, measured: Sequence[tuple[int, float]], num_requests: i
     return " ".join(parts)
 
 
+def _read_by(row) -> str:
+    """Where a module without nodes of its own has its work: the nodes reading its parameters."""
+    return f"parameters read by {_esc(row.read_by)}" if row.read_by else ""
+
+
 def _module_section(report) -> list[str]:
     rows = getattr(report, "modules", None) or []
     if not rows:
@@ -206,7 +211,7 @@ def _module_section(report) -> list[str]:
         "per request and once per candidate.</p><table class=\"modules\">",
         "<tr><th>module</th><th>parameters</th><th>FLOPs per request</th>"
         "<th>FLOPs per candidate</th><th>request nodes</th><th>candidate nodes</th>"
-        "<th>nodes</th></tr>",
+        "<th>nodes</th><th>work counted in</th></tr>",
     ]
     for m in rows:
         out.append(
@@ -215,7 +220,7 @@ def _module_section(report) -> list[str]:
             f'<td class="num">{format_flops(m.request_flops) if m.request_flops else "-"}</td>'
             f'<td class="num">{format_flops(m.candidate_flops) if m.candidate_flops else "-"}</td>'
             f'<td class="num">{m.request_nodes}</td><td class="num">{m.candidate_nodes}</td>'
-            f'<td class="num">{m.nodes}</td></tr>'
+            f'<td class="num">{m.nodes}</td><td>{_read_by(m)}</td></tr>'
         )
     out.append("</table></section>")
     return out
