@@ -169,7 +169,11 @@ def row_keys(tensors: list[torch.Tensor], rows: int) -> list[tuple]:
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:
-    t = t.contiguous()
+    """``t``'s bytes, ``[rows, row bytes]``. Not ``contiguous()`` alone: a dim of size 1 counts
+    as contiguous whatever its stride (a single request's strided row of a drop-in call),
+    and a view to bytes needs the last stride to be 1."""
+    if not t.is_contiguous() or t.stride(-1) != 1:
+        t = t.clone(memory_format=torch.contiguous_format)
     return t if t.dtype == torch.uint8 else t.view(torch.uint8)
 
 

@@ -347,3 +347,66 @@ def test_the_cache_must_lead_by_a_margin(cached, expected):
         arm = choice.next_trial(key, margin=request_cache.CACHE_MARGIN)
         choice.record(key, arm, cached if arm == program_choice.SHARED else 1.0)
     assert choice.decided(key) == expected
+
+
+# -- every layout, every state the request program reads, no replayed draws --------------------
+
+
+def _mlp_with_ids(cache=None):
+    """A model with a 1-D request input (``user_ids``), as TorchRec's padded id pieces are."""
+    from models_for_tests import USER_ITEM_MLP
+
+    model = USER_ITEM_MLP.build()
+    cache = RequestCache(1 << 20, autotune=False) if cache is None else cache
+    cm = USER_ITEM_MLP.compile(model, options=NO_CHOICE, request_cache=cache)
+    return USER_ITEM_MLP, model, cm
+
+
+@pytest.mark.parametrize("counts", [[3], [2, 2], [4, 1, 2], [1]])
+def test_drop_in_calls_with_a_one_dimensional_request_input_use_the_cache(counts):
+    """Equal-sized requests of a drop-in call are strided views of the replicated rows; a 1-D
+    one (one request: a single element with its stride) is keyed like any other."""
+    case, model, cm = _mlp_with_ids()
+    batch = case.batch(counts, seed=4)
+    replicated = batch.replicated()
+    with torch.no_grad():
+        first, second = cm(**replicated), cm(**replicated)
+    assert _same_bits(first, second)
+    assert cm.cache_stats()["hits"] == len(counts)
+    _close(second, _eager(model, batch))
+
+
+def test_row_keys_take_any_strides():
+    ids = torch.arange(12)
+    for view in (ids[::4][:1], ids[::3], ids.view(3, 4).t(), ids.view(3, 4)[:, 1:2]):
+        rows = view.shape[0]
+        assert row_keys([view], rows) == row_keys([view.clone().contiguous()], rows)
+
+
+@pytest.mark.parametrize(
+    "name", [n if n in ("two_tower", "mmoe") else pytest.param(n, marks=pytest.mark.slow) for n in ZOO]
+)  # two_tower and mmoe: the zoo's 1-D request inputs
+def test_every_zoo_model_uses_the_cache_in_every_layout(name):
+    """Drop-in calls of one request and of equal-sized requests (strided request rows), a
+    ragged drop-in call, the shared layout and ``call_replicated``: each call's second run hits
+    every request and returns the first run's bits, and both equal eager."""
+    entry, model, cm = _compiled(name)
+    for counts in ([3], [2, 2], [1, 3, 2]):
+        batch = entry.make_batch(counts, seed=len(counts))
+        request_cache.attach(cm, None)
+        request_cache.attach(cm, RequestCache(1 << 24, autotune=False))
+        calls = {
+            "drop-in": lambda: cm(**batch.replicated()),
+            "shared": lambda: cm(**batch.kwargs, candidate_to_request=batch.candidate_to_request),
+            "replicated": lambda: cm.call_replicated(
+                **batch.replicated(), candidate_to_request=batch.candidate_to_request
+            ),
+        }
+        want = _eager(model, batch)
+        for layout, run in calls.items():
+            before = cm.cache_stats()["hits"]
+            with torch.no_grad():
+                first, second = run(), run()
+            assert _same_bits(first, second), (counts, layout)
+            assert cm.cache_stats()["hits"] >= before + len(counts), (counts, layout)
+            _close(second, want)
