@@ -172,7 +172,13 @@ def _bad_calls():
             {**sh, "item": torch.randn(N + 1, D), "candidate_to_request": idx},
             r"candidate_to_request|rows",
         ),
-        "dropin_rows_disagree": ({**rep, "item": torch.randn(N + 1, D)}, r"disagree"),
+        "dropin_rows_disagree": ({**rep, "item": torch.randn(N - 1, D)}, r"unbatched_inputs"),
+        "dropin_rows_disagree_as_if_shared": (
+            {**rep, "item": torch.randn(N + 1, D)},
+            r"missing.*or give every input 8 rows",
+        ),
+        # R request rows and N > R candidate rows: a shared-layout call that forgot the index.
+        "shared_layout_without_the_index": (sh, r"candidate_to_request is missing.*int64 \[7\]"),
         "replicated_request_inputs_with_an_index": (
             {**rep, "candidate_to_request": idx},
             r"one row per request.*call_replicated",
