@@ -410,3 +410,39 @@ def test_every_zoo_model_uses_the_cache_in_every_layout(name):
             assert _same_bits(first, second), (counts, layout)
             assert cm.cache_stats()["hits"] >= before + len(counts), (counts, layout)
             _close(second, want)
+
+
+class _DroppedRequest(torch.nn.Module):
+    """A dropout on the request tower's values: with ``request_dropout="per_request"`` it runs
+    on the request rows, one mask per request."""
+
+    def __init__(self):
+        super().__init__()
+        self.user = torch.nn.Linear(6, 16)
+        self.drop = torch.nn.Dropout(0.5)
+        self.item = torch.nn.Linear(4, 16)
+
+    def forward(self, user, item):
+        return self.drop(self.user(user)) * self.item(item)
+
+
+def test_a_request_program_drawing_random_numbers_is_never_cached():
+    """A hit would hand out the mask an earlier call drew: the cache refuses such a program at
+    construction, says why, and every call draws afresh."""
+    torch.manual_seed(0)
+    model = _DroppedRequest().train()
+    index = torch.tensor([0, 0, 1, 1, 1, 2, 3, 3])
+    user, item = torch.randn(4, 6), torch.randn(8, 4)
+    cm = rocs.compile(
+        model, ["user"], example_kwargs={"user": user[index], "item": item}, training=True,
+        options={"request_dropout": "per_request", "autotune": False},
+        request_cache=RequestCache(1 << 20, autotune=False),
+    )  # fmt: skip
+    stats = cm.cache_stats()
+    assert stats["refused"] and "random" in stats["refused"] and "replay" in stats["refused"]
+    with torch.no_grad():
+        first = cm(user=user, item=item, candidate_to_request=index)
+        second = cm(user=user, item=item, candidate_to_request=index)
+    assert not torch.equal(first != 0, second != 0), "the second call replayed the first's mask"
+    assert cm.cache_stats()["hits"] == 0
+    assert "request cache: not used" in cm.report().note
