@@ -42,6 +42,7 @@ from torch import fx
 
 from ..analysis.batch_axis import BatchAxis, row_dim, split_shape
 from ..errors import OptionsError
+from .content_watch import ContentWatch
 from .direct import direct_program
 from .program_choice import PLAIN, SHARED, TRIALS, ProgramChoice, bucket, call_clock
 from .request_split import RequestSplit, SplitRefused, split_request_region
@@ -240,6 +241,8 @@ class CachedGraph:
         self._layouts: dict[int, tuple[int, ...]] = {}  # boundary value -> dim order, as computed
         self._choice = CacheChoice()
         self._calls: dict[tuple, int] = {}
+        self._watch: ContentWatch | None = None
+        self._watch_key: Any = None  # (weight generation, runner) the watch was made for
 
     def run(self, model: Any, runner: Callable, inputs: list, index: torch.Tensor) -> list:
         """The outputs of ``runner(*inputs, index)`` (the compiled graph's program), with the
@@ -251,11 +254,16 @@ class CachedGraph:
         if rows == 0:
             return runner(*inputs, index)
         # A refresh that found a weight written moves ``generation``; a rebinding or a move
-        # (new devices, dtypes) also replaces the runner.
+        # (new devices, dtypes) also replaces the runner. Buffers written where no version
+        # counter counts (batch norm's statistics) are found by content, and refresh everything.
         weights = model._weights
+        programs = self._programs_for(model, runner)
+        if weights is not None and self._watch_of(weights, runner).changed():
+            weights.refresh(force=True)
+            runner = model._graph_runner()
+            programs = self._programs_for(model, runner)
         stamp = (0 if weights is None else weights.generation, runner)
         self.cache.follow(stamp)
-        programs = self._programs_for(model, runner)
         if not self.cache.autotune:
             return self._cached(programs, inputs, requests, rows, index, stamp)
         key = bucket("cache", index.shape[0], rows)
@@ -308,6 +316,15 @@ class CachedGraph:
             )
             self._split, self._programs, self._programs_of = split, programs, runner
         return self._programs
+
+    def _watch_of(self, weights: Any, runner: Callable) -> ContentWatch:
+        """The watch over the buffers the request program reads, made again (their bytes as
+        they are now) after every refresh that found a write, and with every new runner."""
+        key = (weights.generation, runner)
+        if self._watch_key != key:
+            attrs = [n.target for n in self._split.request_graph.nodes if n.op == "get_attr"]
+            self._watch, self._watch_key = ContentWatch(weights.buffers_behind(attrs)), key
+        return self._watch
 
     def _note_layouts(self, values: list[torch.Tensor]) -> None:
         if len(self._layouts) < len(values):

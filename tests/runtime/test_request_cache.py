@@ -446,3 +446,75 @@ def test_a_request_program_drawing_random_numbers_is_never_cached():
     assert not torch.equal(first != 0, second != 0), "the second call replayed the first's mask"
     assert cm.cache_stats()["hits"] == 0
     assert "request cache: not used" in cm.report().note
+
+
+def _train_step(model):
+    """A train-mode forward of the original: batch norm moves its running statistics in place,
+    in a kernel that bumps no version counter."""
+    from models_for_tests import BATCH_NORM_EVAL
+
+    model.train()
+    with torch.no_grad():
+        model(**BATCH_NORM_EVAL.batch([4, 4], seed=5).replicated())
+    model.eval()
+
+
+def _replace_bn(model):
+    """The batch norm replaced by an equal module whose statistics differ (the guards follow
+    it: same class, equal attributes)."""
+    bn = torch.nn.BatchNorm1d(model.bn.num_features).eval()
+    bn.load_state_dict(model.bn.state_dict())
+    with torch.no_grad():
+        bn.running_mean.add_(0.5)
+    model.bn = bn
+
+
+def _load(model):
+    state = {k: v * 1.25 if v.is_floating_point() else v for k, v in model.state_dict().items()}
+    model.load_state_dict(state)
+
+
+def _data_of(name, how):
+    def change(model):
+        tensor = model.get_parameter(name) if "weight" in name else model.get_buffer(name)
+        if how == "copy_":
+            tensor.data.copy_(tensor * 1.5 + 0.25)  # the storage written, no version bump
+        else:
+            tensor.data = tensor.detach() * 1.5 + 0.25  # another storage, no version bump
+
+    return change
+
+
+STATE_CHANGES = {
+    "train-mode forward": _train_step,
+    "running mean .data.copy_": _data_of("bn.running_mean", "copy_"),
+    "running var .data =": _data_of("bn.running_var", "assign"),
+    "weight .data =": _data_of("lin.weight", "assign"),
+    "weight reassigned": lambda m: setattr(m.lin, "weight", torch.nn.Parameter(m.lin.weight * 2)),
+    "module replaced": _replace_bn,
+    "load_state_dict": _load,
+    "buffer written in place": lambda m: m.bn.running_var.mul_(3.0),
+}
+
+
+@pytest.mark.parametrize("change", list(STATE_CHANGES))
+def test_every_state_the_request_program_reads_invalidates_the_cache(change):
+    """Batch norm's statistics and weights, written in every way a user or a kernel writes them:
+    the next call's rows are computed again and equal eager, as without the cache."""
+    from models_for_tests import BATCH_NORM_EVAL
+
+    model = BATCH_NORM_EVAL.build()
+    cm = BATCH_NORM_EVAL.compile(
+        model, options=NO_CHOICE, request_cache=RequestCache(1 << 20, autotune=False)
+    )
+    batch = BATCH_NORM_EVAL.batch([2, 3, 1], seed=1)
+    _call(cm, batch)
+    _call(cm, batch)
+    assert cm.cache_stats()["hits"] == 3
+    STATE_CHANGES[change](model)
+    _close(_call(cm, batch), _eager(model, batch))
+    stats = cm.cache_stats()
+    assert stats["hits"] == 3 and stats["invalidations"] == 1, stats
+    again = _call(cm, batch)  # the new rows are cached
+    assert cm.cache_stats()["hits"] == 6
+    _close(again, _eager(model, batch))
