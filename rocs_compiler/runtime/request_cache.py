@@ -318,12 +318,13 @@ class CachedGraph:
         return self._programs
 
     def _watch_of(self, weights: Any, runner: Callable) -> ContentWatch:
-        """The watch over the buffers the request program reads, made again (their bytes as
-        they are now) after every refresh that found a write, and with every new runner."""
+        """The watch over the buffers (and lifted constants) the request program reads, made
+        again (their bytes as they are now) after every refresh that found a write, and with
+        every new runner."""
         key = (weights.generation, runner)
         if self._watch_key != key:
             attrs = [n.target for n in self._split.request_graph.nodes if n.op == "get_attr"]
-            self._watch, self._watch_key = ContentWatch(weights.buffers_behind(attrs)), key
+            self._watch, self._watch_key = ContentWatch(weights.read_by_content(attrs)), key
         return self._watch
 
     def _note_layouts(self, values: list[torch.Tensor]) -> None:

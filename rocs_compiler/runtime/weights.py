@@ -261,16 +261,25 @@ class WeightRefresh:
             self._registrations = count
             self._reloads = reloads
 
-    def buffers_behind(self, attrs: Iterable[str]) -> list[torch.Tensor]:
-        """The model's buffers (not its parameters) that the graph attributes ``attrs`` stand
-        for, as they are or as sources of a folded constant."""
+    def read_by_content(self, attrs: Iterable[str]) -> list[torch.Tensor]:
+        """The tensors behind the graph attributes ``attrs`` whose writes a refresh may miss
+        (``runtime/content_watch.py``): the model's buffers (not its parameters), as they are
+        or as sources of a folded constant, and the graph's tensors that are no weight of the
+        model nor a folded constant (lifted from forward, e.g. a plain tensor attribute: the
+        graph shares it with the model, and nothing counts its writes)."""
         sources = {f.attr: f.sources for f in self._folds}
         wanted = set(attrs).union(*(sources.get(a, ()) for a in attrs))
-        return [
+        weights = {w.attr for w in self._weights}
+        found = [
             w.source
             for w in self._weights
             if w.attr in wanted and not isinstance(w.source, nn.Parameter)
         ]
+        for attr in wanted - weights - sources.keys():
+            value = getattr(self._gm, attr, None)
+            if isinstance(value, torch.Tensor):
+                found.append(value)
+        return found
 
     def requiring_grad(self, attrs: Optional[frozenset[str]] = None) -> Optional[torch.Tensor]:
         """The first of the model's weights behind ``attrs`` (all when None) that requires grad."""

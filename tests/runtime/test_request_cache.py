@@ -518,3 +518,33 @@ def test_every_state_the_request_program_reads_invalidates_the_cache(change):
     again = _call(cm, batch)  # the new rows are cached
     assert cm.cache_stats()["hits"] == 6
     _close(again, _eager(model, batch))
+
+
+class _Scaled(torch.nn.Module):
+    """A plain tensor attribute read by the request side (lifted as a constant the graph shares
+    with the model: an in-place write to it reaches the compiled graph, and bumps no weight's
+    version)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.scale = torch.full((4,), 2.0)
+
+    def forward(self, user, item):
+        return self.lin(user) * self.scale + item
+
+
+def test_a_constant_the_request_program_shares_with_the_model_invalidates_the_cache():
+    model = _Scaled().eval()
+    index = torch.tensor([0, 0, 1, 2, 2])
+    user, item = torch.randn(3, 4), torch.randn(5, 4)
+    cm = rocs.compile(
+        model, ["user"], example_kwargs={"user": user[index], "item": item}, options=NO_CHOICE,
+        request_cache=RequestCache(1 << 20, autotune=False),
+    )  # fmt: skip
+    with torch.no_grad():
+        cm(user=user, item=item, candidate_to_request=index)
+        model.scale.mul_(3.0)
+        got = cm(user=user, item=item, candidate_to_request=index)
+        _close(got, model(user[index], item))
+    assert cm.cache_stats()["hits"] == 0 and cm.cache_stats()["invalidations"] == 1
