@@ -183,6 +183,7 @@ class WeightRefresh:
         self._weights, self._folds = weights, folds
         self._watched = [w.source for w in weights if _trackable(w.source)]
         self._versions: Optional[list[int]] = None  # the next call refreshes everything once
+        self._pointed = [w.source for w in weights if _has_pointer(w.source)]
         self._pointers: Optional[list[int]] = None
         self._registrations = -1
         self._reloads = -1
@@ -202,7 +203,7 @@ class WeightRefresh:
             self._registrations == _Registrations.count
             and self._reloads == _Reloads.count
             and list(map(_VERSION, self._watched)) == self._versions
-            and list(map(_DATA_PTR, self._watched)) == self._pointers
+            and list(map(_DATA_PTR, self._pointed)) == self._pointers
         )
 
     def refresh(self, force: bool = False) -> None:
@@ -223,7 +224,7 @@ class WeightRefresh:
                     everything
                     or source is not w.source
                     or tensor_version(source) != w.version
-                    or source.data_ptr() != w.pointer
+                    or _pointer(source) != w.pointer
                 )
                 if w.alias and not _same_view(held, source):
                     _check_like(w, held, source, same_device=True)
@@ -243,7 +244,7 @@ class WeightRefresh:
                         getattr(gm, w.attr).copy_(source)
                 changed.add(w.attr)
             for w, source in zip(self._weights, sources):
-                w.source, w.version, w.pointer = source, tensor_version(source), source.data_ptr()
+                w.source, w.version, w.pointer = source, tensor_version(source), _pointer(source)
             for f in self._folds:
                 if f.sources & rebound or (f.owned and (everything or f.sources & changed)):
                     value = f.fold.evaluate(gm)
@@ -257,7 +258,8 @@ class WeightRefresh:
                 self.epoch += 1
             self._watched = [w.source for w in self._weights if _trackable(w.source)]
             self._versions = [w.version for w in self._weights if _trackable(w.source)]
-            self._pointers = [w.pointer for w in self._weights if _trackable(w.source)]
+            self._pointed = [w.source for w in self._weights if _has_pointer(w.source)]
+            self._pointers = [w.pointer for w in self._weights if _has_pointer(w.source)]
             self._registrations = count
             self._reloads = reloads
 
@@ -314,6 +316,19 @@ def lookup_weight(model: nn.Module, name: str) -> Optional[torch.Tensor]:
 def _trackable(t: torch.Tensor) -> bool:
     """Inference tensors have no version counter (they cannot be written outside inference mode)."""
     return not t.is_inference()
+
+
+def _has_pointer(t: torch.Tensor) -> bool:
+    """A plain strided tensor of its own storage (not an inference tensor, whose writes no
+    counter sees either way, nor a wrapper subclass such as a ``DTensor``, which has no data
+    pointer)."""
+    return (
+        _trackable(t) and t.layout == torch.strided and type(t) in (torch.Tensor, nn.Parameter)
+    )
+
+
+def _pointer(t: torch.Tensor) -> int:
+    return t.data_ptr() if _has_pointer(t) else 0
 
 
 def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
