@@ -9,8 +9,9 @@ with the new values; a cache whose entries were computed with the old ones would
 
 :class:`ContentWatch` keeps a copy of the bytes of the buffers the request program reads
 (``WeightRefresh.read_by_content``: directly, or through a folded constant; and the constants
-the graph lifted from forward, which it shares with the model) and compares them per call. Identity: two calls read the same buffer values iff the buffers' bytes are equal, so a
-call that finds them equal to the copy may use entries made since the copy. Buffers are where
+the graph lifted from forward, which it shares with the model) and compares them per call.
+Identity: two calls read the same buffer values iff the buffers' bytes are equal, so a call
+that finds them equal to the copy may use entries made since the copy. Buffers are where
 modules keep state their forward writes outside autograd; parameters are written by optimizers,
 ``load_state_dict`` and assignment, which the version counters and pointers see (an in-place
 write through a parameter's ``.data`` needs ``cm.refresh_weights()``, as for the rest of the

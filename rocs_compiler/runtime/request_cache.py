@@ -10,10 +10,14 @@ are computed together, and the rest of the graph runs once on the rows put toget
 Identity: row r of a boundary value is a function of request r's inputs and of the weights
 (``request_split.py``); the key is every bit of those inputs (with their dtypes and shapes, so
 two layouts of the same bytes never meet), and the cache is emptied whenever the weights move
-(``WeightRefresh.generation`` moves on every refresh that found a write, ``runtime/weights.py``).
-So a hit hands out the bits that the request program computed for those very inputs and
-weights. Rows are put together in the layout the request program gives them (same strides), so
-a call whose every row hits computes the same bits as the call that filled the entries.
+(``WeightRefresh.generation`` moves on every refresh that found a write, ``runtime/weights.py``;
+buffers and shared constants, which kernels and ``.data`` write without a version counter
+seeing it, are compared by content per call, ``runtime/content_watch.py``, and a change
+refreshes). So a hit hands out the bits that the request program computed for those very
+inputs and weights. A request program that draws random numbers is never cached
+(``request_split.py`` refuses it). Rows are put together in the layout the request program
+gives them (same strides), so a call whose every row hits computes the same bits as the call
+that filled the entries.
 
 Memory: entries are copies of their rows (never views of a batch), counted by their storage
 plus their key, evicted least recently used; an insert that would pass ``max_bytes`` evicts

@@ -64,7 +64,8 @@ def test_the_fallback_warnings_give_the_first_line_as_the_reason(capfd):
     with pytest.raises(rocs.CompileError) as info:
         rocs.compile(model, ["user"], example_kwargs=_example())
     # Without the advice to pass fallback="eager", which this model did.
-    first = _first_line(info.value).replace(', or pass fallback="eager" to run the model uncompiled', "")
+    advice = ', or pass fallback="eager" to run the model uncompiled'
+    first = _first_line(info.value).replace(advice, "")
     assert first != _first_line(info.value)
     with pytest.warns(UserWarning) as compile_warnings:
         cm = rocs.compile(model, ["user"], example_kwargs=_example(), fallback="eager")

@@ -383,9 +383,12 @@ def test_row_keys_take_any_strides():
         assert row_keys([view], rows) == row_keys([view.clone().contiguous()], rows)
 
 
+FAST_ZOO = ("two_tower", "mmoe")  # the zoo's 1-D request inputs
+
+
 @pytest.mark.parametrize(
-    "name", [n if n in ("two_tower", "mmoe") else pytest.param(n, marks=pytest.mark.slow) for n in ZOO]
-)  # two_tower and mmoe: the zoo's 1-D request inputs
+    "name", [n if n in FAST_ZOO else pytest.param(n, marks=pytest.mark.slow) for n in ZOO]
+)
 def test_every_zoo_model_uses_the_cache_in_every_layout(name):
     """Drop-in calls of one request and of equal-sized requests (strided request rows), a
     ragged drop-in call, the shared layout and ``call_replicated``: each call's second run hits
