@@ -15,7 +15,10 @@ one torch thread. Also per model:
 - ``choice``: whether the program choice (``RequestCache(autotune=True)``) kept the cache at
   that hit rate, after its warm-up and trials on the same kind of calls;
 - ``zipf hit``: the hit rate an LRU cache of ``--budget-mb`` reaches on a stream of users
-  Zipf-distributed (skew ``--skew``) over ``--users`` users, simulated with the entry size.
+  Zipf-distributed (skew ``--skew``) over ``--users`` users, simulated with the entry size;
+- ``state checks us``: what a call spends finding out that nothing it reads moved (the weight
+  refresh's version counters and data pointers, and the byte comparison of the buffers the
+  request program reads, ``runtime/content_watch.py``), with the number of those buffers.
 
 Usage::
 
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import random
+import statistics
 import time
 from collections import OrderedDict
 
@@ -113,6 +117,26 @@ def zipf_hit_rate(users: int, skew: float, capacity: int, draws: int, seed: int)
     return hits / (draws - draws // 2)
 
 
+def state_checks(cm, graph) -> tuple[float, int]:
+    """Microseconds per call of the checks that no state the request program reads moved (thread
+    CPU time, median of 5 rounds of 2000), and how many buffers are compared by content."""
+    weights = cm._weights
+    watch = graph._watch_of(weights, cm._graph_runner())
+
+    def check():
+        weights.current()
+        watch.changed()
+
+    rounds = []
+    for _ in range(5):
+        start = time.thread_time()
+        for _ in range(2000):
+            check()
+        rounds.append((time.thread_time() - start) / 2000 * 1e6)
+    buffers = sum(len(views) + len(loose) for views, loose, *_ in watch._groups)
+    return sorted(rounds)[2], buffers
+
+
 def measure(name: str, args) -> list[dict]:
     entry = ZOO[name]
     model = entry.build(seed=0)
@@ -139,6 +163,7 @@ def measure(name: str, args) -> list[dict]:
                 samples.append(time.thread_time() - start)
         stats = cache.stats()
         hits, misses = stats["hits"] - before["hits"], stats["misses"] - before["misses"]
+        checks = state_checks(cm, graph)
         choice = chosen(cm, users, hit, args)
         request_cache.attach(cm, None)
         rows.append(
@@ -150,6 +175,7 @@ def measure(name: str, args) -> list[dict]:
                 "on_ms": trimmed_mean(on) * 1e3,
                 "entry_kb": stats["bytes"] / max(1, stats["entries"]) / 1024,
                 "choice": choice,
+                "checks": checks,
             }
         )
         rows[-1]["speedup"] = rows[-1]["off_ms"] / rows[-1]["on_ms"]
@@ -215,13 +241,15 @@ def main() -> None:
             entry_kb = max(r["entry_kb"] for r in rows)
             capacity = int((args.budget_mb << 20) / (entry_kb * 1024))
             zipf = zipf_hit_rate(args.users, args.skew, capacity, 200_000, seed=1)
-            summary.append((name, entry_kb, break_even(rows), capacity, zipf))
+            check_us = statistics.median(r["checks"][0] for r in rows)
+            check = f"{check_us:.1f} ({rows[0]['checks'][1]} buffers)"
+            summary.append((name, entry_kb, break_even(rows), capacity, zipf, check))
     print()
     print(f"| model | entry KB | break-even hit rate | entries in {args.budget_mb} MB | "
-          f"Zipf({args.skew}) hit rate over {args.users} users |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|")
-    for name, kb, even, capacity, zipf in summary:
-        print(f"| {name} | {kb:.1f} | {even} | {capacity} | {zipf:.2f} |")
+          f"Zipf({args.skew}) hit rate over {args.users} users | state checks us |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, kb, even, capacity, zipf, check in summary:
+        print(f"| {name} | {kb:.1f} | {even} | {capacity} | {zipf:.2f} | {check} |")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from .capture.failure import without_eager_advice
 from .capture.trace import describe_example
 from .errors import CompileError
 from .formats.base import Prepared
@@ -174,8 +175,12 @@ def _contract(described) -> InputContract:
 
 def _eager_fallback(model, prepared: Prepared, err: CompileError, unbatched) -> CompiledModel:
     """The original model behind the compiled model's interface, warning once."""
-    warnings.warn(f"rocs: compilation failed, the model will run eagerly: {err}", stacklevel=3)
-    reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+    message = without_eager_advice(str(err))
+    warnings.warn(
+        f'rocs: compilation failed, the model will run eagerly (fallback="eager"): {message}',
+        stacklevel=3,
+    )
+    reason = message.splitlines()[0] if message else type(err).__name__
     contract = None
     if not prepared.format.converts:
         call = describe_example(

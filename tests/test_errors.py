@@ -172,7 +172,13 @@ def _bad_calls():
             {**sh, "item": torch.randn(N + 1, D), "candidate_to_request": idx},
             r"candidate_to_request|rows",
         ),
-        "dropin_rows_disagree": ({**rep, "item": torch.randn(N + 1, D)}, r"disagree"),
+        "dropin_rows_disagree": ({**rep, "item": torch.randn(N - 1, D)}, r"unbatched_inputs"),
+        "dropin_rows_disagree_as_if_shared": (
+            {**rep, "item": torch.randn(N + 1, D)},
+            r"missing.*or give every input 8 rows",
+        ),
+        # R request rows and N > R candidate rows: a shared-layout call that forgot the index.
+        "shared_layout_without_the_index": (sh, r"candidate_to_request is missing.*int64 \[7\]"),
         "replicated_request_inputs_with_an_index": (
             {**rep, "candidate_to_request": idx},
             r"one row per request.*call_replicated",
@@ -564,3 +570,21 @@ def test_request_input_without_batch_dim_is_rejected(shape):
             example_kwargs={"user": torch.randn(shape), "item": item},
             options=OPTIONS,
         )
+
+
+def test_the_eager_fallback_warning_does_not_advise_the_fallback_it_took():
+    """The capture error's advice to pass ``fallback="eager"`` is left out of what a model
+    compiled with it says: the warning, the call-time warning and the report."""
+    user, item = _scaled_inputs()
+    with pytest.warns(UserWarning) as compiled:
+        cm = rocs.compile(
+            DataDependent().eval(), ["user"], example_kwargs={"user": user, "item": item},
+            fallback="eager", options=OPTIONS,
+        )  # fmt: skip
+    with pytest.warns(UserWarning) as called:
+        cm(user=user, item=item)
+    said = [str(w.message) for w in [*compiled, *called]] + [str(cm.report().fallbacks)]
+    for text in said:
+        assert "fallback" not in text.replace('(fallback="eager")', ""), text
+    assert "data-dependent" in said[0] and "torch.where" in said[0], said[0]
+    assert 'fallback="eager"' in said[0]  # says why it runs eagerly

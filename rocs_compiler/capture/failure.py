@@ -24,6 +24,13 @@ from ..errors import CompileError
 
 EAGER_ADVICE = 'pass fallback="eager" to run the model uncompiled'
 
+
+
+def without_eager_advice(message: str) -> str:
+    """``message`` without the advice to pass ``fallback="eager"`` (for a model that did)."""
+    return message.replace(f", or {EAGER_ADVICE}", "").replace(f"; {EAGER_ADVICE}", "")
+
+
 _SOURCE_IN_MESSAGE = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+)(?P<rest>.*)')
 _DETAIL_LINES = 12
 

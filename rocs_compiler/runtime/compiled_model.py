@@ -34,7 +34,7 @@ from ..formats.base import REPLICATED, InputFormat, ProgramCall
 from ..kernels.request_groups import call_groups
 from ..ir.roles import Role
 from . import no_backward
-from .input_checks import InputSpecs
+from .input_checks import InputSpecs, row_count_error
 from .mislabel import MislabelWatch
 from .plain import PlainProgram, constant_output_positions
 from .program_choice import (
@@ -746,12 +746,7 @@ class CompiledModel(nn.Module):
         rows = [leaves[n].shape[0] if leaves[n].dim() else None for n in names]
         first = rows[0]
         if first is None or rows.count(first) != len(rows):
-            detail = ", ".join(f"{n}: {r}" for n, r in zip(names, rows))
-            raise InputError(
-                f"batched inputs disagree on the number of rows ({detail}); an input without a "
-                "batch dim whose rows equalled the example's batch size is taken as batched: "
-                "name it in rocs.compile(..., unbatched_inputs=[...])"
-            )
+            raise row_count_error(dict(zip(names, rows)), self._request_set)
         return first
 
     def _group(self, leaves: dict):

@@ -99,3 +99,28 @@ class InputSpecs:
 
 def _fits(dims: tuple, sizes: tuple) -> bool:
     return len(dims) == len(sizes) and all(s is None or d == s for d, s in zip(dims, sizes))
+
+
+def row_count_error(rows: Mapping[str, Optional[int]], request_inputs: frozenset) -> InputError:
+    """The error for a call without ``candidate_to_request`` whose batched inputs ``rows``
+    (name -> row count, None without a dim) disagree. Request inputs agreeing on R rows and
+    candidate inputs on N > R rows are a shared-layout call without its index; anything else is
+    an input taken as batched that is not (its rows equalled the example's batch size)."""
+    detail = ", ".join(f"{n}: {r}" for n, r in rows.items())
+    request = {r for n, r in rows.items() if n in request_inputs}
+    candidate = {r for n, r in rows.items() if n not in request_inputs}
+    if len(request) == len(candidate) == 1 and None not in request | candidate:
+        (num_requests,), (num_candidates,) = request, candidate
+        if 0 < num_requests < num_candidates:
+            return InputError(
+                f"request inputs have {num_requests} rows and candidate inputs "
+                f"{num_candidates} ({detail}): a shared-layout call, whose candidate_to_request "
+                f"is missing: pass cm(..., candidate_to_request=idx), idx an int64 "
+                f"[{num_candidates}] tensor holding each candidate's request in "
+                f"[0, {num_requests}); or give every input {num_candidates} rows (drop-in)"
+            )
+    return InputError(
+        f"batched inputs disagree on the number of rows ({detail}); an input without a "
+        "batch dim whose rows equalled the example's batch size is taken as batched: "
+        "name it in rocs.compile(..., unbatched_inputs=[...])"
+    )

@@ -10,10 +10,14 @@ are computed together, and the rest of the graph runs once on the rows put toget
 Identity: row r of a boundary value is a function of request r's inputs and of the weights
 (``request_split.py``); the key is every bit of those inputs (with their dtypes and shapes, so
 two layouts of the same bytes never meet), and the cache is emptied whenever the weights move
-(``WeightRefresh.generation`` moves on every refresh that found a write, ``runtime/weights.py``).
-So a hit hands out the bits that the request program computed for those very inputs and
-weights. Rows are put together in the layout the request program gives them (same strides), so
-a call whose every row hits computes the same bits as the call that filled the entries.
+(``WeightRefresh.generation`` moves on every refresh that found a write, ``runtime/weights.py``;
+buffers and shared constants, which kernels and ``.data`` write without a version counter
+seeing it, are compared by content per call, ``runtime/content_watch.py``, and a change
+refreshes). So a hit hands out the bits that the request program computed for those very
+inputs and weights. A request program that draws random numbers is never cached
+(``request_split.py`` refuses it). Rows are put together in the layout the request program
+gives them (same strides), so a call whose every row hits computes the same bits as the call
+that filled the entries.
 
 Memory: entries are copies of their rows (never views of a batch), counted by their storage
 plus their key, evicted least recently used; an insert that would pass ``max_bytes`` evicts
@@ -42,6 +46,7 @@ from torch import fx
 
 from ..analysis.batch_axis import BatchAxis, row_dim, split_shape
 from ..errors import OptionsError
+from .content_watch import ContentWatch
 from .direct import direct_program
 from .program_choice import PLAIN, SHARED, TRIALS, ProgramChoice, bucket, call_clock
 from .request_split import RequestSplit, SplitRefused, split_request_region
@@ -169,7 +174,11 @@ def row_keys(tensors: list[torch.Tensor], rows: int) -> list[tuple]:
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:
-    t = t.contiguous()
+    """``t``'s bytes, ``[rows, row bytes]``. Not ``contiguous()`` alone: a dim of size 1 counts
+    as contiguous whatever its stride (a single request's strided row of a drop-in call),
+    and a view to bytes needs the last stride to be 1."""
+    if not t.is_contiguous() or t.stride(-1) != 1:
+        t = t.clone(memory_format=torch.contiguous_format)
     return t if t.dtype == torch.uint8 else t.view(torch.uint8)
 
 
@@ -236,6 +245,8 @@ class CachedGraph:
         self._layouts: dict[int, tuple[int, ...]] = {}  # boundary value -> dim order, as computed
         self._choice = CacheChoice()
         self._calls: dict[tuple, int] = {}
+        self._watch: ContentWatch | None = None
+        self._watch_key: Any = None  # (weight generation, runner) the watch was made for
 
     def run(self, model: Any, runner: Callable, inputs: list, index: torch.Tensor) -> list:
         """The outputs of ``runner(*inputs, index)`` (the compiled graph's program), with the
@@ -247,11 +258,16 @@ class CachedGraph:
         if rows == 0:
             return runner(*inputs, index)
         # A refresh that found a weight written moves ``generation``; a rebinding or a move
-        # (new devices, dtypes) also replaces the runner.
+        # (new devices, dtypes) also replaces the runner. Buffers written where no version
+        # counter counts (batch norm's statistics) are found by content, and refresh everything.
         weights = model._weights
+        programs = self._programs_for(model, runner)
+        if weights is not None and self._watch_of(weights, runner).changed():
+            weights.refresh(force=True)
+            runner = model._graph_runner()
+            programs = self._programs_for(model, runner)
         stamp = (0 if weights is None else weights.generation, runner)
         self.cache.follow(stamp)
-        programs = self._programs_for(model, runner)
         if not self.cache.autotune:
             return self._cached(programs, inputs, requests, rows, index, stamp)
         key = bucket("cache", index.shape[0], rows)
@@ -304,6 +320,16 @@ class CachedGraph:
             )
             self._split, self._programs, self._programs_of = split, programs, runner
         return self._programs
+
+    def _watch_of(self, weights: Any, runner: Callable) -> ContentWatch:
+        """The watch over the buffers (and lifted constants) the request program reads, made
+        again (their bytes as they are now) after every refresh that found a write, and with
+        every new runner."""
+        key = (weights.generation, runner)
+        if self._watch_key != key:
+            attrs = [n.target for n in self._split.request_graph.nodes if n.op == "get_attr"]
+            self._watch, self._watch_key = ContentWatch(weights.read_by_content(attrs)), key
+        return self._watch
 
     def _note_layouts(self, values: list[torch.Tensor]) -> None:
         if len(self._layouts) < len(values):

@@ -17,6 +17,10 @@ with their positions for a fused GEMM) is recomputed by the rest program from it
 walking up until every value read across the cut has an axis. A request-placed node of the
 request program without an axis has no row-wise guarantee: the split is refused, with the node
 named, and the model runs without the cache.
+
+A request program that draws random numbers (a dropout in training mode placed per request,
+``Options.request_dropout == "per_request"``) is refused too: its rows are no function of the
+request's inputs, and a cached row would replay the draws of the call that computed it.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import torch
 from torch import fx
 
 from ..analysis.batch_axis import BatchAxis
+from ..analysis.op_groups import dropout_in_training, is_random
 from ..ir.graph_meta import BATCH_AXIS, PLACEMENT
 from ..ir.roles import Role
 from ..ir.symbolic import expr_of
@@ -132,7 +137,14 @@ def _request_graph(nodes, requests, cut, symbol) -> fx.Graph:
     if stray:
         raise SplitRefused(f"request values read non-request input(s) {[n.name for n in stray]}")
     for node in needed:
-        if node.op != "call_function" or node.meta.get(PLACEMENT) != Role.REQUEST:
+        if node.op != "call_function":
+            continue
+        if is_random(node.target) or dropout_in_training(node):
+            raise SplitRefused(
+                f"request node {node.name} ({node.target}) draws random numbers: a cached row "
+                "would replay the draws of the call that computed it"
+            )
+        if node.meta.get(PLACEMENT) != Role.REQUEST:
             continue
         if node.meta.get(BATCH_AXIS) is None and _sized_by_batch(node, symbol):
             raise SplitRefused(

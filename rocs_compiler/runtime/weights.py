@@ -15,11 +15,12 @@ with no work at all. Three things do not follow by themselves:
 
 Identity: a folded constant (or a copy) equals its recipe evaluated on the weights as long as no
 weight it reads was written since. Every in-place write bumps a tensor's ``_version`` counter
-(autograd's own staleness check relies on it), and every assignment of a parameter, buffer or
+(autograd's own staleness check relies on it), every assignment of a parameter, buffer or
 submodule goes through ``nn.Module``'s registration hooks, which here count into one
-process-wide number. So before each call :meth:`WeightRefresh.current` compares that number and
-the version counters of the model's weights with those of the last refresh (one C attribute
-read per weight, about 1 us for 40 weights); when either moved, :meth:`WeightRefresh.refresh`
+process-wide number, and an assignment to ``.data`` gives the tensor another storage. So before
+each call :meth:`WeightRefresh.current` compares that number, the version counters and the data
+pointers of the model's weights with those of the last refresh (two C reads per weight, a few
+us for 40 weights); when any moved, :meth:`WeightRefresh.refresh`
 looks the weights up again by name, rebinds the aliases that no longer alias, copies into the
 copies, and evaluates again the folds that read a changed weight. Folds and copies are updated
 in place (``copy_``), so whoever holds them keeps valid references; rebinding replaces graph
@@ -35,9 +36,12 @@ Other in-place writes to inference tensors (``p.copy_(w)`` under inference mode)
 ``CompiledModel.refresh_weights()``.
 
 Refused (``CompileError``, "compile again"): a weight that is no longer a parameter or buffer
-under its name, or whose new tensor has another shape, dtype or device. Not seen: writes
-through ``.data`` (``p.data.copy_(x)``, ``p.data = x``), which by PyTorch's definition bypass
-version tracking; ``CompiledModel.refresh_weights()`` re-reads everything after such writes.
+under its name, or whose new tensor has another shape, dtype or device. Not seen: in-place
+writes through ``.data`` (``p.data.copy_(x)``) and by kernels that bump no version counter
+(batch norm's running statistics in a train-mode forward), which by PyTorch's definition bypass
+version tracking: the aliases see them, folded constants and copies do not;
+``CompiledModel.refresh_weights()`` re-reads everything after such writes. (The request cache
+compares the buffers it depends on by content, ``runtime/content_watch.py``.)
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ import operator
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Iterable, Mapping, Optional
 
 import torch
 from torch import fx, nn
@@ -108,6 +112,7 @@ def tensor_version(t: torch.Tensor) -> int:
     return -1 - _Reloads.count if t.is_inference() else t._version
 
 _VERSION = operator.attrgetter("_version")
+_DATA_PTR = torch.Tensor.data_ptr
 # One lock for every compiled model's refreshes: they are rare, and a per-instance lock would make
 # compiled models impossible to deep-copy.
 _LOCK = threading.RLock()
@@ -120,6 +125,7 @@ class _Weight:
     source: torch.Tensor  # the model's tensor, as last seen
     alias: bool  # the attribute aliases ``source`` (else it is a copy kept equal to it)
     version: int = -1  # ``source._version`` as last seen
+    pointer: int = 0  # ``source.data_ptr()`` as last seen (``.data = x`` moves it)
 
 
 @dataclass
@@ -177,6 +183,8 @@ class WeightRefresh:
         self._weights, self._folds = weights, folds
         self._watched = [w.source for w in weights if _trackable(w.source)]
         self._versions: Optional[list[int]] = None  # the next call refreshes everything once
+        self._pointed = [w.source for w in weights if _has_pointer(w.source)]
+        self._pointers: Optional[list[int]] = None
         self._registrations = -1
         self._reloads = -1
 
@@ -195,6 +203,7 @@ class WeightRefresh:
             self._registrations == _Registrations.count
             and self._reloads == _Reloads.count
             and list(map(_VERSION, self._watched)) == self._versions
+            and list(map(_DATA_PTR, self._pointed)) == self._pointers
         )
 
     def refresh(self, force: bool = False) -> None:
@@ -211,7 +220,12 @@ class WeightRefresh:
                 source = self._require(w) if look_up else w.source
                 sources.append(source)
                 held = getattr(gm, w.attr)
-                moved = everything or source is not w.source or tensor_version(source) != w.version
+                moved = (
+                    everything
+                    or source is not w.source
+                    or tensor_version(source) != w.version
+                    or _pointer(source) != w.pointer
+                )
                 if w.alias and not _same_view(held, source):
                     _check_like(w, held, source, same_device=True)
                     steps.append((w, source, "rebind"))
@@ -230,7 +244,7 @@ class WeightRefresh:
                         getattr(gm, w.attr).copy_(source)
                 changed.add(w.attr)
             for w, source in zip(self._weights, sources):
-                w.source, w.version = source, tensor_version(source)
+                w.source, w.version, w.pointer = source, tensor_version(source), _pointer(source)
             for f in self._folds:
                 if f.sources & rebound or (f.owned and (everything or f.sources & changed)):
                     value = f.fold.evaluate(gm)
@@ -244,8 +258,30 @@ class WeightRefresh:
                 self.epoch += 1
             self._watched = [w.source for w in self._weights if _trackable(w.source)]
             self._versions = [w.version for w in self._weights if _trackable(w.source)]
+            self._pointed = [w.source for w in self._weights if _has_pointer(w.source)]
+            self._pointers = [w.pointer for w in self._weights if _has_pointer(w.source)]
             self._registrations = count
             self._reloads = reloads
+
+    def read_by_content(self, attrs: Iterable[str]) -> list[torch.Tensor]:
+        """The tensors behind the graph attributes ``attrs`` whose writes a refresh may miss
+        (``runtime/content_watch.py``): the model's buffers (not its parameters), as they are
+        or as sources of a folded constant, and the graph's tensors that are no weight of the
+        model nor a folded constant (lifted from forward, e.g. a plain tensor attribute: the
+        graph shares it with the model, and nothing counts its writes)."""
+        sources = {f.attr: f.sources for f in self._folds}
+        wanted = set(attrs).union(*(sources.get(a, ()) for a in attrs))
+        weights = {w.attr for w in self._weights}
+        found = [
+            w.source
+            for w in self._weights
+            if w.attr in wanted and not isinstance(w.source, nn.Parameter)
+        ]
+        for attr in wanted - weights - sources.keys():
+            value = getattr(self._gm, attr, None)
+            if isinstance(value, torch.Tensor):
+                found.append(value)
+        return found
 
     def requiring_grad(self, attrs: Optional[frozenset[str]] = None) -> Optional[torch.Tensor]:
         """The first of the model's weights behind ``attrs`` (all when None) that requires grad."""
@@ -280,6 +316,19 @@ def lookup_weight(model: nn.Module, name: str) -> Optional[torch.Tensor]:
 def _trackable(t: torch.Tensor) -> bool:
     """Inference tensors have no version counter (they cannot be written outside inference mode)."""
     return not t.is_inference()
+
+
+def _has_pointer(t: torch.Tensor) -> bool:
+    """A plain strided tensor of its own storage (not an inference tensor, whose writes no
+    counter sees either way, nor a wrapper subclass such as a ``DTensor``, which has no data
+    pointer)."""
+    return (
+        _trackable(t) and t.layout == torch.strided and type(t) in (torch.Tensor, nn.Parameter)
+    )
+
+
+def _pointer(t: torch.Tensor) -> int:
+    return t.data_ptr() if _has_pointer(t) else 0
 
 
 def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:

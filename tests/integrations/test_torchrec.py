@@ -525,3 +525,28 @@ def test_a_replaced_embedding_bag_collection_of_other_tables_or_class_is_refused
     _replaced_is_refused(
         model, compiled, lambda m: _set_collection(m, other), f"{where} was replaced"
     )
+
+
+def test_the_request_cache_serves_the_dlrm_in_every_layout():
+    """The DLRM's request keys reach the program as padded pieces, a 1-D lengths piece among
+    them: drop-in calls of one request (a single strided row) included, a second call hits
+    every request and returns the first call's bits."""
+    model, request, _ = zoo.build("dlrm")
+    cache = rocs.RequestCache(1 << 22, autotune=False)
+    compiled = _compile(model, request, options={"autotune": False}, request_cache=cache)
+    for counts in ([3], [2, 2], [1, 4, 2]):
+        batch = zoo.draw(counts, seed=len(counts), histories=[2] * len(counts))
+        with torch.no_grad():
+            want = model(batch.dense, batch.kjt)
+            calls = {
+                "drop-in": lambda: compiled(batch.dense, batch.kjt),
+                "shared": lambda: compiled(
+                    batch.dense, batch.shared, candidate_to_request=batch.index
+                ),
+            }
+            for layout, call in calls.items():
+                hits = cache.stats()["hits"]
+                first, second = call(), call()
+                assert torch.equal(first, second), (counts, layout)
+                assert cache.stats()["hits"] >= hits + len(counts), (counts, layout)
+                torch.testing.assert_close(second, want, rtol=1e-5, atol=1e-6, msg=layout)

@@ -347,3 +347,207 @@ def test_the_cache_must_lead_by_a_margin(cached, expected):
         arm = choice.next_trial(key, margin=request_cache.CACHE_MARGIN)
         choice.record(key, arm, cached if arm == program_choice.SHARED else 1.0)
     assert choice.decided(key) == expected
+
+
+# -- every layout, every state the request program reads, no replayed draws --------------------
+
+
+def _mlp_with_ids(cache=None):
+    """A model with a 1-D request input (``user_ids``), as TorchRec's padded id pieces are."""
+    from models_for_tests import USER_ITEM_MLP
+
+    model = USER_ITEM_MLP.build()
+    cache = RequestCache(1 << 20, autotune=False) if cache is None else cache
+    cm = USER_ITEM_MLP.compile(model, options=NO_CHOICE, request_cache=cache)
+    return USER_ITEM_MLP, model, cm
+
+
+@pytest.mark.parametrize("counts", [[3], [2, 2], [4, 1, 2], [1]])
+def test_drop_in_calls_with_a_one_dimensional_request_input_use_the_cache(counts):
+    """Equal-sized requests of a drop-in call are strided views of the replicated rows; a 1-D
+    one (one request: a single element with its stride) is keyed like any other."""
+    case, model, cm = _mlp_with_ids()
+    batch = case.batch(counts, seed=4)
+    replicated = batch.replicated()
+    with torch.no_grad():
+        first, second = cm(**replicated), cm(**replicated)
+    assert _same_bits(first, second)
+    assert cm.cache_stats()["hits"] == len(counts)
+    _close(second, _eager(model, batch))
+
+
+def test_row_keys_take_any_strides():
+    ids = torch.arange(12)
+    for view in (ids[::4][:1], ids[::3], ids.view(3, 4).t(), ids.view(3, 4)[:, 1:2]):
+        rows = view.shape[0]
+        assert row_keys([view], rows) == row_keys([view.clone().contiguous()], rows)
+
+
+FAST_ZOO = ("two_tower", "mmoe")  # the zoo's 1-D request inputs
+
+
+@pytest.mark.parametrize(
+    "name", [n if n in FAST_ZOO else pytest.param(n, marks=pytest.mark.slow) for n in ZOO]
+)
+def test_every_zoo_model_uses_the_cache_in_every_layout(name):
+    """Drop-in calls of one request and of equal-sized requests (strided request rows), a
+    ragged drop-in call, the shared layout and ``call_replicated``: each call's second run hits
+    every request and returns the first run's bits, and both equal eager."""
+    entry, model, cm = _compiled(name)
+    for counts in ([3], [2, 2], [1, 3, 2]):
+        batch = entry.make_batch(counts, seed=len(counts))
+        request_cache.attach(cm, None)
+        request_cache.attach(cm, RequestCache(1 << 24, autotune=False))
+        calls = {
+            "drop-in": lambda: cm(**batch.replicated()),
+            "shared": lambda: cm(**batch.kwargs, candidate_to_request=batch.candidate_to_request),
+            "replicated": lambda: cm.call_replicated(
+                **batch.replicated(), candidate_to_request=batch.candidate_to_request
+            ),
+        }
+        want = _eager(model, batch)
+        for layout, run in calls.items():
+            before = cm.cache_stats()["hits"]
+            with torch.no_grad():
+                first, second = run(), run()
+            assert _same_bits(first, second), (counts, layout)
+            assert cm.cache_stats()["hits"] >= before + len(counts), (counts, layout)
+            _close(second, want)
+
+
+class _DroppedRequest(torch.nn.Module):
+    """A dropout on the request tower's values: with ``request_dropout="per_request"`` it runs
+    on the request rows, one mask per request."""
+
+    def __init__(self):
+        super().__init__()
+        self.user = torch.nn.Linear(6, 16)
+        self.drop = torch.nn.Dropout(0.5)
+        self.item = torch.nn.Linear(4, 16)
+
+    def forward(self, user, item):
+        return self.drop(self.user(user)) * self.item(item)
+
+
+def test_a_request_program_drawing_random_numbers_is_never_cached():
+    """A hit would hand out the mask an earlier call drew: the cache refuses such a program at
+    construction, says why, and every call draws afresh."""
+    torch.manual_seed(0)
+    model = _DroppedRequest().train()
+    index = torch.tensor([0, 0, 1, 1, 1, 2, 3, 3])
+    user, item = torch.randn(4, 6), torch.randn(8, 4)
+    cm = rocs.compile(
+        model, ["user"], example_kwargs={"user": user[index], "item": item}, training=True,
+        options={"request_dropout": "per_request", "autotune": False},
+        request_cache=RequestCache(1 << 20, autotune=False),
+    )  # fmt: skip
+    stats = cm.cache_stats()
+    assert stats["refused"] and "random" in stats["refused"] and "replay" in stats["refused"]
+    with torch.no_grad():
+        first = cm(user=user, item=item, candidate_to_request=index)
+        second = cm(user=user, item=item, candidate_to_request=index)
+    assert not torch.equal(first != 0, second != 0), "the second call replayed the first's mask"
+    assert cm.cache_stats()["hits"] == 0
+    assert "request cache: not used" in cm.report().note
+
+
+def _train_step(model):
+    """A train-mode forward of the original: batch norm moves its running statistics in place,
+    in a kernel that bumps no version counter."""
+    from models_for_tests import BATCH_NORM_EVAL
+
+    model.train()
+    with torch.no_grad():
+        model(**BATCH_NORM_EVAL.batch([4, 4], seed=5).replicated())
+    model.eval()
+
+
+def _replace_bn(model):
+    """The batch norm replaced by an equal module whose statistics differ (the guards follow
+    it: same class, equal attributes)."""
+    bn = torch.nn.BatchNorm1d(model.bn.num_features).eval()
+    bn.load_state_dict(model.bn.state_dict())
+    with torch.no_grad():
+        bn.running_mean.add_(0.5)
+    model.bn = bn
+
+
+def _load(model):
+    state = {k: v * 1.25 if v.is_floating_point() else v for k, v in model.state_dict().items()}
+    model.load_state_dict(state)
+
+
+def _data_of(name, how):
+    def change(model):
+        tensor = model.get_parameter(name) if "weight" in name else model.get_buffer(name)
+        if how == "copy_":
+            tensor.data.copy_(tensor * 1.5 + 0.25)  # the storage written, no version bump
+        else:
+            tensor.data = tensor.detach() * 1.5 + 0.25  # another storage, no version bump
+
+    return change
+
+
+STATE_CHANGES = {
+    "train-mode forward": _train_step,
+    "running mean .data.copy_": _data_of("bn.running_mean", "copy_"),
+    "running var .data =": _data_of("bn.running_var", "assign"),
+    "weight .data =": _data_of("lin.weight", "assign"),
+    "weight reassigned": lambda m: setattr(m.lin, "weight", torch.nn.Parameter(m.lin.weight * 2)),
+    "module replaced": _replace_bn,
+    "load_state_dict": _load,
+    "buffer written in place": lambda m: m.bn.running_var.mul_(3.0),
+}
+
+
+@pytest.mark.parametrize("change", list(STATE_CHANGES))
+def test_every_state_the_request_program_reads_invalidates_the_cache(change):
+    """Batch norm's statistics and weights, written in every way a user or a kernel writes them:
+    the next call's rows are computed again and equal eager, as without the cache."""
+    from models_for_tests import BATCH_NORM_EVAL
+
+    model = BATCH_NORM_EVAL.build()
+    cm = BATCH_NORM_EVAL.compile(
+        model, options=NO_CHOICE, request_cache=RequestCache(1 << 20, autotune=False)
+    )
+    batch = BATCH_NORM_EVAL.batch([2, 3, 1], seed=1)
+    _call(cm, batch)
+    _call(cm, batch)
+    assert cm.cache_stats()["hits"] == 3
+    STATE_CHANGES[change](model)
+    _close(_call(cm, batch), _eager(model, batch))
+    stats = cm.cache_stats()
+    assert stats["hits"] == 3 and stats["invalidations"] == 1, stats
+    again = _call(cm, batch)  # the new rows are cached
+    assert cm.cache_stats()["hits"] == 6
+    _close(again, _eager(model, batch))
+
+
+class _Scaled(torch.nn.Module):
+    """A plain tensor attribute read by the request side (lifted as a constant the graph shares
+    with the model: an in-place write to it reaches the compiled graph, and bumps no weight's
+    version)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.scale = torch.full((4,), 2.0)
+
+    def forward(self, user, item):
+        return self.lin(user) * self.scale + item
+
+
+def test_a_constant_the_request_program_shares_with_the_model_invalidates_the_cache():
+    model = _Scaled().eval()
+    index = torch.tensor([0, 0, 1, 2, 2])
+    user, item = torch.randn(3, 4), torch.randn(5, 4)
+    cm = rocs.compile(
+        model, ["user"], example_kwargs={"user": user[index], "item": item}, options=NO_CHOICE,
+        request_cache=RequestCache(1 << 20, autotune=False),
+    )  # fmt: skip
+    with torch.no_grad():
+        cm(user=user, item=item, candidate_to_request=index)
+        model.scale.mul_(3.0)
+        got = cm(user=user, item=item, candidate_to_request=index)
+        _close(got, model(user[index], item))
+    assert cm.cache_stats()["hits"] == 0 and cm.cache_stats()["invalidations"] == 1

@@ -229,6 +229,22 @@ def test_writes_through_data_need_refresh_weights():
     _assert_same(model, cm, "after .data writes and refresh_weights()")
 
 
+def test_an_assignment_to_data_is_followed():
+    """``p.data = x`` bumps no version counter but gives ``p`` another storage: the data
+    pointers show it, and the compiled model reads the new tensor (a moved copy copies it)."""
+    torch.manual_seed(0)
+    model = _model(_head, a=nn.Linear(4, 4), h=nn.Linear(8, 3))
+    cm = _compile(model)
+    _assert_same(model, cm, "before")
+    model.a.weight.data = torch.randn(4, 4)
+    _assert_same(model, cm, "after a.weight.data = ...")
+    moved = _compile(model).double()
+    model.h.weight.data = torch.randn(3, 8)
+    u, c = _inputs(2)
+    expected = eager(model, dict(u=u, c=c))
+    assert_outputs_match(moved(u=u.double(), c=c.double()).float(), expected, "moved copy")
+
+
 def test_a_compiled_model_moved_to_another_dtype_keeps_following_its_original():
     torch.manual_seed(0)
     model = _model(_head, a=nn.Linear(4, 4), h=nn.Linear(8, 3))
