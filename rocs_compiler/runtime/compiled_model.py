@@ -14,6 +14,8 @@ current weights: in-place updates and reassigned parameters are seen (``runtime/
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import inspect
 import warnings
 from typing import Any, Callable, Mapping, Optional
@@ -148,20 +150,35 @@ class InputContract:
 
 
 def _nested_leaves(kwargs: dict) -> Optional[dict]:
-    """``named_leaves`` of keyword arguments that are tensors or str-keyed dicts of tensors;
-    None for any other structure (left to the general path)."""
+    """``named_leaves`` of keyword arguments that are tensors, str-keyed dicts of tensors or
+    dataclasses of tensors (batch objects, named by field as pytree names them); None for any
+    other structure (left to the general path)."""
     flat = {}
     for name, value in kwargs.items():
         if isinstance(value, torch.Tensor):
             flat[name] = value
-        elif type(value) is dict:
-            for key, leaf in value.items():
-                if type(key) is not str or not isinstance(leaf, torch.Tensor):
-                    return None
-                flat[f"{name}.{key}"] = leaf
+            continue
+        if type(value) is dict:
+            items = value.items()
         else:
-            return None
+            fields = _tensor_fields(type(value))
+            if fields is None:
+                return None
+            items = zip(fields, map(value.__getattribute__, fields))
+        for key, leaf in items:
+            if type(key) is not str or not isinstance(leaf, torch.Tensor):
+                return None
+            flat[f"{name}.{key}"] = leaf
     return flat
+
+
+@functools.lru_cache(maxsize=256)
+def _tensor_fields(cls: type) -> Optional[tuple[str, ...]]:
+    """The fields pytree flattens of a dataclass registered as a pytree node; None for any
+    other type."""
+    if not dataclasses.is_dataclass(cls) or cls not in pytree.SUPPORTED_NODES:
+        return None
+    return tuple(f.name for f in dataclasses.fields(cls) if f.init)
 
 
 def _same_constant(a: Any, b: Any) -> bool:
