@@ -314,13 +314,14 @@ class CompiledModel(nn.Module):
         format offers it and this call's bucket chose it, else the program on the converted
         call."""
         input_format = self.input_format
-        if self.graph_module is None:
-            return self._run_original(args, kwargs, None if replicated else index)
-        choosing = self._choosing()
+        choosing = self._choosing()  # a plain program, so a compiled graph
         if choosing and not replicated:
             result = run_settled_as_called(self, args, kwargs, index)
             if result is not NOT_TAKEN:  # a bucket settled on the plain program, as called
                 return result
+        if self.graph_module is None:
+            return self._run_original(args, kwargs, None if replicated else index)
+        if choosing and not replicated:
             self._refresh_copy()
             original = input_format.original_program(self._original, args, kwargs, index)
             if original is not None:

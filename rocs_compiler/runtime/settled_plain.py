@@ -71,9 +71,14 @@ def run_settled_as_called(model: Any, args: tuple, kwargs: dict, index: Any) -> 
     leaves = model.input_format.called_leaves(args, kwargs)
     if leaves is None or leaves.keys() != plain.name_set:
         return NOT_TAKEN
-    first = leaves[plain.batched_names[0]]
-    rows = first.shape[0] if first.dim() else -1
-    if any(not v.dim() or v.shape[0] != rows for v in map(leaves.get, plain.batched_names)):
+    batched = plain.batched_names
+    first = leaves[batched[0]]
+    if not first.dim():
+        return NOT_TAKEN
+    rows = first.shape[0]
+    if len(batched) > 1 and any(
+        not v.dim() or v.shape[0] != rows for v in map(leaves.get, batched)
+    ):
         return NOT_TAKEN  # the general path names the disagreeing rows
     choice = model._choice
     if index is None:
