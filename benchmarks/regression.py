@@ -64,6 +64,7 @@ from models_zoo import ZOO
 from models_zoo.batch import Batch, request_index
 from allocator import retain_freed_memory
 from regression_models import MODELS, make_inputs
+import torchfm_models
 from rocs_compiler.runtime.program_choice import TRIALS
 
 CELLS = ((1, 16), (1, 128), (1, 1024), (4, 16), (4, 128), (4, 1024))
@@ -152,7 +153,6 @@ def _deepctr_cases() -> list:
 def _torchfm_case(name: str) -> Case:
     """A torchfm-style model (``torchfm_models.py``): one packed ``x`` of field ids, the user
     fields a column range, replicated in both layouts."""
-    import torchfm_models
 
     def build() -> nn.Module:
         torch.manual_seed(0)
