@@ -105,7 +105,8 @@ def _plain_case(name, model, request, wrap, requests, per_request) -> FormatCase
     call's keyword arguments."""
     user, item, index = _ids(requests, per_request)
     example_user, example_item, example_index = _ids(2, 4, seed=1)
-    cm = rocs.compile(model, [request], example_kwargs=wrap(example_user[example_index], example_item))
+    example = wrap(example_user[example_index], example_item)
+    cm = rocs.compile(model, [request], example_kwargs=example)
     replicated, shared = wrap(user[index], item), wrap(user, item)
     n = index.shape[0]
     return FormatCase(

@@ -95,6 +95,7 @@ def draw(counts: Sequence[int], seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     index = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(list(counts)))
     n = index.shape[0]
-    user = torch.stack([torch.randint(0, v, (len(counts),), generator=g) for v in FIELDS[:USER_FIELDS]], 1)
+    user_fields = FIELDS[:USER_FIELDS]
+    user = torch.stack([torch.randint(0, v, (len(counts),), generator=g) for v in user_fields], 1)
     item = torch.stack([torch.randint(0, v, (n,), generator=g) for v in FIELDS[USER_FIELDS:]], 1)
     return torch.cat([user[index], item], 1), index
