@@ -27,7 +27,14 @@ from torch import nn
 
 from ..errors import CompileError, InputError
 from .base import DROPIN, REPLICATED, SHARED, InputFormat, Prepared, ProgramCall
-from .leaves import bind_inputs, leaf_at, rebuild_call, with_leaf
+from .leaves import (
+    bind_inputs,
+    given_by_name,
+    leaf_at,
+    parameter_order,
+    rebuild_call,
+    with_leaf,
+)
 from .packed_plain import packed_plain_graph
 
 _COLUMNS = re.compile(
@@ -228,13 +235,7 @@ class ColumnFormat(InputFormat):
         self._replicated = frozenset(
             name for split in splits for name in split.request_names()
         )
-        params = signature.parameters.values()
-        ordinary = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-        plain = all(p.kind in ordinary for p in params)
-        self._params = frozenset(signature.parameters) if plain else None
-        self._order = tuple(signature.parameters) if plain and all(
-            p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params
-        ) else None
+        self._order = parameter_order(signature)
 
     def program_call(self, args, kwargs, index, replicated):
         args, kwargs, whole = to_pieces(self.signature, self.splits, args, kwargs)
@@ -245,22 +246,15 @@ class ColumnFormat(InputFormat):
         return ProgramCall(args, kwargs, index, SHARED, self._replicated, whole)
 
     def called_leaves(self, args, kwargs):
-        """The call's arguments by parameter name, when every one is given and a tensor (the
-        packed ones whole): what the plain graph takes, unless it also takes nested leaves."""
-        if args:
-            order = self._order
-            if order is None or len(args) + len(kwargs) != len(order):
-                return None
-            named = dict(zip(order, args))
-            if not named.keys().isdisjoint(kwargs):
-                return None
-            kwargs = {**named, **kwargs}
-        if kwargs.keys() != self._params:
+        """The call's arguments by parameter name, when every one is given once and is a tensor
+        (the packed ones whole): what the plain graph takes, unless it takes nested leaves."""
+        named = given_by_name(self._order, args, kwargs)
+        if named is None:
             return None
-        for value in kwargs.values():
+        for value in named.values():
             if not isinstance(value, torch.Tensor):
                 return None
-        return kwargs
+        return named
 
     def plain_graph(self, gm, input_names):
         """The plain graph over the packed arguments as called (``packed_plain.py``)."""
