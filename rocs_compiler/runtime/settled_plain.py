@@ -47,9 +47,10 @@ def run_settled_plain(model: Any, leaves: dict, index: Any) -> Any:
     gathered = _settled_gather(model, model._choice, "shared", leaves, index)
     if gathered is NOT_TAKEN:
         return NOT_TAKEN
-    contract = model.contract
-    inputs = [gathered[n] if n in gathered else leaves[n] for n in contract.input_names]
-    return contract.outputs(model._plain(inputs))
+    contract, plain = model.contract, model._plain
+    names = plain.input_names or contract.input_names
+    inputs = [gathered[n] if n in gathered else leaves[n] for n in names]
+    return contract.outputs(plain(inputs))
 
 
 def run_settled_original(model: Any, args: tuple, kwargs: dict, leaves: dict, index: Any) -> Any:
