@@ -14,10 +14,16 @@ round-robin, with one torch thread and the thread's CPU time as the clock (media
 weight version check, guards, output tree); ``drop-in - program`` adds finding the requests.
 ``--profile`` also prints a cProfile of 1000 calls of each layout.
 
+``--formats`` measures instead the floor of a bucket settled on the plain program, one row per
+input format (tensors, dict, batch object, column ranges, KJT; ``settled_formats.py``): the
+drop-in and shared-layout calls against the original model, and their difference, at R requests
+of N candidates each.
+
 Usage::
 
     python benchmarks/call_overhead.py
     python benchmarks/call_overhead.py --models dlrm mmoe --profile
+    python benchmarks/call_overhead.py --formats --requests 4 --candidates 512
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import torch
 
 import rocs_compiler as rocs
 from models_zoo import ZOO
+from settled_formats import format_cases
 
 
 def time_round_robin(calls: dict, rounds: int, loops: int) -> dict[str, float]:
@@ -66,8 +73,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=21)
     parser.add_argument("--loops", type=int, default=50)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--formats", action="store_true", help="settled plain buckets per format")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.formats:
+        return formats_table(args)
     print("| model | eager us | program us | shared us | drop-in us | shared - program | "
           "drop-in - program | eager / shared | eager / drop-in | guards us (checks) |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -102,6 +112,24 @@ def main() -> None:
             if args.profile:
                 for layout in ("shared", "dropin"):
                     print(f"\ncProfile, {name}, {layout}:\n{profile(calls[layout])}")
+
+
+def formats_table(args) -> None:
+    """One row per input format: a bucket settled on the plain program against eager."""
+    print("| format | eager us | drop-in us | shared us | drop-in - eager | shared - eager |")
+    print("|---|---:|---:|---:|---:|---:|")
+    with torch.no_grad():
+        for case in format_cases(args.requests, args.candidates):
+            calls = {"eager": case.eager, "dropin": case.dropin, "shared": case.shared}
+            t = time_round_robin(calls, args.rounds, args.loops)
+            print(
+                f"| {case.name} | {t['eager']:.1f} | {t['dropin']:.1f} | {t['shared']:.1f} | "
+                f"{t['dropin'] - t['eager']:+.1f} | {t['shared'] - t['eager']:+.1f} |",
+                flush=True,
+            )
+            if args.profile:
+                for layout in ("dropin", "shared"):
+                    print(f"\ncProfile, {case.name}, {layout}:\n{profile(calls[layout])}")
 
 
 if __name__ == "__main__":

@@ -8,8 +8,9 @@ N / R per request), the script times
 - ``shared``: ``cm(**batch.kwargs, candidate_to_request=idx)`` (request inputs with R rows);
 - ``drop-in``: ``cm(**batch.replicated())`` (the original call; includes finding the requests),
 
-(for the DeepCTR-Torch models, whose one packed input ``X`` holds the request features as
-column ranges, the shared call passes ``X`` with its request columns replicated, as they come),
+(for the DeepCTR-Torch models and the torchfm-style models of ``torchfm_models.py``, whose one
+packed input holds the request features as column ranges, the shared call passes it with its
+request columns replicated, as they come),
 
 where ``cm = rocs.compile(model, request_inputs, example_kwargs=<replicated batch of 2
 requests with 4 and 3 candidates>)``, all under ``torch.no_grad()`` with one torch thread. It
@@ -63,6 +64,7 @@ from models_zoo import ZOO
 from models_zoo.batch import Batch, request_index
 from allocator import retain_freed_memory
 from regression_models import MODELS, make_inputs
+import torchfm_models
 from rocs_compiler.runtime.program_choice import TRIALS
 
 CELLS = ((1, 16), (1, 128), (1, 1024), (4, 16), (4, 128), (4, 1024))
@@ -148,11 +150,27 @@ def _deepctr_cases() -> list:
     return [_DeepCTRCase(name) for name in TINY]
 
 
+def _torchfm_case(name: str) -> Case:
+    """A torchfm-style model (``torchfm_models.py``): one packed ``x`` of field ids, the user
+    fields a column range, replicated in both layouts."""
+
+    def build() -> nn.Module:
+        torch.manual_seed(0)
+        return torchfm_models.MODELS[name]().eval()
+
+    def batch(counts: Sequence[int]) -> Batch:
+        x, index = torchfm_models.draw(counts, seed=1)
+        return Batch({"x": x}, index, ())
+
+    return Case(f"torchfm_{name}", build, torchfm_models.REQUEST, batch)
+
+
 def all_cases() -> dict[str, Case]:
     cases = [_zoo_case(name) for name in ZOO]
     cases += [_zoo_case(name, "glm") for name in ("dcnv2", "finalmlp", "wukong")]
     cases += [_zoo_case(name, "dca") for name in ("bst", "hstu")]
     cases += [_model_case(name) for name in MODELS]
+    cases += [_torchfm_case(name) for name in ("lr", "fm")]
     cases += _deepctr_cases()
     return {c.name: c for c in cases}
 

@@ -92,7 +92,9 @@ def compile(  # noqa: A001 - mirrors torch.compile
     watched, reads, weight_names = prepared.watched(model, captured.reads, captured.param_names)
     plain = None
     if options.autotune and not options.training:
-        plain = PlainProgram(plain_graph(result), watched, weight_names)
+        # The format's plain graph takes what it can of the call as given (a packed input whole).
+        gm, names = prepared.format.plain_graph(plain_graph(result), captured.input_names)
+        plain = PlainProgram(gm, watched, weight_names, names, captured.batched)
 
     def report_builder(num_candidates: int, num_requests: int):
         from .report.build import build_report

@@ -49,6 +49,9 @@ class ProgramCall:
     index: Optional[torch.Tensor]
     layout: str
     replicated: frozenset[str] = field(default_factory=frozenset)
+    # Tensors of the call as given that the plain program takes in place of leaves made from
+    # them (a packed argument whole, by its leaf name: ``InputFormat.plain_graph``).
+    given: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,18 @@ class InputFormat:
         if index is None:
             return ProgramCall(args, kwargs, None, DROPIN)
         return ProgramCall(args, kwargs, index, REPLICATED if replicated else SHARED)
+
+    def plain_graph(self, gm, input_names: Sequence[str]) -> tuple[Any, list[str]]:
+        """The plain program's graph and its input names: ``gm`` over the program's inputs
+        (``input_names``) as it is, unless the format can give it the call's own tensors
+        (``ProgramCall.given``) in place of what it makes of them."""
+        return gm, list(input_names)
+
+    def called_leaves(self, args: tuple, kwargs: dict) -> Optional[dict]:
+        """The call's tensors by the names of :meth:`plain_graph`'s inputs, when the format's
+        plain program takes them as called and they are named without converting the call;
+        None: the call is converted (``program_call``)."""
+        return None
 
     def original_program(
         self, original: nn.Module, args: tuple, kwargs: dict, index: Optional[torch.Tensor]

@@ -27,7 +27,15 @@ from torch import nn
 
 from ..errors import CompileError, InputError
 from .base import DROPIN, REPLICATED, SHARED, InputFormat, Prepared, ProgramCall
-from .leaves import bind_inputs, leaf_at, rebuild_call, with_leaf
+from .leaves import (
+    bind_inputs,
+    given_by_name,
+    leaf_at,
+    parameter_order,
+    rebuild_call,
+    with_leaf,
+)
+from .packed_plain import packed_plain_graph
 
 _COLUMNS = re.compile(
     r"^(?P<leaf>[A-Za-z_]\w*(?:\.\w+)*)\[\s*:\s*,\s*(?P<start>\d+)\s*:\s*(?P<stop>\d+)\s*\]$"
@@ -191,18 +199,22 @@ def with_signature(base: type, model: nn.Module, suffix: str, *args) -> nn.Modul
 
 def to_pieces(
     signature: inspect.Signature, splits: list[ColumnSplit], args: tuple, kwargs: Mapping[str, Any]
-) -> tuple[tuple, dict]:
-    """The call with every split argument replaced by its dict of column views."""
+) -> tuple[tuple, dict, dict]:
+    """The call with every split argument replaced by its dict of column views, and the split
+    arguments as given, by leaf name."""
+    whole = {}
     if not args and all(s.argument in kwargs for s in splits):
         # The common keyword call of top-level packed arguments: no binding needed.
         kwargs = dict(kwargs)
         for split in splits:
-            kwargs[split.argument] = split.split(kwargs[split.argument])
-        return (), kwargs
+            whole[split.argument] = value = kwargs[split.argument]
+            kwargs[split.argument] = split.split(value)
+        return (), kwargs, whole
     bound = bind_inputs(signature, args, dict(kwargs))
     for split in splits:
-        bound = with_leaf(bound, split.argument, split.split(leaf_at(bound, split.argument)))
-    return rebuild_call(signature, bound)
+        whole[split.argument] = value = leaf_at(bound, split.argument)
+        bound = with_leaf(bound, split.argument, split.split(value))
+    return (*rebuild_call(signature, bound), whole)
 
 
 class ColumnFormat(InputFormat):
@@ -223,14 +235,30 @@ class ColumnFormat(InputFormat):
         self._replicated = frozenset(
             name for split in splits for name in split.request_names()
         )
+        self._order = parameter_order(signature)
 
     def program_call(self, args, kwargs, index, replicated):
-        args, kwargs = to_pieces(self.signature, self.splits, args, kwargs)
+        args, kwargs, whole = to_pieces(self.signature, self.splits, args, kwargs)
         if index is None:
-            return ProgramCall(args, kwargs, None, DROPIN)
+            return ProgramCall(args, kwargs, None, DROPIN, given=whole)
         if replicated:
-            return ProgramCall(args, kwargs, index, REPLICATED)
-        return ProgramCall(args, kwargs, index, SHARED, self._replicated)
+            return ProgramCall(args, kwargs, index, REPLICATED, given=whole)
+        return ProgramCall(args, kwargs, index, SHARED, self._replicated, whole)
+
+    def called_leaves(self, args, kwargs):
+        """The call's arguments by parameter name, when every one is given once and is a tensor
+        (the packed ones whole): what the plain graph takes, unless it takes nested leaves."""
+        named = given_by_name(self._order, args, kwargs)
+        if named is None:
+            return None
+        for value in named.values():
+            if not isinstance(value, torch.Tensor):
+                return None
+        return named
+
+    def plain_graph(self, gm, input_names):
+        """The plain graph over the packed arguments as called (``packed_plain.py``)."""
+        return packed_plain_graph(gm, input_names, self.splits)
 
 
 def prepare_columns(
@@ -242,7 +270,7 @@ def prepare_columns(
     splits = splits_for(signature, bound, ranges)
     names = plain + [name for split in splits for name in split.request_names()]
     _refuse_writes(model, signature, splits, bound)
-    args, kwargs = to_pieces(signature, splits, tuple(example_args), dict(example_kwargs))
+    args, kwargs, _ = to_pieces(signature, splits, tuple(example_args), dict(example_kwargs))
     return Prepared(
         pieces_model(model, splits), names, args, kwargs, ColumnFormat(signature, splits, plain)
     )

@@ -50,7 +50,14 @@ from .columns import PiecesModel, with_signature
 from .kjt_lookups import with_padded_lookups
 from .kjt_padded import PaddedKey, PaddedKJT
 from .kjt_rows import replicated_kjt
-from .leaves import bind_inputs, covers, named_leaves, rebuild_call
+from .leaves import (
+    bind_inputs,
+    bind_quickly,
+    covers,
+    named_leaves,
+    parameter_order,
+    rebuild_call,
+)
 
 _KEY = re.compile(r"^(?P<argument>[A-Za-z_]\w*)\[(?P<key>.+)\]$")
 
@@ -281,6 +288,7 @@ class KJTFormat(InputFormat):
         super().__init__(signature, request_names)
         self.splits = splits
         self._pools_only = pools_only
+        self._order = parameter_order(signature)
 
     def program_call(self, args, kwargs, index, replicated):
         bound = bind_inputs(self.signature, args, kwargs)
@@ -295,7 +303,7 @@ class KJTFormat(InputFormat):
         return ProgramCall(args, kwargs, index, SHARED if shared else REPLICATED)
 
     def original_program(self, original, args, kwargs, index):
-        bound = bind_inputs(self.signature, args, kwargs)
+        bound = bind_quickly(self.signature, self._order, args, kwargs)
         kjts = [bound.get(split.argument) for split in self.splits]
         if not all(is_kjt(kjt) for kjt in kjts):
             return None  # the program call reports the wrong input

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import re
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Optional
 
 import torch
 from torch.utils import _pytree as pytree
@@ -28,6 +28,38 @@ def bind_inputs(signature: inspect.Signature, args: tuple, kwargs: Mapping[str, 
         raise InputError(f"inputs do not match the model's forward{signature}: {err}") from None
     bound.apply_defaults()  # a defaulted argument is compared like a given one
     return dict(bound.arguments)
+
+
+def parameter_order(signature: inspect.Signature) -> Optional[tuple[str, ...]]:
+    """The parameter names of a forward whose every parameter is positional-or-keyword (what
+    :func:`given_by_name` needs); None for any other signature."""
+    params = signature.parameters.values()
+    if all(p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params):
+        return tuple(signature.parameters)
+    return None
+
+
+def given_by_name(order: Optional[tuple[str, ...]], args: tuple, kwargs: Mapping[str, Any]):
+    """The call's arguments by parameter name without binding, when it gives each parameter of
+    ``order`` (:func:`parameter_order`) exactly once; None otherwise (bind it)."""
+    if order is None or len(args) + len(kwargs) != len(order):
+        return None
+    named = dict(zip(order, args))
+    if kwargs:
+        if not named.keys().isdisjoint(kwargs):
+            return None
+        named.update(kwargs)
+        if named.keys() != set(order):
+            return None
+    return named
+
+
+def bind_quickly(
+    signature: inspect.Signature, order, args: tuple, kwargs: Mapping[str, Any]
+) -> dict:
+    """:func:`bind_inputs`, without binding when the call names every parameter once."""
+    named = given_by_name(order, args, kwargs)
+    return named if named is not None else bind_inputs(signature, args, kwargs)
 
 
 def register_dataclasses(values: Iterable[Any]) -> None:

@@ -14,6 +14,8 @@ current weights: in-place updates and reassigned parameters are seen (``runtime/
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import inspect
 import warnings
 from typing import Any, Callable, Mapping, Optional
@@ -52,7 +54,13 @@ from .program_choice import (
 from .dtype_move import dtype_move
 from .guards import NO_GUARDS
 from .request_detection import detect_requests, reduce_rows
-from .settled_plain import NOT_TAKEN, call_with_rows, run_settled_original, run_settled_plain
+from .settled_plain import (
+    NOT_TAKEN,
+    call_with_rows,
+    run_settled_as_called,
+    run_settled_original,
+    run_settled_plain,
+)
 from .training import refuse_replicated_grads
 from .weights import WeightRefresh
 from ..formats.leaves import GRAPH_OUTPUT, bind_inputs, is_tensor, named_leaves, replace_leaves
@@ -142,20 +150,35 @@ class InputContract:
 
 
 def _nested_leaves(kwargs: dict) -> Optional[dict]:
-    """``named_leaves`` of keyword arguments that are tensors or str-keyed dicts of tensors;
-    None for any other structure (left to the general path)."""
+    """``named_leaves`` of keyword arguments that are tensors, str-keyed dicts of tensors or
+    dataclasses of tensors (batch objects, named by field as pytree names them); None for any
+    other structure (left to the general path)."""
     flat = {}
     for name, value in kwargs.items():
         if isinstance(value, torch.Tensor):
             flat[name] = value
-        elif type(value) is dict:
-            for key, leaf in value.items():
-                if type(key) is not str or not isinstance(leaf, torch.Tensor):
-                    return None
-                flat[f"{name}.{key}"] = leaf
+            continue
+        if type(value) is dict:
+            items = value.items()
         else:
-            return None
+            fields = _tensor_fields(type(value))
+            if fields is None:
+                return None
+            items = zip(fields, map(value.__getattribute__, fields))
+        for key, leaf in items:
+            if type(key) is not str or not isinstance(leaf, torch.Tensor):
+                return None
+            flat[f"{name}.{key}"] = leaf
     return flat
+
+
+@functools.lru_cache(maxsize=256)
+def _tensor_fields(cls: type) -> Optional[tuple[str, ...]]:
+    """The fields pytree flattens of a dataclass registered as a pytree node; None for any
+    other type."""
+    if not dataclasses.is_dataclass(cls) or cls not in pytree.SUPPORTED_NODES:
+        return None
+    return tuple(f.name for f in dataclasses.fields(cls) if f.init)
 
 
 def _same_constant(a: Any, b: Any) -> bool:
@@ -299,9 +322,13 @@ class CompiledModel(nn.Module):
         format offers it and this call's bucket chose it, else the program on the converted
         call."""
         input_format = self.input_format
+        choosing = self._choosing()  # a plain program, so a compiled graph
+        if choosing and not replicated:
+            result = run_settled_as_called(self, args, kwargs, index)
+            if result is not NOT_TAKEN:  # a bucket settled on the plain program, as called
+                return result
         if self.graph_module is None:
             return self._run_original(args, kwargs, None if replicated else index)
-        choosing = self._choosing()
         if choosing and not replicated:
             self._refresh_copy()
             original = input_format.original_program(self._original, args, kwargs, index)
@@ -321,11 +348,17 @@ class CompiledModel(nn.Module):
 
     def _program_call(self, call: ProgramCall, choosing: bool):
         if call.layout == REPLICATED:
-            return self._call_replicated(call.args, call.kwargs, call.index, choosing)
-        return self._forward_leaves(call.args, call.kwargs, call.index, choosing, call.replicated)
+            return self._call_replicated(call.args, call.kwargs, call.index, choosing, call.given)
+        return self._forward_leaves(
+            call.args, call.kwargs, call.index, choosing, call.replicated, call.given
+        )
 
-    def _forward_leaves(self, args, kwargs, index, choosing: bool, replicated=frozenset()):
+    def _forward_leaves(
+        self, args, kwargs, index, choosing: bool, replicated=frozenset(), as_called=None
+    ):
         leaves = given = self.contract.leaves(args, kwargs)
+        if as_called:  # the call's own tensors the plain program takes (``ProgramCall.given``)
+            leaves = given = {**leaves, **as_called}
         if index is not None and not replicated:  # a bucket settled on the plain program
             if choosing:
                 result = run_settled_plain(self, leaves, index)
@@ -335,14 +368,17 @@ class CompiledModel(nn.Module):
                 result = NOT_TAKEN
             if result is not NOT_TAKEN:
                 return result
+        reducing = 0.0  # time spent reducing replicated request leaves: the shared program's
         if replicated and index is not None:
             if choosing and self._runs_as_given(given, index, replicated):
                 return self._run_plain(given, None)
+            start = now()
             leaves = self._reduce_leaves(leaves, index, replicated)
+            reducing = now() - start
         if choosing:
             if index is None:
                 return self._dropin_choosing(args, kwargs, leaves)
-            return self._shared_choosing(args, kwargs, leaves, index, given)
+            return self._shared_choosing(args, kwargs, leaves, index, given, reducing)
         uniform = None
         if index is None:
             if not replicated and self._trains_as_original(leaves):
@@ -388,11 +424,12 @@ class CompiledModel(nn.Module):
         num_requests = check_index_range(index, num_candidates)
         return self._choice.decided(bucket("shared", num_candidates, num_requests)) == PLAIN
 
-    def _shared_choosing(self, args, kwargs, leaves, index, given):
+    def _shared_choosing(self, args, kwargs, leaves, index, given, reducing: float = 0.0):
         """A shared-layout call running the shared or the plain program, whichever its bucket
         chose (``runtime/program_choice.py``); every check of the shared layout runs first.
         ``given`` are the leaves as called: request leaves that came with one row per candidate
-        (checked constant per request into ``leaves``) are the plain program's as they are."""
+        (checked constant per request into ``leaves``, ``reducing`` seconds that only the shared
+        program needs) are the plain program's as they are."""
         choice, contract = self._choice, self.contract
         first = contract.request_inputs[0] if contract.request_inputs else None
         rows = leaves[first].shape[0] if first is not None and leaves[first].dim() else 0
@@ -408,6 +445,7 @@ class CompiledModel(nn.Module):
             lambda: self._run(args, kwargs, leaves, *self._check_shared(leaves, index)),
             lambda: self._shared_plain(leaves, index, given),
             lambda: self._settle_if_clear(key, num_candidates, rows),
+            shared_extra=reducing,
             margin=self._margin(num_candidates, rows),
         )
 
@@ -487,7 +525,7 @@ class CompiledModel(nn.Module):
         unless ``given`` has them with one row per candidate already)."""
         if self._input_specs is not None:
             self._input_specs.check(leaves)
-        names, request = self.contract.input_names, self._request_set
+        names, request = self._plain.input_names or self.contract.input_names, self._request_set
         if index is None:
             inputs = [leaves[n] for n in names]
         else:
@@ -522,8 +560,10 @@ class CompiledModel(nn.Module):
             return self._forward_format(args, kwargs, candidate_to_request, replicated=True)
         return self._call_replicated(args, kwargs, candidate_to_request, self._choosing())
 
-    def _call_replicated(self, args, kwargs, candidate_to_request, choosing: bool):
+    def _call_replicated(self, args, kwargs, candidate_to_request, choosing: bool, as_called=None):
         leaves = self.contract.leaves(args, kwargs)
+        if as_called:
+            leaves = {**leaves, **as_called}
         requests, index = self._check_replicated(leaves, candidate_to_request)
         choice = self._choice
         if not choosing:

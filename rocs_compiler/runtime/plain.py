@@ -16,7 +16,7 @@ It follows the model's weights as the shared graph does (its own :class:`WeightR
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Optional
+from typing import Callable, Mapping, Optional, Sequence
 
 import torch
 from torch import fx, nn
@@ -24,14 +24,33 @@ from torch import fx, nn
 from ..ir.graph_meta import PLACEMENT
 from ..ir.roles import Role
 from .direct import direct_program
+from .input_checks import InputSpecs
 from .weights import WeightRefresh
 
 
 class PlainProgram:
-    """``gm`` (the cleaned captured graph) as a program over the model's inputs, in order."""
+    """``gm`` (the cleaned captured graph) as a program over the model's inputs, in order
+    (``input_names``; None: the compiled program's, ``InputContract.input_names``)."""
 
-    def __init__(self, gm: fx.GraphModule, original: nn.Module, weight_names: Mapping[str, str]):
+    def __init__(
+        self,
+        gm: fx.GraphModule,
+        original: nn.Module,
+        weight_names: Mapping[str, str],
+        input_names: Optional[Sequence[str]] = None,
+        batched: Optional[Mapping[str, bool]] = None,
+    ):
         self.graph_module = gm
+        self.input_names = None if input_names is None else list(input_names)
+        # A call run as called (``settled_plain.run_settled_as_called``) is checked by these: the
+        # program's inputs by name (an input not in ``batched``, a packed one, is batched).
+        names, batched = self.input_names or [], batched or {}
+        self.name_set = frozenset(names)
+        self.batched_names = [n for n in names if batched.get(n, True)]
+        placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+        self.input_specs = InputSpecs.of_graph(
+            gm, dict(zip(names, placeholders)), {n: batched.get(n, True) for n in names}
+        )
         self._weights = WeightRefresh(gm, original, weight_names) if weight_names else None
         self._runner: Optional[Callable] = None
         self._runner_epoch = -1
@@ -49,6 +68,7 @@ class PlainProgram:
         """After the compiled model's ``_apply(fn)``: move the graph's tensors the same way."""
         self.graph_module._apply(fn)
         self._runner = None
+        self.input_specs = self.input_specs.moved(fn)
         if self._weights is not None:
             self._weights.bind()
 

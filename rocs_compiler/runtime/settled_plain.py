@@ -11,6 +11,9 @@ call, and raises its errors.
 :func:`run_settled_original` does the same for a training call whose bucket chose the original
 model (``runtime/training.py``, "Program choice"): the same checks and gather, then the original
 model called with the gathered request rows.
+:func:`run_settled_as_called` takes a call through a converting input format whose plain program
+takes the call's own tensors (a packed input of column ranges whole, ``formats/packed_plain.py``):
+in a bucket settled on the plain program it runs them as called, without converting the call.
 
 Identity: a call it takes returns what the general path returns on it (``CompiledModel.
 _shared_plain``, or ``_train``'s original model): the same program on the same gathered inputs,
@@ -18,6 +21,10 @@ after checks that accept no call the general path refuses (index int64 ``[N]`` o
 device, N rows in every candidate input, R rows in every request input, the input specs, the
 range of ``index``: by the CPU gather itself, else by ``check_index_range`` unless the caller
 trusts the index; with one request row per candidate, an index that is a permutation).
+:func:`run_settled_as_called` returns what ``_runs_as_given`` and ``_dropin_choosing`` return
+on such a call, the plain program on the call's tensors, after the checks they make: the
+program's input specs (of the packed tensor whole: its dtype, device and columns are its
+pieces'), one row count, and in the shared layout the index's type, length, device and range.
 """
 
 from __future__ import annotations
@@ -40,9 +47,10 @@ def run_settled_plain(model: Any, leaves: dict, index: Any) -> Any:
     gathered = _settled_gather(model, model._choice, "shared", leaves, index)
     if gathered is NOT_TAKEN:
         return NOT_TAKEN
-    contract = model.contract
-    inputs = [gathered[n] if n in gathered else leaves[n] for n in contract.input_names]
-    return contract.outputs(model._plain(inputs))
+    contract, plain = model.contract, model._plain
+    names = plain.input_names or contract.input_names
+    inputs = [gathered[n] if n in gathered else leaves[n] for n in names]
+    return contract.outputs(plain(inputs))
 
 
 def run_settled_original(model: Any, args: tuple, kwargs: dict, leaves: dict, index: Any) -> Any:
@@ -53,6 +61,45 @@ def run_settled_original(model: Any, args: tuple, kwargs: dict, leaves: dict, in
     if gathered is NOT_TAKEN:
         return NOT_TAKEN
     return call_with_rows(model, args, kwargs, gathered)
+
+
+def run_settled_as_called(model: Any, args: tuple, kwargs: dict, index: Any) -> Any:
+    """``model``'s plain program on the call (``args``, ``kwargs``; ``index`` None: drop-in) as
+    called, or :data:`NOT_TAKEN`. ``model`` is a ``CompiledModel`` whose call runs under its
+    program choice through an input format that names the call's tensors
+    (``InputFormat.called_leaves``) as its plain program takes them."""
+    plain = model._plain
+    leaves = model.input_format.called_leaves(args, kwargs)
+    if leaves is None or leaves.keys() != plain.name_set:
+        return NOT_TAKEN
+    batched = plain.batched_names
+    first = leaves[batched[0]]
+    if not first.dim():
+        return NOT_TAKEN
+    rows = first.shape[0]
+    if len(batched) > 1 and any(
+        not v.dim() or v.shape[0] != rows for v in map(leaves.get, batched)
+    ):
+        return NOT_TAKEN  # the general path names the disagreeing rows
+    choice = model._choice
+    if index is None:
+        if choice.everywhere(("dropin", rows.bit_length())) != PLAIN:
+            return NOT_TAKEN
+    else:
+        if (
+            model.input_format.request_names  # request inputs with R rows: gathered, checked
+            or type(index) is not torch.Tensor
+            or index.dtype != torch.int64
+            or index.dim() != 1
+            or index.shape[0] != rows
+            or index.device != first.device
+        ):
+            return NOT_TAKEN
+        num_requests = check_index_range(index, rows)
+        if choice.decided(("shared", rows.bit_length(), num_requests.bit_length())) != PLAIN:
+            return NOT_TAKEN
+    plain.input_specs.check(leaves)
+    return model.contract.outputs(plain(list(map(leaves.get, plain.input_names))))
 
 
 def call_with_rows(model: Any, args: tuple, kwargs: dict, gathered: dict) -> Any:
