@@ -19,8 +19,8 @@ accepted::
 The graph may contain ``rocs::`` custom ops (the fused broadcast kernels). They are
 ``torch.library`` custom ops with fake kernels, so the program exports, serializes and compiles
 with AOTInductor like any other; a process that *loads* the program must have them registered,
-which :func:`load` does (``torch.export.load`` and ``torch._inductor.aoti_load_package`` need
-``import rocs_compiler.kernels`` first: alone they fail on an unknown operator).
+which ``import rocs_compiler`` does (``torch.export.load`` and
+``torch._inductor.aoti_load_package`` without it fail on an unknown operator).
 
 AOTInductor packaging works on the same program (``torch._inductor.aoti_compile_and_package``;
 see ``docs/tutorial.md``): :func:`aoti_package` wraps it.
@@ -39,8 +39,7 @@ from torch import fx, nn
 from torch.export import Dim, ExportedProgram
 from torch.utils import _pytree as pytree
 
-# Registration of every rocs:: custom op, so that a program loaded here can call them.
-from . import kernels as _kernels  # noqa: F401
+from .kernels.library import register as _register_rocs_ops
 from .errors import CompileError, InputError
 from .ir.graph_meta import INDEX_NAME, PLACEMENT
 from .formats.leaves import named_leaves, nest
@@ -253,8 +252,9 @@ def _keyword_spec(program: ExportedProgram):
 
 
 def load(path: str | os.PathLike) -> LoadedProgram:
-    """Load a program saved by :func:`save`, with the rocs:: custom ops registered (importing
-    this module did): call it like the model, ``program(*arguments, candidate_to_request)``."""
+    """Load a program saved by :func:`save`, with the rocs:: custom ops registered: call it like
+    the model, ``program(*arguments, candidate_to_request)``."""
+    _register_rocs_ops()
     return LoadedProgram(torch.export.load(path))
 
 
@@ -269,7 +269,7 @@ def aoti_package(
     """Compile ``program`` ahead of time with AOTInductor into a ``.pt2`` package.
 
     Needs a C++ compiler. Load the package with ``torch._inductor.aoti_load_package(path)`` in a
-    process that has imported ``rocs_compiler.kernels`` (the package calls the rocs:: ops' CPU
+    process that has imported ``rocs_compiler`` (the package calls the rocs:: ops' CPU
     kernels through the dispatcher when the graph contains them). The package's metadata
     (``runner.get_metadata()[INPUTS_METADATA]``) describes its inputs (:func:`input_signature`),
     which is how ``rocs serve`` serves it.
