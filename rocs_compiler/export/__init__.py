@@ -39,11 +39,12 @@ from torch import fx, nn
 from torch.export import Dim, ExportedProgram
 from torch.utils import _pytree as pytree
 
-from .kernels.library import register as _register_rocs_ops
-from .errors import CompileError, InputError
-from .ir.graph_meta import INDEX_NAME, PLACEMENT
-from .formats.leaves import named_leaves, nest
-from .ir.roles import Role
+from ..kernels.library import register as _register_rocs_ops
+from ..errors import CompileError, InputError
+from ..ir.graph_meta import INDEX_NAME, PLACEMENT
+from ..formats.leaves import named_leaves, nest
+from .input_checks import as_input_error, check_shared_call, jagged_pieces
+from ..ir.roles import Role
 
 __all__ = [
     "INPUTS_METADATA", "LoadedProgram", "aoti_package", "export", "input_signature", "load", "save",
@@ -58,14 +59,18 @@ class _SharedLayoutProgram(nn.Module):
         self.rewritten = graph  # not "graph": that name is taken on the unlifted GraphModule
         self._input_names = list(input_names)
         self._contract = contract
+        requests = [n for n in contract.batched_inputs if n in set(contract.request_inputs)]
+        self._request_rows_from = requests[0] if requests else None
+        self._jagged = jagged_pieces(self._input_names)
 
     def _run(self, args: tuple, kwargs: dict):
         from torch.fx import traceback as fx_traceback
 
-        from .formats.leaves import bind_inputs, named_leaves
+        from ..formats.leaves import bind_inputs, named_leaves
 
         leaves = named_leaves(bind_inputs(inspect.signature(self.forward), args, kwargs))
         index = leaves.pop(INDEX_NAME)
+        check_shared_call(leaves, index, self._request_rows_from, self._jagged)
         inputs = [leaves[name] for name in self._input_names]
         # Interpreted with node metadata preserved, so the exported nodes keep the source module
         # of the nodes they come from (reports and drawings of a saved program name them).
@@ -111,7 +116,7 @@ def _synthetic_example(compiled, num_requests: int = 2, num_candidates: int = 3)
 
 
 def _flat_example(compiled, example: Any) -> dict:
-    from .formats.leaves import named_leaves
+    from ..formats.leaves import named_leaves
 
     if example is None:
         return _synthetic_example(compiled)
@@ -202,7 +207,13 @@ class _PositionalCall(nn.Module):
         twice = sorted(set(names[: len(args)]) & set(kwargs))
         if twice:
             raise TypeError(f"argument(s) given by position and by name: {', '.join(twice)}")
-        return self.program_module(**dict(zip(names, args)), **kwargs)
+        try:
+            return self.program_module(**dict(zip(names, args)), **kwargs)
+        except RuntimeError as err:
+            refused = as_input_error(err)
+            if refused is None:
+                raise
+            raise refused from err
 
 
 class LoadedProgram:
