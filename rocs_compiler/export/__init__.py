@@ -43,19 +43,22 @@ from ..kernels.library import register as _register_rocs_ops
 from ..errors import CompileError, InputError
 from ..ir.graph_meta import INDEX_NAME, PLACEMENT
 from ..formats.leaves import named_leaves, nest
+from .portable import PortableInterpreter, rocs_ops_in
 from .input_checks import as_input_error, check_shared_call, jagged_pieces
 from ..ir.roles import Role
 
 __all__ = [
-    "INPUTS_METADATA", "LoadedProgram", "aoti_package", "export", "input_signature", "load", "save",
+    "INPUTS_METADATA", "LoadedProgram", "aoti_package", "export", "input_signature", "load",
+    "rocs_ops_in", "save",
 ]
 
 
 class _SharedLayoutProgram(nn.Module):
     """The rewritten graph behind a named, nested signature, returning the model's outputs."""
 
-    def __init__(self, graph: fx.GraphModule, input_names: list[str], contract):
+    def __init__(self, graph: fx.GraphModule, input_names: list[str], contract, portable: bool):
         super().__init__()
+        self._interpreter = PortableInterpreter if portable else fx.Interpreter
         self.rewritten = graph  # not "graph": that name is taken on the unlifted GraphModule
         self._input_names = list(input_names)
         self._contract = contract
@@ -75,11 +78,11 @@ class _SharedLayoutProgram(nn.Module):
         # Interpreted with node metadata preserved, so the exported nodes keep the source module
         # of the nodes they come from (reports and drawings of a saved program name them).
         with fx_traceback.preserve_node_meta():
-            outputs = fx.Interpreter(self.rewritten).run(*inputs, index)
+            outputs = self._interpreter(self.rewritten).run(*inputs, index)
         return self._contract.outputs(list(outputs))
 
 
-def _program_module(compiled) -> _SharedLayoutProgram:
+def _program_module(compiled, portable: bool) -> _SharedLayoutProgram:
     arguments = list(dict.fromkeys(name.split(".")[0] for name in compiled.contract.input_names))
     if INDEX_NAME in arguments:
         raise InputError(f"the model has an input named {INDEX_NAME!r}, which rocs reserves")
@@ -93,7 +96,8 @@ def _program_module(compiled) -> _SharedLayoutProgram:
 
     forward.__signature__ = signature
     cls = type("RocsSharedLayout", (_SharedLayoutProgram,), {"forward": forward})
-    return cls(compiled.graph_module, compiled.contract.input_names, compiled.contract).eval()
+    contract = compiled.contract
+    return cls(compiled.graph_module, contract.input_names, contract, portable).eval()
 
 
 def _nest(flat: Mapping[str, Any]) -> dict:
@@ -134,7 +138,7 @@ def _flat_example(compiled, example: Any) -> dict:
     return {n: leaves[n] for n in [*compiled.contract.input_names, INDEX_NAME]}
 
 
-def export(compiled, example: Optional[Any] = None) -> ExportedProgram:
+def export(compiled, example: Optional[Any] = None, portable: bool = False) -> ExportedProgram:
     """A ``torch.export.ExportedProgram`` of ``compiled``'s rewritten graph in shared layout.
 
     Args:
@@ -144,12 +148,16 @@ def export(compiled, example: Optional[Any] = None) -> ExportedProgram:
         example: an optional shared-layout batch (dict with ``candidate_to_request`` or a
             ``models_zoo.Batch``); by default zero-valued inputs with R = 2, N = 3 are used,
             which is enough because the graph has no data-dependent control flow.
+        portable: replace every ``rocs::`` op by its plain-torch computation (``portable.py``):
+            a program of ATen ops only, for processes without this package (AOTInductor's C++
+            loader, ONNX Runtime, ``torch.export.load`` alone). The request side still runs
+            once per request; the fused kernels' savings of memory traffic are not kept.
     """
     if getattr(compiled, "graph_module", None) is None:
         reason = getattr(compiled, "fallback_reason", None) or "not a rocs CompiledModel"
         raise CompileError(f"nothing to export: the model runs eagerly ({reason})")
     flat = _flat_example(compiled, example)
-    module = _program_module(compiled)
+    module = _program_module(compiled, portable)
     requests = set(compiled.contract.request_inputs)
     batched = compiled.contract.batched
     num_requests, num_candidates = Dim("R", min=1), Dim("N", min=1)
