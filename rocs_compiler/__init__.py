@@ -35,6 +35,7 @@ _LAZY = {
     "save": ".export",
     "load": ".export",
     "aoti_package": ".export",
+    "export_onnx": ".export.onnx",
     "LoadedProgram": ".export",
     "trusted_index": ".kernels.index_contract",
     "CompiledModel": ".runtime",
@@ -51,7 +52,7 @@ _LAZY = {
 
 __all__ = [
     "compile", "Options", "CompileError", "InputError", "OptionsError", "Role", "CompiledModel",
-    "backend", "shared_call", "export", "save", "load", "aoti_package", "LoadedProgram",
+    "backend", "shared_call", "export", "save", "load", "aoti_package", "export_onnx", "LoadedProgram",
     "apply_glm", "apply_dca", "GLMLinear", "GLMLinearCompression", "GroupLayerNorm",
     "GLMFactorizationMachine", "DCABlock", "trusted_index", "glm_from_zero_blocks", "RequestCache",
 ]  # fmt: skip

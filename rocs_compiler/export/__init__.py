@@ -73,7 +73,7 @@ class _SharedLayoutProgram(nn.Module):
 
         leaves = named_leaves(bind_inputs(inspect.signature(self.forward), args, kwargs))
         index = leaves.pop(INDEX_NAME)
-        check_shared_call(leaves, index, self._request_rows_from, self._jagged)
+        index = check_shared_call(leaves, index, self._request_rows_from, self._jagged)
         inputs = [leaves[name] for name in self._input_names]
         # Interpreted with node metadata preserved, so the exported nodes keep the source module
         # of the nodes they come from (reports and drawings of a saved program name them).

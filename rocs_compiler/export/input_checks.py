@@ -6,8 +6,12 @@ request rows passed with an index: read as requests, they would give wrong score
 An exported program runs in runtimes that never see that Python code (``torch.export.load``,
 AOTInductor's C++ loader), so the same conditions are traced into the graph as
 ``aten._assert_async`` nodes, which export keeps and AOTInductor compiles into a check that
-raises the message. The conditions are tensor ops of sizes, never Python comparisons of the
-symbolic sizes R and N (those would specialize the program to R != N or R == N).
+raises the message. ONNX has no assert (its exporter drops them), so the same conditions also
+guard the index by data flow: the checked index is ``index + zeros(1)[failed]``, a gather that
+is out of bounds exactly when a check fails, which every runtime refuses (ONNX Runtime's Gather
+names the node; :func:`~rocs_compiler.export.onnx.to_onnx` names that node after the checks).
+The conditions are tensor ops of sizes, never Python comparisons of the symbolic sizes R and N
+(those would specialize the program to R != N or R == N).
 
 Identities: with ``counts = bincount(idx, minlength=R)``, and every value in range, ``idx`` is a
 permutation of ``[0, N)`` exactly when R = N and no request row has count 0 (the counts sum to N).
@@ -49,8 +53,9 @@ def check_shared_call(
     index: torch.Tensor,
     request_rows_from: Optional[str],
     jagged: Sequence[str],
-) -> None:
-    """Trace the shared-layout checks of one call into the current graph.
+) -> torch.Tensor:
+    """Trace the shared-layout checks of one call into the current graph; return the index
+    guarded by them (equal to ``index`` whenever they pass).
 
     ``request_rows_from`` names a batched request leaf (its rows are R; None: the model has no
     request input, and R is N); ``jagged`` names the padded KJT pieces (``X`` for the leaves
@@ -67,16 +72,21 @@ def check_shared_call(
         request_count = torch.ones(num_requests, dtype=torch.int64, device=index.device).sum()
     in_range = ((index >= 0) & (index < num_requests)).all()
     torch._assert_async(in_range, RANGE_MESSAGE)
+    passed = in_range
     if request_rows_from is not None:
         safe = index.clamp(0, num_requests - 1)
         counts = torch.zeros(num_requests, dtype=torch.int64, device=index.device)
         counts = counts.index_add(0, safe, ones)
         grouped = (counts.min() > 0) | (request_count != num_candidates) | (num_candidates <= 1)
         torch._assert_async(grouped, REPLICATED_MESSAGE)
+        passed = passed & grouped
     for name in jagged:
         ids, lengths = leaves[f"{name}.ids"], leaves[f"{name}.lengths"]
         fits = ((lengths >= 0) & (lengths <= ids.shape[1])).all()
         torch._assert_async(fits, LENGTHS_MESSAGE.format(name=name))
+        passed = passed & fits
+    failed = (~passed).to(torch.int64).reshape(1)
+    return index + torch.zeros(1, dtype=torch.int64, device=index.device).index_select(0, failed)
 
 
 def jagged_pieces(names: Sequence[str]) -> list[str]:
