@@ -23,7 +23,10 @@ which ``import rocs_compiler`` does (``torch.export.load`` and
 ``torch._inductor.aoti_load_package`` without it fail on an unknown operator).
 
 AOTInductor packaging works on the same program (``torch._inductor.aoti_compile_and_package``;
-see ``docs/tutorial.md``): :func:`aoti_package` wraps it.
+see ``docs/tutorial.md``): :func:`aoti_package` wraps it. ``export(cm, portable=True)`` replaces
+every ``rocs::`` op by plain torch (``portable.py``), for processes without this package: C++
+through AOTInductor, ONNX Runtime (``onnx.py``). Every program checks its inputs inside its graph
+as the compiled model does (``input_checks.py``); see ``docs/deploy.md``.
 """
 
 from __future__ import annotations
@@ -287,7 +290,9 @@ def aoti_package(
 ) -> str:
     """Compile ``program`` ahead of time with AOTInductor into a ``.pt2`` package.
 
-    Needs a C++ compiler. Load the package with ``torch._inductor.aoti_load_package(path)`` in a
+    Needs a C++ compiler. The package of a portable program runs anywhere libtorch does (a C++
+    program through ``AOTIModelPackageLoader``: ``examples/cpp/aoti_run.cpp``). Load the package of
+    any other program with ``torch._inductor.aoti_load_package(path)`` in a
     process that has imported ``rocs_compiler`` (the package calls the rocs:: ops' CPU
     kernels through the dispatcher when the graph contains them). The package's metadata
     (``runner.get_metadata()[INPUTS_METADATA]``) describes its inputs (:func:`input_signature`),
