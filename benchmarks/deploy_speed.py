@@ -58,10 +58,12 @@ def original_package(model, example: dict, path: Path) -> str:
     """AOTInductor package of the original model, every batched input's dim 0 one dynamic size."""
     rows = {v.shape[0] for v in pytree.tree_leaves(example) if isinstance(v, torch.Tensor)}
     batch = Dim("N", min=1)
-    dims = pytree.tree_map(
-        lambda v: {0: batch} if isinstance(v, torch.Tensor) and v.dim() and len(rows) == 1 else None,
-        example,
-    )
+    one_batch = len(rows) == 1
+
+    def dims_of(value):
+        return {0: batch} if isinstance(value, torch.Tensor) and value.dim() and one_batch else None
+
+    dims = pytree.tree_map(dims_of, example)
     with torch.no_grad():
         program = torch.export.export(model, (), example, dynamic_shapes=dims, strict=False)
     return torch._inductor.aoti_compile_and_package(program, package_path=str(path))

@@ -21,7 +21,6 @@ import torch
 from torch import fx
 
 from ..errors import CompileError
-from .input_checks import PREFIX
 from .portable import rocs_ops_in
 
 CHECK_NODE_NAME = (
@@ -78,7 +77,3 @@ def export_onnx(program: torch.export.ExportedProgram, path: str | os.PathLike) 
     onnx.save(model, os.fspath(path))
     return os.fspath(path)
 
-
-def is_check_failure(message: str) -> bool:
-    """True when an ONNX Runtime error message is the refusal of the program's input checks."""
-    return CHECK_NODE_NAME in message or PREFIX in message

@@ -374,7 +374,10 @@ def test_a_saved_program_refuses_lengths_that_do_not_fit_the_ids(tmp_path, bad):
     width = pieces[key]["ids"].shape[1]
     pieces[key]["lengths"] = pieces[key]["lengths"].clone()
     pieces[key]["lengths"][0] = -1 if bad == "negative" else width + 1
-    call = dict(dense_features=batch.dense, sparse_features=pieces, candidate_to_request=batch.index)
+    call = {
+        "dense_features": batch.dense, "sparse_features": pieces,
+        "candidate_to_request": batch.index,
+    }  # fmt: skip
     with torch.no_grad(), pytest.raises(rocs.InputError, match=f"{key}: lengths must lie in"):
         program(**call)
     with torch.no_grad(), pytest.raises(RuntimeError, match="lengths must lie in"):
