@@ -105,7 +105,12 @@ class _AfterTorch(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module: Any) -> None:
         self._loader.exec_module(module)
-        register()
+        try:
+            register()
+        except Exception as err:  # never let this package break ``import torch``
+            import warnings
+
+            warnings.warn(f"rocs: could not register the rocs:: ops with torch: {err}")
 
 
 def register_with_torch() -> None:
