@@ -1,4 +1,5 @@
-"""Start-up cost: ``import torch``, ``import rocs_compiler``, ``rocs --help`` and a CLI input error.
+"""Start-up cost: ``import torch``, ``import rocs_compiler`` (alone and after torch), ``rocs --help``
+and a CLI input error.
 
     python benchmarks/import_time.py [--repeats 5]
 
@@ -47,6 +48,8 @@ def _cases(model_file: Path) -> dict[str, list[str]]:
     return {
         "import torch": ["-c", "import torch"],
         "import rocs_compiler": ["-c", "import rocs_compiler"],
+        # torch, then the rocs:: ops' schemas (what a process loading a saved program pays)
+        "import torch, rocs_compiler": ["-c", "import torch, rocs_compiler"],
         "rocs --help": [*cli, "--help"],
         "rocs CLI input error": [*cli, "inspect", f"{model_file}:Ranker", "--request", "user"],
     }

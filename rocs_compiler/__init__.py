@@ -6,10 +6,10 @@ equal the original model's for every batch.
 
 Importing the package is cheap and does not import torch: every public name is imported on
 first use (PEP 562), so ``rocs --help`` and error messages do not pay for torch, sympy, Triton,
-the renderers or the transforms. The ``rocs::`` custom ops are registered by everything that
-can meet them: ``rocs.compile``, the backend, ``rocs.load``, ``CompiledModel``; a process that
-loads a program with ``torch.export.load`` or ``torch._inductor.aoti_load_package`` directly
-imports ``rocs_compiler.kernels`` first.
+the renderers or the transforms. The ``rocs::`` custom ops are defined (their schemas, with
+kernels that load on first use) as soon as torch is imported, before or after this package:
+``import torch, rocs_compiler`` leaves a saved program loadable with ``torch.export.load`` or
+``torch._inductor.aoti_load_package``, as importing any op library does.
 """
 
 from __future__ import annotations
@@ -21,7 +21,10 @@ from typing import Any
 
 from .errors import CompileError, InputError, OptionsError
 from .ir.roles import Role
+from .kernels.library import register_with_torch
 from .options import Options
+
+register_with_torch()
 
 # public name -> the module (relative to this package) that defines it
 _LAZY = {
@@ -32,6 +35,7 @@ _LAZY = {
     "save": ".export",
     "load": ".export",
     "aoti_package": ".export",
+    "export_onnx": ".export.onnx",
     "LoadedProgram": ".export",
     "trusted_index": ".kernels.index_contract",
     "CompiledModel": ".runtime",
@@ -48,7 +52,7 @@ _LAZY = {
 
 __all__ = [
     "compile", "Options", "CompileError", "InputError", "OptionsError", "Role", "CompiledModel",
-    "backend", "shared_call", "export", "save", "load", "aoti_package", "LoadedProgram",
+    "backend", "shared_call", "export", "save", "load", "aoti_package", "export_onnx", "LoadedProgram",
     "apply_glm", "apply_dca", "GLMLinear", "GLMLinearCompression", "GroupLayerNorm",
     "GLMFactorizationMachine", "DCABlock", "trusted_index", "glm_from_zero_blocks", "RequestCache",
 ]  # fmt: skip

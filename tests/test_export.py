@@ -141,6 +141,43 @@ def test_saved_program_loads_in_a_fresh_process(tmp_path):
     assert "rocs" in bare.stderr
 
 
+_TORCH_LOAD_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    {imports}
+    program = torch.export.load(sys.argv[1])
+    kwargs, index, expected = torch.load(sys.argv[2])
+    out = program.module()(**kwargs, candidate_to_request=index)
+    print("MAX_ERROR", (out - expected).abs().max().item())
+    print("COMPILER", sorted(m for m in sys.modules if m.startswith("rocs_compiler.kernels.")))
+    """
+)
+
+
+@pytest.mark.parametrize("imports", ["import torch, rocs_compiler", "import rocs_compiler, torch"])
+def test_importing_the_package_makes_a_saved_program_loadable_by_torch(tmp_path, imports):
+    """``torch.export.load`` resolves the rocs:: ops after ``import rocs_compiler`` in either
+    order; the ops' kernels load when the program first runs, not at the import."""
+    entry, model, cm = _compiled("dlrm")
+    program = rocs.export(cm)
+    assert any(getattr(n.target, "namespace", None) == "rocs" for n in program.graph.nodes)
+    rocs.save(program, tmp_path / "m.pt2")
+    batch = entry.make_batch([2, 5, 1], seed=4, shuffle=True)
+    with torch.no_grad():
+        expected = model(**batch.replicated())
+    torch.save((batch.kwargs, batch.candidate_to_request, expected), tmp_path / "case.pt")
+    script = _TORCH_LOAD_SCRIPT.format(imports=imports)
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "m.pt2"), str(tmp_path / "case.pt")],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
+    assert float(lines["MAX_ERROR"]) < 1e-5
+    assert "rocs_compiler.kernels.library" in lines["COMPILER"]
+
+
 @pytest.mark.slow
 def test_aot_inductor_package_is_exact(tmp_path):
     """AOTInductor compiles the exported program (rocs:: ops included) into a .pt2 package.

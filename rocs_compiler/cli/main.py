@@ -9,6 +9,7 @@
     rocs inspect mypkg.models:make_ranker --request user_ids,history --format json
     rocs inspect ranker.pt2 --candidates 512              # a saved rocs.export program
     rocs export models_zoo:dlrm -o dlrm.pt2
+    rocs export models_zoo:dlrm --portable --aoti -o dlrm_aoti.pt2   # for a C++ server
     rocs export my_model.py:Ranker --weights ranker_state.pt ... -o ranker.pt2
     rocs serve dlrm.pt2 --port 8000                      # Ray Serve (cli/serve.py)
     rocs zoo
@@ -304,7 +305,7 @@ def cmd_export(args) -> int:
         raise TargetError("the target is already a saved export")
     compiled = _compile(target, args)
     with stage("export"):
-        program = rocs.export(compiled)
+        program = rocs.export(compiled, portable=args.portable)
     if args.aoti:
         with stage("AOTInductor"):
             path = rocs.aoti_package(program, args.output)
@@ -522,6 +523,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--aoti",
         action="store_true",
         help="compile with AOTInductor into a package (needs a C++ compiler)",
+    )
+    export.add_argument(
+        "--portable",
+        action="store_true",
+        help="replace every rocs:: op by plain torch: the program (or package) runs without "
+        "rocs_compiler, in C++ (AOTInductor) or ONNX Runtime",
     )
 
     cli_serve.add_command(sub, common, _positive)

@@ -204,8 +204,6 @@ def _reference(q, k, v, candidate_to_request, key_mask=None, scale=None, key_bia
 BROADCAST_ATTENTION = define(
     RocsOp(
         name="broadcast_attention",
-        schema="(Tensor q, Tensor k, Tensor v, Tensor candidate_to_request, Tensor? key_mask=None, "
-        "float? scale=None, Tensor? key_bias=None) -> Tensor",
         check=_check,
         fake=_fake,
         flops=_flops,

@@ -79,7 +79,6 @@ def _reference(weight, indices, mode, padding_idx):
 EMBEDDING_BAG_ROWS = define(
     RocsOp(
         name="embedding_bag_rows",
-        schema="(Tensor weight, Tensor indices, int mode, int? padding_idx) -> Tensor",
         check=_check,
         fake=_fake,
         cpu=_cpu,

@@ -104,8 +104,6 @@ def _reference(request_stack, candidate_stack, candidate_to_request):
 BROADCAST_INTERACTION = define(
     RocsOp(
         name="broadcast_interaction",
-        schema="(Tensor request_stack, Tensor candidate_stack, Tensor candidate_to_request) "
-        "-> Tensor",
         check=_check,
         fake=_fake,
         flops=_flops,

@@ -104,8 +104,6 @@ def _request_sum(grad, request_term, candidate_to_request):
 BROADCAST_LINEAR = define(
     RocsOp(
         name="broadcast_linear",
-        schema="(Tensor c, Tensor weight, Tensor? bias, Tensor request_term, "
-        "Tensor candidate_to_request) -> Tensor",
         check=_check_linear,
         fake=_linear_fake,
         flops=_linear_flops,
@@ -192,8 +190,6 @@ def _compression_backward(needs, grad, ec, weight, request_term, candidate_to_re
 BROADCAST_LINEAR_COMPRESSION = define(
     RocsOp(
         name="broadcast_linear_compression",
-        schema="(Tensor ec, Tensor weight, Tensor request_term, Tensor candidate_to_request) "
-        "-> Tensor",
         check=_check_compression,
         fake=_compression_fake,
         flops=_compression_flops,

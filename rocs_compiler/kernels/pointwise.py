@@ -183,8 +183,6 @@ def _reference(program, candidate_inputs, request_inputs, candidate_to_request):
 BROADCAST_POINTWISE = define(
     RocsOp(
         name="broadcast_pointwise",
-        schema="(str program, Tensor[] candidate_inputs, Tensor[] request_inputs, "
-        "Tensor candidate_to_request) -> Tensor",
         check=_check,
         fake=_fake,
         flops=_flops,

@@ -31,6 +31,8 @@ from torch.utils.flop_counter import register_flop_formula
 
 from .common import debug_checks, use_triton
 from .index_contract import check_candidate_to_request
+from .library import SCHEMAS
+from .library import register as register_library
 from .request_groups import current_call, reentered
 
 
@@ -60,7 +62,6 @@ class RocsOp:
     """
 
     name: str
-    schema: str
     check: Callable[..., tuple[Optional[int], Optional[int]]]
     fake: Callable[..., torch.Tensor]
     cpu: Callable[..., torch.Tensor]
@@ -71,6 +72,11 @@ class RocsOp:
     dispatch: Callable[..., torch.Tensor] = first_tensor
     backward: Optional[Callable[..., tuple]] = None
     differentiable: Optional[Callable[..., torch.Tensor]] = None
+
+    @property
+    def schema(self) -> str:
+        """The op's schema, defined once for every op in ``library.SCHEMAS``."""
+        return SCHEMAS[self.name]
 
     @property
     def overload(self) -> torch._ops.OpOverload:
@@ -122,20 +128,16 @@ def _launcher(spec: str) -> Callable[..., torch.Tensor]:
 
 
 def define(op: RocsOp) -> RocsOp:
-    """Register ``op`` as ``torch.ops.rocs.<name>`` with its fake kernel and FLOP formula."""
-    custom = torch.library.custom_op(
-        f"rocs::{op.name}", op.checked_run, mutates_args=(), schema=op.schema
-    )
-    custom.register_fake(op.fake)
-    torch.library.register_autograd(
-        f"rocs::{op.name}", _backward_of(op), setup_context=_save_arguments
-    )
+    """``op`` registered: ``torch.ops.rocs.<name>`` (its schema, body ``op.checked_run``, fake
+    kernel and autograd formula, registered by ``library.register`` for every op at once), and
+    its FLOP formula."""
+    register_library()
     if op.flops is not None:
         register_flop_formula(getattr(torch.ops.rocs, op.name))(op.flops)
     return op
 
 
-def _save_arguments(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+def save_arguments(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
     """Keep the op's arguments for its backward: tensors through ``save_for_backward`` (so an
     in-place write to one before the backward is caught), everything else as it is; and the
     call's scope, so the backward reuses the request groups of the forward."""
@@ -164,16 +166,9 @@ def _saved_arguments(ctx: Any) -> tuple:
     return tuple(flat) if spec is None else pytree.tree_unflatten(flat, spec)
 
 
-def _backward_of(op: RocsOp) -> Callable[..., tuple]:
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        return _gradients(op, ctx, ctx.needs_input_grad, grad)
-
-    return backward
-
-
-def _gradients(op: RocsOp, ctx: Any, needs: tuple, grad: torch.Tensor) -> tuple:
+def gradients(op: RocsOp, ctx: Any, needs: tuple, grad: torch.Tensor) -> tuple:
     """One gradient per argument of ``op`` (a list for a list argument), from what
-    :func:`_save_arguments` kept in ``ctx``."""
+    :func:`save_arguments` kept in ``ctx``."""
     args = _saved_arguments(ctx)
     with reentered(ctx.rocs_scope):
         if op.backward is not None:
@@ -193,7 +188,7 @@ class _DirectAutograd(torch.autograd.Function):
     def forward(ctx: Any, op: RocsOp, spec: Any, *flat: Any) -> torch.Tensor:
         args = _unflattened(flat, spec)
         output = op.run(*args)
-        _save_arguments(ctx, args, output)
+        save_arguments(ctx, args, output)
         ctx.rocs_op, ctx.rocs_spec = op, spec
         return output
 
@@ -201,7 +196,7 @@ class _DirectAutograd(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
         spec = ctx.rocs_spec
         needs = _unflattened(ctx.needs_input_grad[2:], spec)
-        grads = _gradients(ctx.rocs_op, ctx, needs, grad)
+        grads = gradients(ctx.rocs_op, ctx, needs, grad)
         if spec is None:
             return (None, None, *grads)
         flat: list = []

@@ -360,6 +360,30 @@ def test_export_takes_the_keys_as_padded_pieces():
         torch.testing.assert_close(got, model(batch.dense, batch.kjt))
 
 
+@pytest.mark.parametrize("bad", ["longer than its ids", "negative"])
+def test_a_saved_program_refuses_lengths_that_do_not_fit_the_ids(tmp_path, bad):
+    """A key's padded piece claims ``lengths[b]`` of its ``W`` ids: a length past ``W`` or below
+    zero is refused by the program itself (loaded, or run by torch's own module)."""
+    model, request, _ = zoo.build("dlrm")
+    compiled = _compile(model, request)
+    rocs.save(rocs.export(compiled), tmp_path / "dlrm.pt2")
+    program = rocs.load(tmp_path / "dlrm.pt2")
+    batch = zoo.draw([3, 1, 2], seed=14, histories=[4, 0, 1])
+    pieces = compiled.input_format.splits[0].pieces(batch.shared)
+    key = next(iter(pieces))
+    width = pieces[key]["ids"].shape[1]
+    pieces[key]["lengths"] = pieces[key]["lengths"].clone()
+    pieces[key]["lengths"][0] = -1 if bad == "negative" else width + 1
+    call = {
+        "dense_features": batch.dense, "sparse_features": pieces,
+        "candidate_to_request": batch.index,
+    }  # fmt: skip
+    with torch.no_grad(), pytest.raises(rocs.InputError, match=f"{key}: lengths must lie in"):
+        program(**call)
+    with torch.no_grad(), pytest.raises(RuntimeError, match="lengths must lie in"):
+        program.program.module()(**call)
+
+
 @pytest.mark.parametrize("fast", ["shared", "plain"])
 def test_drop_in_calls_keep_the_faster_of_the_pieces_program_and_the_model(monkeypatch, fast):
     """Drop-in calls alternate between the pieces program and the original model until each

@@ -19,11 +19,14 @@ accepted::
 The graph may contain ``rocs::`` custom ops (the fused broadcast kernels). They are
 ``torch.library`` custom ops with fake kernels, so the program exports, serializes and compiles
 with AOTInductor like any other; a process that *loads* the program must have them registered,
-which :func:`load` does (``torch.export.load`` and ``torch._inductor.aoti_load_package`` need
-``import rocs_compiler.kernels`` first: alone they fail on an unknown operator).
+which ``import rocs_compiler`` does (``torch.export.load`` and
+``torch._inductor.aoti_load_package`` without it fail on an unknown operator).
 
 AOTInductor packaging works on the same program (``torch._inductor.aoti_compile_and_package``;
-see ``docs/tutorial.md``): :func:`aoti_package` wraps it.
+see ``docs/tutorial.md``): :func:`aoti_package` wraps it. ``export(cm, portable=True)`` replaces
+every ``rocs::`` op by plain torch (``portable.py``), for processes without this package: C++
+through AOTInductor, ONNX Runtime (``onnx.py``). Every program checks its inputs inside its graph
+as the compiled model does (``input_checks.py``); see ``docs/deploy.md``.
 """
 
 from __future__ import annotations
@@ -39,43 +42,50 @@ from torch import fx, nn
 from torch.export import Dim, ExportedProgram
 from torch.utils import _pytree as pytree
 
-# Registration of every rocs:: custom op, so that a program loaded here can call them.
-from . import kernels as _kernels  # noqa: F401
-from .errors import CompileError, InputError
-from .ir.graph_meta import INDEX_NAME, PLACEMENT
-from .formats.leaves import named_leaves, nest
-from .ir.roles import Role
+from ..kernels.library import register as _register_rocs_ops
+from ..errors import CompileError, InputError
+from ..ir.graph_meta import INDEX_NAME, PLACEMENT
+from ..formats.leaves import named_leaves, nest
+from .portable import PortableInterpreter, rocs_ops_in
+from .input_checks import as_input_error, check_shared_call, jagged_pieces
+from ..ir.roles import Role
 
 __all__ = [
-    "INPUTS_METADATA", "LoadedProgram", "aoti_package", "export", "input_signature", "load", "save",
+    "INPUTS_METADATA", "LoadedProgram", "aoti_package", "export", "input_signature", "load",
+    "rocs_ops_in", "save",
 ]
 
 
 class _SharedLayoutProgram(nn.Module):
     """The rewritten graph behind a named, nested signature, returning the model's outputs."""
 
-    def __init__(self, graph: fx.GraphModule, input_names: list[str], contract):
+    def __init__(self, graph: fx.GraphModule, input_names: list[str], contract, portable: bool):
         super().__init__()
+        self._interpreter = PortableInterpreter if portable else fx.Interpreter
         self.rewritten = graph  # not "graph": that name is taken on the unlifted GraphModule
         self._input_names = list(input_names)
         self._contract = contract
+        requests = [n for n in contract.batched_inputs if n in set(contract.request_inputs)]
+        self._request_rows_from = requests[0] if requests else None
+        self._jagged = jagged_pieces(self._input_names)
 
     def _run(self, args: tuple, kwargs: dict):
         from torch.fx import traceback as fx_traceback
 
-        from .formats.leaves import bind_inputs, named_leaves
+        from ..formats.leaves import bind_inputs, named_leaves
 
         leaves = named_leaves(bind_inputs(inspect.signature(self.forward), args, kwargs))
         index = leaves.pop(INDEX_NAME)
+        index = check_shared_call(leaves, index, self._request_rows_from, self._jagged)
         inputs = [leaves[name] for name in self._input_names]
         # Interpreted with node metadata preserved, so the exported nodes keep the source module
         # of the nodes they come from (reports and drawings of a saved program name them).
         with fx_traceback.preserve_node_meta():
-            outputs = fx.Interpreter(self.rewritten).run(*inputs, index)
+            outputs = self._interpreter(self.rewritten).run(*inputs, index)
         return self._contract.outputs(list(outputs))
 
 
-def _program_module(compiled) -> _SharedLayoutProgram:
+def _program_module(compiled, portable: bool) -> _SharedLayoutProgram:
     arguments = list(dict.fromkeys(name.split(".")[0] for name in compiled.contract.input_names))
     if INDEX_NAME in arguments:
         raise InputError(f"the model has an input named {INDEX_NAME!r}, which rocs reserves")
@@ -89,7 +99,8 @@ def _program_module(compiled) -> _SharedLayoutProgram:
 
     forward.__signature__ = signature
     cls = type("RocsSharedLayout", (_SharedLayoutProgram,), {"forward": forward})
-    return cls(compiled.graph_module, compiled.contract.input_names, compiled.contract).eval()
+    contract = compiled.contract
+    return cls(compiled.graph_module, contract.input_names, contract, portable).eval()
 
 
 def _nest(flat: Mapping[str, Any]) -> dict:
@@ -112,7 +123,7 @@ def _synthetic_example(compiled, num_requests: int = 2, num_candidates: int = 3)
 
 
 def _flat_example(compiled, example: Any) -> dict:
-    from .formats.leaves import named_leaves
+    from ..formats.leaves import named_leaves
 
     if example is None:
         return _synthetic_example(compiled)
@@ -130,7 +141,7 @@ def _flat_example(compiled, example: Any) -> dict:
     return {n: leaves[n] for n in [*compiled.contract.input_names, INDEX_NAME]}
 
 
-def export(compiled, example: Optional[Any] = None) -> ExportedProgram:
+def export(compiled, example: Optional[Any] = None, portable: bool = False) -> ExportedProgram:
     """A ``torch.export.ExportedProgram`` of ``compiled``'s rewritten graph in shared layout.
 
     Args:
@@ -140,12 +151,16 @@ def export(compiled, example: Optional[Any] = None) -> ExportedProgram:
         example: an optional shared-layout batch (dict with ``candidate_to_request`` or a
             ``models_zoo.Batch``); by default zero-valued inputs with R = 2, N = 3 are used,
             which is enough because the graph has no data-dependent control flow.
+        portable: replace every ``rocs::`` op by its plain-torch computation (``portable.py``):
+            a program of ATen ops only, for processes without this package (AOTInductor's C++
+            loader, ONNX Runtime, ``torch.export.load`` alone). The request side still runs
+            once per request; the fused kernels' savings of memory traffic are not kept.
     """
     if getattr(compiled, "graph_module", None) is None:
         reason = getattr(compiled, "fallback_reason", None) or "not a rocs CompiledModel"
         raise CompileError(f"nothing to export: the model runs eagerly ({reason})")
     flat = _flat_example(compiled, example)
-    module = _program_module(compiled)
+    module = _program_module(compiled, portable)
     requests = set(compiled.contract.request_inputs)
     batched = compiled.contract.batched
     num_requests, num_candidates = Dim("R", min=1), Dim("N", min=1)
@@ -203,7 +218,13 @@ class _PositionalCall(nn.Module):
         twice = sorted(set(names[: len(args)]) & set(kwargs))
         if twice:
             raise TypeError(f"argument(s) given by position and by name: {', '.join(twice)}")
-        return self.program_module(**dict(zip(names, args)), **kwargs)
+        try:
+            return self.program_module(**dict(zip(names, args)), **kwargs)
+        except RuntimeError as err:
+            refused = as_input_error(err)
+            if refused is None:
+                raise
+            raise refused from err
 
 
 class LoadedProgram:
@@ -253,8 +274,9 @@ def _keyword_spec(program: ExportedProgram):
 
 
 def load(path: str | os.PathLike) -> LoadedProgram:
-    """Load a program saved by :func:`save`, with the rocs:: custom ops registered (importing
-    this module did): call it like the model, ``program(*arguments, candidate_to_request)``."""
+    """Load a program saved by :func:`save`, with the rocs:: custom ops registered: call it like
+    the model, ``program(*arguments, candidate_to_request)``."""
+    _register_rocs_ops()
     return LoadedProgram(torch.export.load(path))
 
 
@@ -268,8 +290,10 @@ def aoti_package(
 ) -> str:
     """Compile ``program`` ahead of time with AOTInductor into a ``.pt2`` package.
 
-    Needs a C++ compiler. Load the package with ``torch._inductor.aoti_load_package(path)`` in a
-    process that has imported ``rocs_compiler.kernels`` (the package calls the rocs:: ops' CPU
+    Needs a C++ compiler. The package of a portable program runs anywhere libtorch does (a C++
+    program through ``AOTIModelPackageLoader``: ``examples/cpp/aoti_run.cpp``). Load the package of
+    any other program with ``torch._inductor.aoti_load_package(path)`` in a
+    process that has imported ``rocs_compiler`` (the package calls the rocs:: ops' CPU
     kernels through the dispatcher when the graph contains them). The package's metadata
     (``runner.get_metadata()[INPUTS_METADATA]``) describes its inputs (:func:`input_signature`),
     which is how ``rocs serve`` serves it.

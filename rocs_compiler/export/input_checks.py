@@ -1,0 +1,107 @@
+"""The checks a compiled model makes of a shared-layout call, as ops inside an exported program.
+
+A compiled model refuses, before any compute, a ``candidate_to_request`` out of ``[0, R)`` and
+request inputs with one row per candidate (R = N > 1) whose index is not a permutation (replicated
+request rows passed with an index: read as requests, they would give wrong scores silently).
+An exported program runs in runtimes that never see that Python code (``torch.export.load``,
+AOTInductor's C++ loader), so the same conditions are traced into the graph as
+``aten._assert_async`` nodes, which export keeps and AOTInductor compiles into a check that
+raises the message. ONNX has no assert (its exporter drops them), so the same conditions also
+guard the index by data flow: the checked index is ``index + zeros(1)[failed]``, a gather that
+is out of bounds exactly when a check fails, which every runtime refuses (ONNX Runtime's Gather
+names the node; :func:`~rocs_compiler.export.onnx.to_onnx` names that node after the checks).
+The conditions are tensor ops of sizes, never Python comparisons of the symbolic sizes R and N
+(those would specialize the program to R != N or R == N).
+
+Identities: with ``counts = bincount(idx, minlength=R)``, and every value in range, ``idx`` is a
+permutation of ``[0, N)`` exactly when R = N and no request row has count 0 (the counts sum to N).
+A KeyedJaggedTensor key's padded piece ``ids [B, W]`` holds row b's ids in its first
+``lengths[b]`` columns, so ``0 <= lengths[b] <= W`` is what makes ``lengths`` describe ``ids``.
+
+Dtypes and the equality of candidate rows with the index's length are properties of the program's
+signature: ``ExportedProgram.module()`` checks them on every call; AOTInductor checks them when
+the serving process sets ``AOTI_RUNTIME_CHECK_INPUTS=1``.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Optional, Sequence
+
+import torch
+
+from ..errors import InputError
+from ..ir.graph_meta import INDEX_NAME
+
+PREFIX = "rocs: "  # every message starts with it, so a caller can tell them from other failures
+
+RANGE_MESSAGE = (
+    f"{PREFIX}{INDEX_NAME} values must lie in [0, R) (R = rows of the request inputs, one per "
+    "request)"
+)
+REPLICATED_MESSAGE = (
+    f"{PREFIX}request inputs have one row per candidate, but {INDEX_NAME} groups candidates into "
+    "fewer requests: the shared layout takes one row per request (pass each request's row once)"
+)
+LENGTHS_MESSAGE = (
+    f"{PREFIX}KeyedJaggedTensor piece {{name}}: lengths must lie in [0, W] (W = columns of its "
+    "ids); a row claims more ids than it has, or a negative number"
+)
+
+
+def check_shared_call(
+    leaves: Mapping[str, torch.Tensor],
+    index: torch.Tensor,
+    request_rows_from: Optional[str],
+    jagged: Sequence[str],
+) -> torch.Tensor:
+    """Trace the shared-layout checks of one call into the current graph; return the index
+    guarded by them (equal to ``index`` whenever they pass).
+
+    ``request_rows_from`` names a batched request leaf (its rows are R; None: the model has no
+    request input, and R is N); ``jagged`` names the padded KJT pieces (``X`` for the leaves
+    ``X.ids`` and ``X.lengths``).
+    """
+    ones = torch.ones_like(index)
+    num_candidates = ones.sum()
+    if request_rows_from is None:
+        num_requests = index.shape[0]
+        request_count = num_candidates
+    else:
+        rows = leaves[request_rows_from]
+        num_requests = rows.shape[0]
+        request_count = torch.ones(num_requests, dtype=torch.int64, device=index.device).sum()
+    in_range = ((index >= 0) & (index < num_requests)).all()
+    torch._assert_async(in_range, RANGE_MESSAGE)
+    passed = in_range
+    if request_rows_from is not None:
+        safe = index.clamp(0, num_requests - 1)
+        counts = torch.zeros(num_requests, dtype=torch.int64, device=index.device)
+        counts = counts.index_add(0, safe, ones)
+        grouped = (counts.min() > 0) | (request_count != num_candidates) | (num_candidates <= 1)
+        torch._assert_async(grouped, REPLICATED_MESSAGE)
+        passed = passed & grouped
+    for name in jagged:
+        ids, lengths = leaves[f"{name}.ids"], leaves[f"{name}.lengths"]
+        fits = ((lengths >= 0) & (lengths <= ids.shape[1])).all()
+        torch._assert_async(fits, LENGTHS_MESSAGE.format(name=name))
+        passed = passed & fits
+    failed = (~passed).to(torch.int64).reshape(1)
+    return index + torch.zeros(1, dtype=torch.int64, device=index.device).index_select(0, failed)
+
+
+def jagged_pieces(names: Sequence[str]) -> list[str]:
+    """The padded KJT pieces among a program's leaf names: ``X`` where ``X.ids`` and
+    ``X.lengths`` are both leaves."""
+    present = set(names)
+    return [n[: -len(".lengths")] for n in names
+            if n.endswith(".lengths") and n[: -len(".lengths")] + ".ids" in present]  # fmt: skip
+
+
+def as_input_error(err: RuntimeError) -> Optional[InputError]:
+    """The :class:`InputError` for a failed in-graph check (its message after :data:`PREFIX`),
+    or None for any other error."""
+    message = str(err)
+    at = message.find(PREFIX)
+    if at < 0:
+        return None
+    return InputError(message[at + len(PREFIX):].splitlines()[0])

@@ -1,0 +1,56 @@
+"""Portable programs: the rewritten graph with every ``rocs::`` op replaced by plain torch.
+
+Each :class:`~rocs_compiler.kernels.rocs_op.RocsOp` carries a ``reference``: the op's value
+computed by materializing the broadcast ``x[candidate_to_request]`` and running the unfused op.
+Interpreting the rewritten graph with every ``rocs::`` node called through its reference, under
+``torch.export``, gives a program of ATen ops only, which loads with ``torch.export.load`` in a
+process without this package, compiles with AOTInductor into a package that a C++ program runs,
+and exports to ONNX. The sharing is kept: the request side still runs at R rows, and reaches the
+candidates by the references' gathers (``index``/``index_select`` of R rows with the index).
+
+Identity: ``rocs::<name>(*args) == ROCS_OPS[name].reference(*args)`` for every argument the op
+accepts (the op registry's tests check each op against its reference).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import fx
+
+from ..kernels import rocs_op_for
+
+
+def _positional(target: Any, args: tuple, kwargs: dict) -> tuple:
+    """``args`` and ``kwargs`` of a call of the op ``target`` as positional arguments in its
+    schema's order, defaults filled in (the references take positional arguments)."""
+    if not kwargs:
+        return tuple(args)
+    values = list(args)
+    for argument in target._schema.arguments[len(args):]:
+        if argument.name in kwargs:
+            values.append(kwargs[argument.name])
+        else:
+            values.append(argument.default_value if argument.has_default_value() else None)
+    return tuple(values)
+
+
+class PortableInterpreter(fx.Interpreter):
+    """Runs a rewritten graph with each ``rocs::`` op replaced by its reference."""
+
+    def call_function(self, target: Any, args: tuple, kwargs: dict) -> Any:
+        op = rocs_op_for(target)
+        if op is None:
+            return super().call_function(target, args, kwargs)
+        return op.reference(*_positional(target, args, kwargs))
+
+
+def rocs_ops_in(program: torch.export.ExportedProgram) -> list[str]:
+    """The ``rocs::`` ops a program calls (empty for a portable program)."""
+    names = {
+        str(node.target)
+        for node in program.graph.nodes
+        if node.op == "call_function" and getattr(node.target, "namespace", None) == "rocs"
+    }
+    return sorted(names)
