@@ -33,7 +33,7 @@ from ray import serve
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse
 
-from . import protocol
+from . import launch, protocol
 from .packing import pack, split
 from .schema import Request, RequestError
 from .settings import ServeSettings
@@ -80,6 +80,7 @@ class Scorer:
 
         from .served import served_model
 
+        launch.loopback_replica()
         self.settings = settings = settings or ServeSettings()
         if settings.threads is not None:
             torch.set_num_threads(settings.threads)

@@ -99,11 +99,11 @@ def test_a_local_start_whose_proxy_died_starts_ray_once_more(monkeypatch):
     monkeypatch.setattr(launch.ray, "init", ray_call("ray.init"))
     monkeypatch.setattr(launch.ray, "shutdown", ray_call("ray.shutdown"))
     monkeypatch.setattr(launch.serve, "start", serve_start)
-    monkeypatch.setattr(launch.serve, "shutdown", lambda: calls.append("serve.shutdown"))
+    monkeypatch.setattr(launch, "_applications", lambda: calls.append("applications") or [])
     failures.append(launch.ray.exceptions.RayActorError())
     with pytest.warns(RuntimeWarning, match="HTTP proxy"):
         launch.start(8000, num_cpus=2)
-    assert calls == ["ray.init", "serve.start", "serve.shutdown", "ray.shutdown", "ray.init",
+    assert calls == ["ray.init", "serve.start", "applications", "ray.shutdown", "ray.init",
                      "serve.start"]  # fmt: skip
     calls.clear()
     running[:] = [False]
