@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import signal
 import socket
 import warnings
 from typing import Any
@@ -96,6 +97,7 @@ def _init(options: dict, loopback: bool) -> None:
     """``ray.init``; a local start whose raylet gave up on its agents (Ray waits a fixed 15 s for
     their ports, which a loaded machine can miss) is tried once more, with a warning."""
     for attempt in (1, 2):
+        before = _children()
         try:
             with _loopback_node() if loopback else contextlib.nullcontext():
                 ray.init(**options)
@@ -109,6 +111,28 @@ def _init(options: dict, loopback: bool) -> None:
                 stacklevel=3,
             )
             ray.shutdown()
+            # The failed start's processes (its GCS, monitors) are this process's children,
+            # which ray.shutdown() does not know of: ended here.
+            for pid in _children() - before:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def _children() -> set[int]:
+    """This process's child processes (from /proc; none where there is no /proc)."""
+    found, me = set(), os.getpid()
+    entries = os.scandir("/proc") if os.path.isdir("/proc") else ()
+    for entry in entries:
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as stat:
+                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if parent == me:
+            found.add(int(entry.name))
+    return found
 
 
 def start(

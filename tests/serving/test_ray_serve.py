@@ -384,20 +384,27 @@ def test_bad_input_answers_400_naming_the_field(server):
 
 
 def test_a_bad_request_never_fails_its_batch_mates(server, two_tower_model):
+    """Ids past an embedding table, negative ids and NaN features are refused (400 naming the
+    field) when they arrive, before their request joins a batch; the requests sent with them
+    are scored exactly."""
     good = _two_tower_bodies([4, 6], seed=13)
-    # Passes the check (an id is an integer) but the model fails on it: an embedding row that
-    # does not exist. The batch is run again one request at a time.
-    failing = H.changed(good[0], candidates__item_id=[10**9] * 4)
-    wrong_shape = H.changed(good[0], request__user_dense=[1.0])
+    past = H.changed(good[0], candidates__item_id=[10**9] * 4)
+    negative = H.changed(good[0], request__user_id=-1)
+    dense = good[0]["candidates"]["item_dense"]
+    nan = H.changed(good[0], candidates__item_dense=[[float("nan")] * len(dense[0])] * 4)
     handle = server.handles["two_tower"]
-    calls = [handle.score.remote(b) for b in (good[0], failing, wrong_shape, good[1])]
+    bodies = (good[0], past, negative, nan, good[1])
+    calls = [handle.score.remote(b) for b in bodies]
     _assert_scores(calls[0].result(timeout_s=TIMEOUT_S), H.dense_alone(two_tower_model, good[0]))
-    _assert_scores(calls[3].result(timeout_s=TIMEOUT_S), H.dense_alone(two_tower_model, good[1]))
-    for call, words in ((calls[1], "the model refused this request"), (calls[2], "user_dense")):
+    _assert_scores(calls[4].result(timeout_s=TIMEOUT_S), H.dense_alone(two_tower_model, good[1]))
+    for call, words in zip(calls[1:4], ("item_id", "user_id", "item_dense")):
         with pytest.raises(Exception, match=words):
             call.result(timeout_s=TIMEOUT_S)
-    status, answer, _ = server.post("two_tower", failing)
-    assert status == 400 and "IndexError" in answer["error"]
+    cases = ((past, "item_id", "outside embedding table"), (negative, "user_id", "id -1 "),
+             (nan, "item_dense", "NaN or infinity"))  # fmt: skip
+    for body, field, words in cases:
+        status, answer, _ = server.post("two_tower", body)
+        assert status == 400 and answer["field"] == field and words in answer["error"], answer
 
 
 def test_health_and_info(server):

@@ -114,3 +114,34 @@ def test_a_local_start_whose_proxy_died_starts_ray_once_more(monkeypatch):
     failures[:] = [launch.ray.exceptions.RayActorError()]
     with pytest.raises(launch.ray.exceptions.RayActorError):
         launch.start(8000, address="auto")
+
+
+def test_a_local_start_whose_raylet_timed_out_starts_ray_once_more(monkeypatch):
+    """The raylet waits a fixed 15 s for its agents' ports, which a loaded machine can miss:
+    ``ray.init`` then raises; a local start ends the processes that failed start left (its
+    children, which ``ray.shutdown`` does not know of) and tries once more; a second failure,
+    and any other error, is raised."""
+    pytest.importorskip("ray.serve", reason="the launch module needs the serve extra")
+    import subprocess
+
+    from rocs_compiler.serving import launch
+
+    started = []
+
+    def failing_init(**options):
+        started.append(subprocess.Popen(["sleep", "60"]))  # one of the failed start's processes
+        raise Exception("The current node timed out during startup. This could happen ...")
+
+    attempts = [failing_init, lambda **options: None]
+    monkeypatch.setattr(launch.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(launch.ray, "init", lambda **options: attempts.pop(0)(**options))
+    monkeypatch.setattr(launch.ray, "shutdown", lambda: None)
+    monkeypatch.setattr(launch.serve, "start", lambda **options: None)
+    with pytest.warns(RuntimeWarning, match="did not start"):
+        launch.start(8000, num_cpus=2)
+    assert not attempts and started[0].wait(timeout=10) == -signal.SIGKILL
+    attempts[:] = [failing_init, failing_init]
+    with pytest.warns(RuntimeWarning), pytest.raises(Exception, match="timed out"):
+        launch.start(8000, num_cpus=2)
+    started[-1].kill()
+    started[-1].wait(timeout=10)
