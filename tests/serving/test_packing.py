@@ -299,3 +299,50 @@ def test_non_finite_outputs_are_written_as_null():
     out = protocol.scores({"ctr": torch.tensor([0.5, float("nan"), float("inf")]), "n": 2})
     assert out == {"scores": {"ctr": [0.5, None, None], "n": 2}}
     json.dumps(out, allow_nan=False)
+
+
+class _PlainSharedLayout(torch.nn.Module):
+    """A shared-layout program in plain ATen, as ``rocs.export(..., portable=True)`` makes: the
+    request side at R rows, gathered to the candidates by ``candidate_to_request``."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.users, self.items = torch.nn.Embedding(40, 4), torch.nn.Embedding(60, 4)
+        self.tags = torch.nn.EmbeddingBag(12, 4, mode="sum")
+
+    def forward(self, user_id, user_tags, item_id, candidate_to_request):
+        user = self.users(user_id) + self.tags(user_tags)
+        return (user.index_select(0, candidate_to_request) * self.items(item_id)).sum(1)
+
+
+def test_a_plain_torch_export_program_serves_with_its_id_ranges(tmp_path):
+    """A program saved by ``torch.export.save`` with no ``rocs::`` op (the portable form) serves
+    as a ``rocs.save`` one does, its tables' rows read from its graph."""
+    module = _PlainSharedLayout().eval()
+    requests, candidates = torch.export.Dim("R"), torch.export.Dim("N")
+    example = {"user_id": torch.tensor([1, 2]), "user_tags": torch.tensor([[1, 2], [3, 4]]),
+               "item_id": torch.tensor([5, 6, 7]),
+               "candidate_to_request": torch.tensor([0, 1, 1])}  # fmt: skip
+    shapes = {"user_id": {0: requests}, "user_tags": {0: requests}, "item_id": {0: candidates},
+              "candidate_to_request": {0: candidates}}  # fmt: skip
+    path = tmp_path / "plain.pt2"
+    torch.export.save(torch.export.export(module, (), example, dynamic_shapes=shapes), path)
+    served = served_model(str(path))
+    assert {f.name: [r.rows for r in f.ids] for f in served.schema.fields} == {
+        "user_id": [40], "user_tags": [12], "item_id": [60]
+    }  # fmt: skip
+    bodies = [
+        {"request": {"user_id": u, "user_tags": [u % 12, 3]},
+         "candidates": {"item_id": [i % 60 for i in range(n)]}}
+        for u, n in zip((3, 7, 9), COUNTS)
+    ]  # fmt: skip
+    packed = pack(served.schema, [served.schema.check(b) for b in bodies])
+    for body, got in zip(bodies, split(served(packed), packed.counts)):
+        request, items = body["request"], torch.tensor(body["candidates"]["item_id"])
+        with torch.no_grad():
+            alone = module(torch.tensor([request["user_id"]]), torch.tensor([request["user_tags"]]),
+                           items, torch.zeros(len(items), dtype=torch.long))  # fmt: skip
+        torch.testing.assert_close(got, alone)
+    err = _refused(served, H.changed(bodies[0], request__user_tags=[1, 12]))
+    assert err.field == "user_tags" and "of 12 rows" in str(err)
