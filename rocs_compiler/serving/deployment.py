@@ -134,6 +134,7 @@ class Scorer:
         }
         if reset:
             self._timings = Timings()
+            self._recent.clear()
         return stats
 
     def info(self) -> dict:
