@@ -254,9 +254,12 @@ def _route(http: HTTPRequest) -> str:
 
 
 def _model_error(err: Exception) -> Exception:
-    """A failure of the model on one request: bad input (an id out of range) answers 400."""
-    if isinstance(err, (ValueError, IndexError, TypeError)):
-        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    """A failure of the model on one request: bad input answers 400 (ids out of range that the
+    check could not see: an AOTInductor package's compiled bounds check raises a RuntimeError
+    "index out of bounds: ...")."""
+    first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    bounds = isinstance(err, RuntimeError) and first.startswith("index out of bounds")
+    if bounds or isinstance(err, (ValueError, IndexError, TypeError)):
         return RequestError(f"the model refused this request: {type(err).__name__}: {first}")
     return err
 

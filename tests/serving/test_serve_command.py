@@ -145,3 +145,19 @@ def test_a_local_start_whose_raylet_timed_out_starts_ray_once_more(monkeypatch):
         launch.start(8000, num_cpus=2)
     started[-1].kill()
     started[-1].wait(timeout=10)
+
+
+def test_an_aoti_bounds_check_failure_answers_400():
+    """An AOTInductor package has no graph to read id ranges from; its compiled bounds check
+    raises a RuntimeError, which the replica answers as this request's bad input (400), while any
+    other RuntimeError stays a server error."""
+    pytest.importorskip("ray.serve", reason="the deployment module needs the serve extra")
+    from rocs_compiler.serving.deployment import _model_error
+    from rocs_compiler.serving.schema import RequestError
+
+    bounds = RuntimeError("index out of bounds: 0 <= tmp2 < 10L\nException raised from cpp_fused")
+    answer = _model_error(bounds)
+    assert isinstance(answer, RequestError) and answer.status == 400
+    assert "index out of bounds: 0 <= tmp2 < 10L" in str(answer) and "\n" not in str(answer)
+    other = RuntimeError("out of memory")
+    assert _model_error(other) is other
