@@ -161,3 +161,29 @@ def test_an_aoti_bounds_check_failure_answers_400():
     assert "index out of bounds: 0 <= tmp2 < 10L" in str(answer) and "\n" not in str(answer)
     other = RuntimeError("out of memory")
     assert _model_error(other) is other
+
+
+def test_a_batch_the_model_fails_on_is_run_again_one_request_at_a_time():
+    """What the value checks cannot see (a model's own refusal): the packed call fails, each
+    request runs alone, and only the one the model fails on gets the error (400)."""
+    pytest.importorskip("ray.serve", reason="the deployment module needs the serve extra")
+    import torch
+
+    from rocs_compiler.serving.deployment import Scorer, _Failed
+    from rocs_compiler.serving.schema import CANDIDATE, Field, Schema
+    from rocs_compiler.serving.served import ServedModel
+
+    schema = Schema([Field("item_id", CANDIDATE, torch.int64)])
+
+    def score(packed):
+        ids = packed.leaves["item_id"]
+        if bool((ids == 13).any()):
+            raise IndexError("index out of range in self")
+        return ids * 2.0
+
+    scorer = Scorer(ServedModel("doubles", schema, score, None, "test"))
+    requests = [schema.check({"candidates": {"item_id": ids}}) for ids in ([1, 2], [13], [4])]
+    first, failed, last = scorer._run(requests)
+    assert first.tolist() == [2.0, 4.0] and last.tolist() == [8.0]
+    assert isinstance(failed, _Failed) and failed.error.status == 400
+    assert "IndexError: index out of range in self" in str(failed.error)
