@@ -12,6 +12,9 @@ Three sources give a :class:`ServedModel` (:func:`served_model`):
 - a path to such a file, or a no-argument factory returning any of the above (what a Ray
   replica calls in its own process).
 
+Where there is a graph (a compiled model, a saved program), each id field carries the rows of
+the embedding tables it looks up (``id_ranges.py``), which the per-request check enforces.
+
 ``plain=True`` runs the same packed call as the original model would take it, request rows
 replicated to the candidates: the baseline a user compares on their own traffic. For a compiled
 model that is the original model (its input format gathers the rows); for a saved program,
