@@ -7,10 +7,14 @@
     rocs serve ranker.pt2 --address auto                   # join a cluster (ray start --head)
     rocs serve ranker.pt2 --plain                          # the baseline: replicated rows
 
-ARTIFACT is a program saved by ``rocs export`` / ``rocs.save``. Without ``--address`` Ray starts
-here, on this machine only, and stops with the command; with it, the command joins the cluster,
-deploys there, and removes its application when stopped (the artifact's path must be readable on
-every node). The protocol, the settings and the errors are described in docs/serving.md.
+ARTIFACT is a ``torch.export`` program saved by ``rocs export`` / ``rocs.save`` /
+``torch.export.save`` (a portable one, ``--portable``, included) or an AOTInductor package built
+by ``rocs.aoti_package`` (``rocs export --aoti``); the two are told apart by their contents.
+Without ``--address`` Ray starts here, on this machine only (every endpoint on 127.0.0.1 unless
+``--host`` names another address), and stops with the command; with it, the command joins the
+cluster, deploys there, and removes its application when stopped (the artifact's path must be
+readable on every node). The protocol, the settings and the errors are described in
+docs/serving.md.
 """
 
 from __future__ import annotations
@@ -32,10 +36,17 @@ def add_command(sub, common, positive) -> None:
         description="Serve ARTIFACT behind Ray Serve: requests are packed into shared-layout "
         "calls. POST /score, GET /info, GET /healthz (docs/serving.md).",
     )
-    command.add_argument("artifact", metavar="ARTIFACT", help="a program saved by rocs export")
+    command.add_argument(
+        "artifact",
+        metavar="ARTIFACT",
+        help="a program saved by rocs export (portable or not), or an AOTInductor package",
+    )
     command.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
     command.add_argument(
-        "--host", default="127.0.0.1", help="HTTP address (default 127.0.0.1; 0.0.0.0 for all)"
+        "--host",
+        default="127.0.0.1",
+        help="HTTP address (default 127.0.0.1: Ray too listens on 127.0.0.1 only; 0.0.0.0 for "
+        "all, Ray then on the machine's address)",
     )
     command.add_argument(
         "--replicas",

@@ -33,7 +33,7 @@ from ray import serve
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse
 
-from . import protocol
+from . import launch, protocol
 from .packing import pack, split
 from .schema import Request, RequestError
 from .settings import ServeSettings
@@ -80,6 +80,7 @@ class Scorer:
 
         from .served import served_model
 
+        launch.loopback_replica()
         self.settings = settings = settings or ServeSettings()
         if settings.threads is not None:
             torch.set_num_threads(settings.threads)
@@ -89,8 +90,7 @@ class Scorer:
         self._held = 0
         self._batches = 0
         self._recent: deque = deque(maxlen=64)  # candidates per request of the latest batches
-        self._seconds: deque = deque(maxlen=1024)  # in the replica per request: wait, run, split
-        self._calls: deque = deque(maxlen=1024)  # of the model per batch: pack, call, split
+        self._timings = Timings()
         self._batch.set_max_batch_size(settings.max_batch_candidates)
         self._batch.set_batch_wait_timeout_s(settings.batch_wait_ms / 1000)
 
@@ -124,19 +124,17 @@ class Scorer:
         return await self._score(payload)
 
     def stats(self, reset: bool = False) -> dict:
-        """Batches run so far, the candidate counts of the latest ones, and the median time a
-        request spends in the replica and a batch in the model call (tests, benchmarks);
-        ``reset`` starts the timings afresh."""
+        """Batches run so far, the candidate counts of the latest ones, and where the replica's
+        time goes (:class:`Timings`; tests, benchmarks); ``reset`` starts the timings afresh."""
         stats = {
             "batches": self._batches,
             "recent": list(self._recent),
             "held": self._held,
-            "replica_ms_p50": 1000 * _median(self._seconds),
-            "call_ms_p50": 1000 * _median(self._calls),
+            **self._timings.summary(),
         }
         if reset:
-            self._seconds.clear()
-            self._calls.clear()
+            self._timings = Timings()
+            self._recent.clear()
         return stats
 
     def info(self) -> dict:
@@ -159,6 +157,7 @@ class Scorer:
         start = time.perf_counter()
         try:
             request = self.schema.check(payload)
+            request.meta["check_s"] = time.perf_counter() - start
             if request.num_candidates > settings.max_batch_candidates:
                 loop = asyncio.get_running_loop()
                 result = (await loop.run_in_executor(self._pool, self._run, [request]))[0]
@@ -166,7 +165,7 @@ class Scorer:
                 result = await self._batch(_Queued(request, settings.max_batch_requests))
         finally:
             self._held -= 1
-        self._seconds.append(time.perf_counter() - start)
+        self._timings.replica.append(time.perf_counter() - start)
         if isinstance(result, _Failed):
             raise result.error
         return result
@@ -196,9 +195,49 @@ class Scorer:
         packed = pack(self.schema, requests)
         self._batches += 1
         self._recent.append(packed.counts)
-        outputs = split(self.model(packed, plain=self.settings.plain), packed.counts)
-        self._calls.append(time.perf_counter() - start)
+        packed_at = time.perf_counter()
+        scores = self.model(packed, plain=self.settings.plain)
+        called_at = time.perf_counter()
+        outputs = split(scores, packed.counts)
+        checks = sum(r.meta.get("check_s", 0.0) for r in requests)
+        self._timings.batch(
+            outside=checks + (packed_at - start) + (time.perf_counter() - called_at),
+            model=called_at - packed_at,
+            candidates=packed.num_candidates,
+        )
         return outputs
+
+
+class Timings:
+    """Where a replica's time goes, over its latest 1024 requests and batches:
+
+    - ``replica``: per request, from its arrival to its outputs (check, batch wait, the batch's
+      run, split);
+    - per batch, ``model``: the model call alone; ``outside``: the rest of the replica's own work
+      on it (its requests' checks, packing, splitting; not the batch wait);
+    - ``model_s`` and ``candidates``: totals since the last reset (the model's time per
+      candidate)."""
+
+    def __init__(self):
+        self.replica: deque = deque(maxlen=1024)
+        self.model: deque = deque(maxlen=1024)
+        self.outside: deque = deque(maxlen=1024)
+        self.model_s, self.candidates = 0.0, 0
+
+    def batch(self, outside: float, model: float, candidates: int) -> None:
+        self.outside.append(outside)
+        self.model.append(model)
+        self.model_s += model
+        self.candidates += candidates
+
+    def summary(self) -> dict:
+        return {
+            "replica_ms_p50": 1000 * _median(self.replica),
+            "call_ms_p50": 1000 * _median(self.model),
+            "outside_ms_p50": 1000 * _median(self.outside),
+            "model_s": self.model_s,
+            "candidates": self.candidates,
+        }
 
 
 def _median(values) -> float:
@@ -215,9 +254,12 @@ def _route(http: HTTPRequest) -> str:
 
 
 def _model_error(err: Exception) -> Exception:
-    """A failure of the model on one request: bad input (an id out of range) answers 400."""
-    if isinstance(err, (ValueError, IndexError, TypeError)):
-        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    """A failure of the model on one request: bad input answers 400 (ids out of range that the
+    check could not see: an AOTInductor package's compiled bounds check raises a RuntimeError
+    "index out of bounds: ...")."""
+    first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    bounds = isinstance(err, RuntimeError) and first.startswith("index out of bounds")
+    if bounds or isinstance(err, (ValueError, IndexError, TypeError)):
         return RequestError(f"the model refused this request: {type(err).__name__}: {first}")
     return err
 

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import torch
@@ -38,12 +39,21 @@ def check_size(size: int | None, limit: int) -> None:
 def to_json(value: Any) -> Any:
     """Outputs as JSON values: tensors as (nested) lists, containers element by element."""
     if isinstance(value, torch.Tensor):
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            return _nulls(value.tolist())
         return value.tolist()
     if isinstance(value, dict):
         return {str(k): to_json(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [to_json(v) for v in value]
     return value
+
+
+def _nulls(value: Any) -> Any:
+    """Nested lists of floats with every NaN or infinity as None."""
+    if isinstance(value, list):
+        return [_nulls(v) for v in value]
+    return value if math.isfinite(value) else None
 
 
 def scores(outputs: Any) -> dict:

@@ -5,7 +5,11 @@ A served model's inputs are :class:`Field`\\ s named as at compile time (``user_
 brings every request field once (one row) and every candidate field once per candidate (a list
 of rows of one length, at least one). :meth:`Schema.check` turns JSON values, NumPy arrays or
 tensors into tensors of the field's dtype and shape, or raises :class:`RequestError` naming the
-field: it runs per request before packing, so a bad request never joins a batch.
+field: it runs per request before packing, so a bad request never joins a batch. Values are
+checked too: a float feature must be finite (NaN or infinity: 400; the model would score NaN,
+which JSON cannot carry), and an id field's ids must lie in the embedding tables it looks up
+(``Field.ids``, read from the model's graph by ``id_ranges.py``: an id past a table or negative
+answers 400 naming the field instead of failing the model call).
 
 Shapes: a field's ``shape`` is one row's shape; ``None`` marks a dim of any length (a padded
 width of a saved program), which packing pads with zeros to the longest row of the batch. A
@@ -22,6 +26,7 @@ import numpy as np
 import torch
 
 from ..errors import InputError
+from .id_ranges import IdRange
 
 REQUEST, CANDIDATE = "request", "candidate"
 
@@ -48,6 +53,7 @@ class Field:
     dtype: torch.dtype
     shape: tuple[int | None, ...] = ()
     jagged: bool = False  # a KeyedJaggedTensor key: a row is a list of ids of any length
+    ids: tuple[IdRange, ...] = ()  # the tables its ids look up
 
     def describe(self) -> dict:
         shape = ["*"] if self.jagged else ["*" if s is None else s for s in self.shape]
@@ -158,21 +164,28 @@ class Schema:
                 raise RequestError(f"missing {side} feature {f.name!r} in '{key}'", f.name)
         return part
 
-    def _row(self, f: Field, value: Any) -> torch.Tensor:
+    def _row(self, f: Field, value: Any, check: bool = True) -> torch.Tensor:
         """One row of ``f``: a tensor of ``f.shape`` (no batch dim)."""
         if f.jagged:
-            return _ids(f, value)
-        tensor = _tensor(f, value)
-        _check_shape(f, tuple(tensor.shape), f.shape, "a row")
+            tensor = _ids(f, value)
+        else:
+            tensor = _tensor(f, value)
+            _check_shape(f, tuple(tensor.shape), f.shape, "a row")
+        if check:
+            _check_values(f, tensor, 0)
         return tensor
 
     def _rows(self, f: Field, value: Any, num: int):
         """``num`` rows of ``f``: one tensor ``[num, *shape]``, or a list where rows may differ
         in length (jagged fields, dims of any length)."""
         if f.jagged or None in f.shape:
-            return [self._row(f, row) for row in value]
+            rows = [self._row(f, row, check=not f.jagged) for row in value]
+            if f.jagged and rows:  # 1-D rows: their values checked at once
+                _check_values(f, torch.cat(rows), 0)
+            return rows
         tensor = _tensor(f, value)
         _check_shape(f, tuple(tensor.shape), (num, *f.shape), f"{num} rows")
+        _check_values(f, tensor, 1)
         return tensor
 
 
@@ -230,3 +243,29 @@ def _check_shape(f: Field, got: tuple, want: tuple, what: str) -> None:
         raise RequestError(
             f"{f.name!r}: {what} of shape {expected} expected, got shape {list(got)}", f.name
         )
+
+
+def _check_values(f: Field, values: torch.Tensor, batch_dims: int) -> None:
+    """Finite numbers in a float field; ids inside the tables they look up (``batch_dims``: 1
+    where ``values`` holds rows, 0 for one row)."""
+    if values.numel() == 0:
+        return
+    if values.dtype.is_floating_point:
+        if not bool(torch.isfinite(values).all()):
+            raise RequestError(
+                f"{f.name!r} holds NaN or infinity; features must be finite numbers", f.name
+            )
+        return
+    for bound in f.ids:
+        part = values
+        if bound.column is not None:
+            dim, index = bound.column
+            part = values.select(dim + batch_dims, index)
+        low, high = (int(v) for v in torch.aminmax(part))
+        if low < 0 or high >= bound.rows:
+            bad = low if low < 0 else high
+            raise RequestError(
+                f"{f.name!r}: id {bad}{bound.where()} is outside embedding table {bound.table!r} "
+                f"of {bound.rows} rows (ids 0 to {bound.rows - 1})",
+                f.name,
+            )

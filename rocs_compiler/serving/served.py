@@ -12,6 +12,9 @@ Three sources give a :class:`ServedModel` (:func:`served_model`):
 - a path to such a file, or a no-argument factory returning any of the above (what a Ray
   replica calls in its own process).
 
+Where there is a graph (a compiled model, a saved program), each id field carries the rows of
+the embedding tables it looks up (``id_ranges.py``), which the per-request check enforces.
+
 ``plain=True`` runs the same packed call as the original model would take it, request rows
 replicated to the candidates: the baseline a user compares on their own traffic. For a compiled
 model that is the original model (its input format gathers the rows); for a saved program,
@@ -27,13 +30,16 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils import _pytree as pytree
 
 from ..errors import CompileError, InputError
 from ..formats.columns import ColumnFormat
 from ..formats.kjt import KJTFormat
+from ..formats.leaves import named_leaves
 from ..formats.names import covers, nest
 from ..ir.graph_meta import INDEX_NAME
 from ..kernels.index_contract import trusted_index
+from .id_ranges import id_ranges
 from .packing import Jagged, Packed
 from .schema import CANDIDATE, REQUEST, Field, Schema
 
@@ -76,11 +82,14 @@ class ServedModel:
 
 
 def served_model(source: Any, name: str | None = None) -> ServedModel:
-    """A :class:`ServedModel` from a compiled model, a loaded program, a path to a saved program,
-    or a no-argument factory returning one of them."""
+    """A :class:`ServedModel` from a compiled model, a loaded program, a path to a saved program
+    or an AOTInductor package, or a no-argument factory returning one of them (or a
+    :class:`ServedModel` itself: the benchmark's no-op model)."""
     from ..export import LoadedProgram, load
     from ..runtime import CompiledModel
 
+    if isinstance(source, ServedModel):
+        return source
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
         if not os.path.exists(path):
@@ -124,6 +133,14 @@ def _from_compiled(cm, name: str) -> ServedModel:
     values = {
         n.name: n.meta.get("val") for n in cm.graph_module.graph.nodes if n.op == "placeholder"
     }
+    # placeholder -> field: a KJT key's ids are the jagged field's values
+    served_as = {cm.placeholder_of[leaf]: leaf for leaf in contract.input_names}
+    for split in splits:
+        for key in split.keys:
+            placeholder = cm.placeholder_of.get(f"{split.argument}.{key}.ids")
+            if placeholder is not None:
+                served_as[placeholder] = f"{split.argument}[{key}]"
+    ranges = id_ranges(cm.graph_module.graph, served_as, _table_rows(cm.graph_module), INDEX_NAME)
     fields = []
     for leaf in contract.input_names:
         if leaf.split(".")[0] in kjt_arguments:
@@ -132,7 +149,8 @@ def _from_compiled(cm, name: str) -> ServedModel:
         side = REQUEST if any(covers(r, leaf) for r in contract.request_inputs) else CANDIDATE
         batched = contract.batched.get(leaf, False) and isinstance(val, torch.Tensor)
         fields.append(_field(name, leaf, getattr(val, "dtype", None),
-                             tuple(val.shape) if batched else (), batched, side))  # fmt: skip
+                             tuple(val.shape) if batched else (), batched, side,
+                             ranges.get(leaf, ())))  # fmt: skip
     for split in splits:
         if split.weighted:
             raise InputError(
@@ -140,7 +158,9 @@ def _from_compiled(cm, name: str) -> ServedModel:
             )
         for key in split.keys:
             side = REQUEST if key in split.request else CANDIDATE
-            fields.append(Field(f"{split.argument}[{key}]", side, torch.int64, (), jagged=True))
+            field_name = f"{split.argument}[{key}]"
+            fields.append(Field(field_name, side, torch.int64, (), jagged=True,
+                                ids=tuple(ranges.get(field_name, ()))))  # fmt: skip
     schema = Schema(fields)
     dense = [f.name for f in fields if not f.jagged]
 
@@ -178,14 +198,35 @@ def _kjt(split, packed: Packed):
     )
 
 
-def _field(model: str, leaf: str, dtype: torch.dtype, shape, batched: bool, side: str) -> Field:
-    """``shape``: the input's sizes, a dynamic one as anything but an int."""
+def _field(
+    model: str, leaf: str, dtype: torch.dtype, shape, batched: bool, side: str, ids=()
+) -> Field:
+    """``shape``: the input's sizes, a dynamic one as anything but an int; ``ids``: the id ranges
+    of its values (``id_ranges.IdRange``)."""
     if not batched or not shape:
         raise InputError(
             f"{model}: input {leaf!r} has no row per request or candidate (it is passed whole to "
             "every call); a served model takes every tensor input per row"
         )
-    return Field(leaf, side, dtype, tuple(s if isinstance(s, int) else None for s in shape[1:]))
+    sizes = tuple(s if isinstance(s, int) else None for s in shape[1:])
+    return Field(leaf, side, dtype, sizes, ids=tuple(ids))
+
+
+def _table_rows(owner: torch.nn.Module | None, inputs: frozenset = frozenset()):
+    """The rows of the table a graph node holds: a 2-D weight (``get_attr`` of ``owner``, or a
+    lifted placeholder that is none of ``inputs``), else None."""
+
+    def rows(node) -> int | None:
+        if node.op not in ("get_attr", "placeholder") or node.name in inputs:
+            return None
+        value = node.meta.get("val")
+        if value is None and node.op == "get_attr" and owner is not None:
+            value = getattr(owner, str(node.target), None)
+        if not isinstance(value, torch.Tensor) or value.dim() != 2:
+            return None
+        return value.shape[0] if isinstance(value.shape[0], int) else None
+
+    return rows
 
 
 # -- a saved program, an AOTInductor package ------------------------------------------------------
@@ -194,8 +235,25 @@ def _field(model: str, leaf: str, dtype: torch.dtype, shape, batched: bool, side
 def _from_program(program, name: str) -> ServedModel:
     from ..export import input_signature
 
-    return _from_signature(name, input_signature(program.program), program.module(),
-                           "saved program")  # fmt: skip
+    exported = program.program
+    user_inputs = list(exported.graph_signature.user_inputs)
+    served_as = dict(zip(user_inputs, _leaf_names(exported)))
+    rows = _table_rows(None, frozenset(user_inputs))
+    ranges = id_ranges(exported.graph, served_as, rows, _index_placeholder(served_as))
+    return _from_signature(name, input_signature(exported), program.module(), "saved program",
+                           ranges)  # fmt: skip
+
+
+def _leaf_names(exported) -> list[str]:
+    """The program's keyword inputs by leaf name, in the order of its user inputs."""
+    in_spec = exported.call_spec.in_spec
+    _, kwargs = pytree.tree_unflatten(list(range(in_spec.num_leaves)), in_spec)
+    by_position = {i: leaf for leaf, i in named_leaves(kwargs).items()}
+    return [by_position[i] for i in range(len(by_position))]
+
+
+def _index_placeholder(served_as: dict[str, str]) -> str:
+    return next((p for p, leaf in served_as.items() if leaf == INDEX_NAME), INDEX_NAME)
 
 
 def _from_aoti(path: str, name: str) -> ServedModel:
@@ -221,9 +279,13 @@ def is_aoti_package(path: str) -> bool:
         return False
 
 
-def _from_signature(name: str, signature: dict, module: Callable, kind: str) -> ServedModel:
+def _from_signature(
+    name: str, signature: dict, module: Callable, kind: str, ranges: dict | None = None
+) -> ServedModel:
     """Fields from a program's input signature (``export.input_signature``): a candidate input has
-    the index's rows (its first size is the index's symbol), a request input another symbol."""
+    the index's rows (its first size is the index's symbol), a request input another symbol;
+    ``ranges``: the id ranges by leaf (none for an AOTInductor package, which has no graph)."""
+    ranges = ranges or {}
     signature = dict(signature)
     index_entry = signature.pop(INDEX_NAME, None)
     if index_entry is None:
@@ -239,7 +301,7 @@ def _from_signature(name: str, signature: dict, module: Callable, kind: str) -> 
         shape = entry["shape"]
         batched = bool(shape) and isinstance(shape[0], str)
         side = CANDIDATE if batched and shape[0] == candidates_symbol else REQUEST
-        fields.append(_field(name, leaf, dtype, shape, batched, side))
+        fields.append(_field(name, leaf, dtype, shape, batched, side, ranges.get(leaf, ())))
     schema = Schema(fields)
     names = [f.name for f in fields]
     requests = [f.name for f in schema.request_fields]

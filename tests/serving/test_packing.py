@@ -212,3 +212,137 @@ def test_tensors_and_arrays_are_taken_as_rows():
     assert request.num_candidates == 2 and request.candidates["item_id"].dtype == torch.int64
     with pytest.raises(RequestError, match="must hold integers"):
         SCHEMA.check(_body(candidates__item_id=torch.tensor([1.0, 2.0])))
+
+
+# -- values: ids inside the model's tables, finite features ---------------------------------------
+
+
+def _refused(served, body) -> RequestError:
+    with pytest.raises(RequestError) as caught:
+        served.schema.check(json.loads(json.dumps(body)))
+    assert caught.value.status == 400 and "\n" not in str(caught.value)
+    return caught.value
+
+
+def test_ids_past_a_table_or_negative_are_refused_naming_the_field(two_tower, tmp_path):
+    """Each served id field knows the rows of the tables it looks up (``nn.Embedding``, the
+    history's ``nn.EmbeddingBag``), in a compiled model and in its saved program alike."""
+    model, compiled = two_tower
+    path = tmp_path / "two_tower.pt2"
+    rocs.save(rocs.export(compiled), path)
+    good = _zoo_bodies("two_tower")[1]
+    rows = {"user_id": 20000, "hist_item_ids": 50000, "item_id": 50000, "item_cat": 1000}
+    for served in (served_model(compiled), served_model(str(path))):
+        served.schema.check(good)
+        for field, n in rows.items():
+            part = "request" if field in ZOO["two_tower"].request_inputs else "candidates"
+            for bad in (n, -1):
+                value = torch.tensor(good[part][field])
+                value.view(-1)[-1] = bad
+                err = _refused(served, H.changed(good, **{f"{part}__{field}": value.tolist()}))
+                assert err.field == field and f"id {bad} " in str(err), err
+                assert f"of {n} rows" in str(err)
+        largest = H.changed(good, candidates__item_cat=[999] * 7)  # the last row is an id
+        served.schema.check(largest)
+
+
+def test_ids_of_one_column_are_checked_against_its_own_table():
+    """DLRM's ``user_sparse`` column j looks up table j: an id fits one column and not another."""
+    model, compiled = H.zoo_compiled("dlrm", options=H.NO_AUTOTUNE)
+    served = served_model(compiled)
+    good = _zoo_bodies("dlrm")[0]
+    sizes = [t.num_embeddings for t in model.user_tables]
+    small = min(range(len(sizes)), key=sizes.__getitem__)
+    large = max(range(len(sizes)), key=sizes.__getitem__)
+    row = list(good["request"]["user_sparse"])
+    row[large] = sizes[small]  # fits the large table
+    served.schema.check(H.changed(good, request__user_sparse=row))
+    row[small] = sizes[small]
+    err = _refused(served, H.changed(good, request__user_sparse=row))
+    assert err.field == "user_sparse" and f"index {small})" in str(err), err
+
+
+def test_kjt_ids_past_a_table_are_refused_naming_the_key():
+    pytest.importorskip("torchrec")
+    model, compiled = H.kjt_model()
+    served = served_model(compiled)
+    from models_zoo import torchrec_models as tz
+
+    good = H.kjt_requests([3], seed=5)[0]
+    served.schema.check(good)
+    cases = {
+        ("request", "sparse_features[history]"): [1, tz.VOCAB["item_id"]],
+        ("request", "sparse_features[user_id]"): [-3],
+        ("candidates", "sparse_features[item_tags]"): [[1], [], [tz.VOCAB["item_tags"], 0]],
+    }
+    for (part, field), value in cases.items():
+        err = _refused(served, H.changed(good, **{f"{part}__{field}": value}))
+        assert err.field == field and "outside embedding table" in str(err), err
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_features_are_refused_naming_the_field(two_tower, value):
+    good = _zoo_bodies("two_tower")[1]
+    dense = [list(row) for row in good["candidates"]["item_dense"]]
+    dense[-1][0] = value
+    for body, field in (
+        (H.changed(good, candidates__item_dense=dense), "item_dense"),
+        (H.changed(good, request__user_dense=[value] * len(good["request"]["user_dense"])),
+         "user_dense"),
+    ):  # fmt: skip
+        err = _refused(served_model(two_tower[1]), body)
+        assert err.field == field and "NaN or infinity" in str(err), err
+
+
+def test_non_finite_outputs_are_written_as_null():
+    """A model's own overflow on finite features: JSON has no NaN, so such a score is null."""
+    out = protocol.scores({"ctr": torch.tensor([0.5, float("nan"), float("inf")]), "n": 2})
+    assert out == {"scores": {"ctr": [0.5, None, None], "n": 2}}
+    json.dumps(out, allow_nan=False)
+
+
+class _PlainSharedLayout(torch.nn.Module):
+    """A shared-layout program in plain ATen, as ``rocs.export(..., portable=True)`` makes: the
+    request side at R rows, gathered to the candidates by ``candidate_to_request``."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.users, self.items = torch.nn.Embedding(40, 4), torch.nn.Embedding(60, 4)
+        self.tags = torch.nn.EmbeddingBag(12, 4, mode="sum")
+
+    def forward(self, user_id, user_tags, item_id, candidate_to_request):
+        user = self.users(user_id) + self.tags(user_tags)
+        return (user.index_select(0, candidate_to_request) * self.items(item_id)).sum(1)
+
+
+def test_a_plain_torch_export_program_serves_with_its_id_ranges(tmp_path):
+    """A program saved by ``torch.export.save`` with no ``rocs::`` op (the portable form) serves
+    as a ``rocs.save`` one does, its tables' rows read from its graph."""
+    module = _PlainSharedLayout().eval()
+    requests, candidates = torch.export.Dim("R"), torch.export.Dim("N")
+    example = {"user_id": torch.tensor([1, 2]), "user_tags": torch.tensor([[1, 2], [3, 4]]),
+               "item_id": torch.tensor([5, 6, 7]),
+               "candidate_to_request": torch.tensor([0, 1, 1])}  # fmt: skip
+    shapes = {"user_id": {0: requests}, "user_tags": {0: requests}, "item_id": {0: candidates},
+              "candidate_to_request": {0: candidates}}  # fmt: skip
+    path = tmp_path / "plain.pt2"
+    torch.export.save(torch.export.export(module, (), example, dynamic_shapes=shapes), path)
+    served = served_model(str(path))
+    assert {f.name: [r.rows for r in f.ids] for f in served.schema.fields} == {
+        "user_id": [40], "user_tags": [12], "item_id": [60]
+    }  # fmt: skip
+    bodies = [
+        {"request": {"user_id": u, "user_tags": [u % 12, 3]},
+         "candidates": {"item_id": [i % 60 for i in range(n)]}}
+        for u, n in zip((3, 7, 9), COUNTS)
+    ]  # fmt: skip
+    packed = pack(served.schema, [served.schema.check(b) for b in bodies])
+    for body, got in zip(bodies, split(served(packed), packed.counts)):
+        request, items = body["request"], torch.tensor(body["candidates"]["item_id"])
+        with torch.no_grad():
+            alone = module(torch.tensor([request["user_id"]]), torch.tensor([request["user_tags"]]),
+                           items, torch.zeros(len(items), dtype=torch.long))  # fmt: skip
+        torch.testing.assert_close(got, alone)
+    err = _refused(served, H.changed(bodies[0], request__user_tags=[1, 12]))
+    assert err.field == "user_tags" and "of 12 rows" in str(err)

@@ -35,6 +35,7 @@ pytest.importorskip("ray.serve", reason="the serving tests need the serve extra 
 
 import ray
 import serving_models as H
+from ray_processes import alive, cmdline, descendants, wait_dead
 from models_for_tests import DICT_FEATURES
 from ray import serve
 from ray.exceptions import RayActorError
@@ -62,32 +63,6 @@ KJT = ServeSettings(max_batch_candidates=1000, batch_wait_ms=100, replica_cpus=0
 SLOW = ServeSettings(max_batch_candidates=8, batch_wait_ms=600_000, replica_cpus=0)
 
 
-def _descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 def _http(url: str, body=None, raw: bytes | None = None):
     """(status, JSON answer, headers with lower-case names) of a GET, or of a POST of ``body``."""
     data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
@@ -102,21 +77,6 @@ def _http(url: str, body=None, raw: bytes | None = None):
     except ValueError:  # Serve's own errors are plain text
         value = {"error": text.decode(errors="replace"), "field": None}
     return status, value, {k.lower(): v for k, v in headers.items()}
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
-def _wait_dead(pids, timeout_s: float) -> list[int]:
-    """Waits (bounded) until none of ``pids`` runs: those still running."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and any(map(_alive, pids)):
-        time.sleep(0.5)
-    return [pid for pid in pids if _alive(pid)]
 
 
 class Cluster:
@@ -180,7 +140,7 @@ class Cluster:
 
     def processes(self, word: str = "") -> set[int]:
         """The cluster's processes whose command line holds ``word``."""
-        return {pid for pid in _descendants(self.process.pid) if word in _cmdline(pid)}
+        return {pid for pid in descendants(self.process.pid) if word in cmdline(pid)}
 
     def stop(self) -> None:
         if self.log.closed:
@@ -190,14 +150,14 @@ class Cluster:
             os.killpg(self.process.pid, signal.SIGKILL)  # its own session: pgid == pid
         except ProcessLookupError:
             pass
-        for pid in filter(_alive, processes):  # one that left the group
+        for pid in filter(alive, processes):  # one that left the group
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         self.process.wait(timeout=COMMAND_STOP_S)
         self.log.close()
-        left = _wait_dead(processes, COMMAND_STOP_S)
+        left = wait_dead(processes, COMMAND_STOP_S)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
         assert not left, f"cluster processes left: {left}"
 
@@ -304,7 +264,7 @@ def server(program, tmp_path_factory):
     port = launch.free_port()
     paths = [str(HERE), str(HERE.parent), str(HERE.parents[1])]
     launch.start(port, num_cpus=2, pythonpath=paths)
-    before = _descendants(os.getpid())
+    before = descendants(os.getpid())
     try:
         # The cluster for rocs serve starts while the replicas load, once this Ray's Serve proxy
         # is up.
@@ -325,10 +285,10 @@ def server(program, tmp_path_factory):
         finally:
             cluster.stop()
         # This Ray's processes (the ``rocs serve`` command and its cluster are gone).
-        ray_processes = _descendants(os.getpid()) | before
+        ray_processes = descendants(os.getpid()) | before
     finally:
         launch.stop()
-    left = _wait_dead(ray_processes, 180)  # a loaded machine can take a minute to reap them
+    left = wait_dead(ray_processes, 180)  # a loaded machine can take a minute to reap them
     assert not left, f"processes left after shutdown: {left}"
 
 
@@ -424,20 +384,27 @@ def test_bad_input_answers_400_naming_the_field(server):
 
 
 def test_a_bad_request_never_fails_its_batch_mates(server, two_tower_model):
+    """Ids past an embedding table, negative ids and NaN features are refused (400 naming the
+    field) when they arrive, before their request joins a batch; the requests sent with them
+    are scored exactly."""
     good = _two_tower_bodies([4, 6], seed=13)
-    # Passes the check (an id is an integer) but the model fails on it: an embedding row that
-    # does not exist. The batch is run again one request at a time.
-    failing = H.changed(good[0], candidates__item_id=[10**9] * 4)
-    wrong_shape = H.changed(good[0], request__user_dense=[1.0])
+    past = H.changed(good[0], candidates__item_id=[10**9] * 4)
+    negative = H.changed(good[0], request__user_id=-1)
+    dense = good[0]["candidates"]["item_dense"]
+    nan = H.changed(good[0], candidates__item_dense=[[float("nan")] * len(dense[0])] * 4)
     handle = server.handles["two_tower"]
-    calls = [handle.score.remote(b) for b in (good[0], failing, wrong_shape, good[1])]
+    bodies = (good[0], past, negative, nan, good[1])
+    calls = [handle.score.remote(b) for b in bodies]
     _assert_scores(calls[0].result(timeout_s=TIMEOUT_S), H.dense_alone(two_tower_model, good[0]))
-    _assert_scores(calls[3].result(timeout_s=TIMEOUT_S), H.dense_alone(two_tower_model, good[1]))
-    for call, words in ((calls[1], "the model refused this request"), (calls[2], "user_dense")):
+    _assert_scores(calls[4].result(timeout_s=TIMEOUT_S), H.dense_alone(two_tower_model, good[1]))
+    for call, words in zip(calls[1:4], ("item_id", "user_id", "item_dense")):
         with pytest.raises(Exception, match=words):
             call.result(timeout_s=TIMEOUT_S)
-    status, answer, _ = server.post("two_tower", failing)
-    assert status == 400 and "IndexError" in answer["error"]
+    cases = ((past, "item_id", "outside embedding table"), (negative, "user_id", "id -1 "),
+             (nan, "item_dense", "NaN or infinity"))  # fmt: skip
+    for body, field, words in cases:
+        status, answer, _ = server.post("two_tower", body)
+        assert status == 400 and answer["field"] == field and words in answer["error"], answer
 
 
 def test_health_and_info(server):
@@ -506,7 +473,7 @@ def test_rocs_serve_joins_a_cluster_and_leaves_it_running_on_sigterm(command):
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=COMMAND_STOP_S) == 0, command.output()
     assert f"at {url}/score" in command.output()
-    left = _wait_dead(replicas, COMMAND_STOP_S)
+    left = wait_dead(replicas, COMMAND_STOP_S)
     assert not left, f"replica processes left after rocs serve stopped: {left}"
     assert _http(f"{url}/healthz")[0] == 404
     assert command.cluster.up(), "the cluster stopped with rocs serve"

@@ -99,11 +99,11 @@ def test_a_local_start_whose_proxy_died_starts_ray_once_more(monkeypatch):
     monkeypatch.setattr(launch.ray, "init", ray_call("ray.init"))
     monkeypatch.setattr(launch.ray, "shutdown", ray_call("ray.shutdown"))
     monkeypatch.setattr(launch.serve, "start", serve_start)
-    monkeypatch.setattr(launch.serve, "shutdown", lambda: calls.append("serve.shutdown"))
+    monkeypatch.setattr(launch, "_applications", lambda: calls.append("applications") or [])
     failures.append(launch.ray.exceptions.RayActorError())
     with pytest.warns(RuntimeWarning, match="HTTP proxy"):
         launch.start(8000, num_cpus=2)
-    assert calls == ["ray.init", "serve.start", "serve.shutdown", "ray.shutdown", "ray.init",
+    assert calls == ["ray.init", "serve.start", "applications", "ray.shutdown", "ray.init",
                      "serve.start"]  # fmt: skip
     calls.clear()
     running[:] = [False]
@@ -114,3 +114,76 @@ def test_a_local_start_whose_proxy_died_starts_ray_once_more(monkeypatch):
     failures[:] = [launch.ray.exceptions.RayActorError()]
     with pytest.raises(launch.ray.exceptions.RayActorError):
         launch.start(8000, address="auto")
+
+
+def test_a_local_start_whose_raylet_timed_out_starts_ray_once_more(monkeypatch):
+    """The raylet waits a fixed 15 s for its agents' ports, which a loaded machine can miss:
+    ``ray.init`` then raises; a local start ends the processes that failed start left (its
+    children, which ``ray.shutdown`` does not know of) and tries once more; a second failure,
+    and any other error, is raised."""
+    pytest.importorskip("ray.serve", reason="the launch module needs the serve extra")
+    import subprocess
+
+    from rocs_compiler.serving import launch
+
+    started = []
+
+    def failing_init(**options):
+        started.append(subprocess.Popen(["sleep", "60"]))  # one of the failed start's processes
+        raise Exception("The current node timed out during startup. This could happen ...")
+
+    attempts = [failing_init, lambda **options: None]
+    monkeypatch.setattr(launch.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(launch.ray, "init", lambda **options: attempts.pop(0)(**options))
+    monkeypatch.setattr(launch.ray, "shutdown", lambda: None)
+    monkeypatch.setattr(launch.serve, "start", lambda **options: None)
+    with pytest.warns(RuntimeWarning, match="did not start"):
+        launch.start(8000, num_cpus=2)
+    assert not attempts and started[0].wait(timeout=10) == -signal.SIGKILL
+    attempts[:] = [failing_init, failing_init]
+    with pytest.warns(RuntimeWarning), pytest.raises(Exception, match="timed out"):
+        launch.start(8000, num_cpus=2)
+    started[-1].kill()
+    started[-1].wait(timeout=10)
+
+
+def test_an_aoti_bounds_check_failure_answers_400():
+    """An AOTInductor package has no graph to read id ranges from; its compiled bounds check
+    raises a RuntimeError, which the replica answers as this request's bad input (400), while any
+    other RuntimeError stays a server error."""
+    pytest.importorskip("ray.serve", reason="the deployment module needs the serve extra")
+    from rocs_compiler.serving.deployment import _model_error
+    from rocs_compiler.serving.schema import RequestError
+
+    bounds = RuntimeError("index out of bounds: 0 <= tmp2 < 10L\nException raised from cpp_fused")
+    answer = _model_error(bounds)
+    assert isinstance(answer, RequestError) and answer.status == 400
+    assert "index out of bounds: 0 <= tmp2 < 10L" in str(answer) and "\n" not in str(answer)
+    other = RuntimeError("out of memory")
+    assert _model_error(other) is other
+
+
+def test_a_batch_the_model_fails_on_is_run_again_one_request_at_a_time():
+    """What the value checks cannot see (a model's own refusal): the packed call fails, each
+    request runs alone, and only the one the model fails on gets the error (400)."""
+    pytest.importorskip("ray.serve", reason="the deployment module needs the serve extra")
+    import torch
+
+    from rocs_compiler.serving.deployment import Scorer, _Failed
+    from rocs_compiler.serving.schema import CANDIDATE, Field, Schema
+    from rocs_compiler.serving.served import ServedModel
+
+    schema = Schema([Field("item_id", CANDIDATE, torch.int64)])
+
+    def score(packed):
+        ids = packed.leaves["item_id"]
+        if bool((ids == 13).any()):
+            raise IndexError("index out of range in self")
+        return ids * 2.0
+
+    scorer = Scorer(ServedModel("doubles", schema, score, None, "test"))
+    requests = [schema.check({"candidates": {"item_id": ids}}) for ids in ([1, 2], [13], [4])]
+    first, failed, last = scorer._run(requests)
+    assert first.tolist() == [2.0, 4.0] and last.tolist() == [8.0]
+    assert isinstance(failed, _Failed) and failed.error.status == 400
+    assert "IndexError: index out of range in self" in str(failed.error)
