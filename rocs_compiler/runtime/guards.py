@@ -300,6 +300,17 @@ def _same_data(a: Any, b: Any) -> bool:
     return False
 
 
+# A compiled model runs in the mode it was compiled in (``CompiledModel.train`` switches the
+# original, so ``cm.eval()`` and a parent's ``.eval()`` land here).
+_MODE_HINTS = {
+    True: " (call model.eval() or cm.eval())",
+    False: (
+        " (compiled in training mode: call cm.train() to train on; evaluate with the original "
+        "model or an inference compile, rocs.compile(model.eval(), ...))"
+    ),
+}
+
+
 # -- the model as it is -------------------------------------------------------------------------
 
 
@@ -360,7 +371,7 @@ def _resolve(model: nn.Module, spec: _Spec) -> _Fast:
             fast.entry(own, name, MISSING)
             continue
         if not _same_data(value, expected):
-            hint = " (call model.eval())" if name == "training" and value is True else ""
+            hint = _MODE_HINTS.get(value, "") if name == "training" else ""
             change = f"{_show(expected)} -> {_show(value)}"
             raise _refuse(f"{_where(path, name)} changed since compile ({change}){hint}")
         fast.entry(own, name, value, by_identity=not _is_plain(value))
