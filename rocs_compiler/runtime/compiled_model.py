@@ -49,6 +49,7 @@ from .program_choice import (
     call_clock,
     now,
 )
+from .distributed import DDPWatch
 from .dtype_move import dtype_move
 from .module_state import share_module_state
 from .guards import NO_GUARDS
@@ -249,6 +250,7 @@ class CompiledModel(nn.Module):
         object.__setattr__(self, "_original_is_copy", False)  # a moved copy, after such a move
         object.__setattr__(self, "_training", training)
         object.__setattr__(self, "_module", original)  # the model this one stands for
+        object.__setattr__(self, "_ddp", DDPWatch(original) if training is not None else None)
         if original is not None:
             share_module_state(self, original)  # ``runtime/module_state.py``
 
@@ -293,6 +295,8 @@ class CompiledModel(nn.Module):
     def forward(self, *args, candidate_to_request: Optional[torch.Tensor] = None, **kwargs):
         if not self._trains():  # a training call checks them where its program runs (``_train``)
             self._guards.check()
+        elif self._ddp is not None:
+            self._ddp.check()  # not past a DDP wrapping the original (``runtime/distributed.py``)
         if self.input_format.converts:
             return self._forward_format(args, kwargs, candidate_to_request, replicated=False)
         return self._forward_leaves(args, kwargs, candidate_to_request, self._choosing())
