@@ -49,7 +49,7 @@ from .program_choice import (
     call_clock,
     now,
 )
-from .distributed import DDPWatch
+from .distributed import DDPWatch, unshard_fsdp
 from .dtype_move import dtype_move
 from .module_state import share_module_state
 from .guards import NO_GUARDS
@@ -607,6 +607,8 @@ class CompiledModel(nn.Module):
         training = self._training
 
         def program():
+            if unshard_fsdp(self):  # ``runtime/distributed.py``
+                training.look_up_again()
             self._guards.check()
             with call_groups(index, uniform):
                 outputs = training(self._graph_inputs(leaves, requests), index)

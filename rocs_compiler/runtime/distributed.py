@@ -25,7 +25,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..errors import InputError
+from ..errors import CompileError, InputError
 from .weights import registrations
 
 
@@ -79,3 +79,33 @@ def _ddp_holding(module: nn.Module):
                 if isinstance(ddp, DistributedDataParallel) and ddp._modules is table:
                     return ddp
     return None
+
+
+def unshard_fsdp(module: nn.Module) -> bool:
+    """All-gather the parameters of every FSDP2 unit under ``module`` when ``module`` is the root
+    of a ``fully_shard`` tree; True when it is. The compiled program reads the weights itself,
+    so the units' forward hooks (which all-gather them in eager) never run: the units stay
+    unsharded until the root's end-of-backward callback, which reduce-scatters their gradients
+    and reshards every unit whose own backward hook did not."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(module, FSDPModule):
+        return False
+    for unit in module.modules():
+        if unit is not module and isinstance(unit, FSDPModule):
+            unit.unshard()
+    return True
+
+
+def refuse_sharded(model: nn.Module) -> None:
+    """Refuse a model whose parameters FSDP2 already sharded (``DTensor``), before capture."""
+    from torch.distributed.tensor import DTensor
+
+    name = next((n for n, p in model.named_parameters() if isinstance(p, DTensor)), None)
+    if name is not None:
+        raise CompileError(
+            f"parameter {name} is sharded by FSDP2 (a DTensor): compile before sharding, "
+            "cm = rocs.compile(model, ..., training=True), then fully_shard each layer of model "
+            "and fully_shard(cm) last (capture needs whole weights, and the compiled model must "
+            "be the root unit whose hooks run around its program)"
+        )

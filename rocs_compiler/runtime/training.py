@@ -152,6 +152,11 @@ class TrainingProgram:
                         buffer.copy_(value)
         return outputs
 
+    def look_up_again(self) -> None:
+        """Look the weights up by name at the next call (they were swapped without a module
+        registration: FSDP2's unshard)."""
+        self._weights = None
+
     def weights(self) -> list[torch.Tensor]:
         """The model's current tensors, in the program's order (looked up again after any module
         registration, else reused: in-place updates need no lookup)."""
