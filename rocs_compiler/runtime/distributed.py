@@ -87,6 +87,8 @@ def unshard_fsdp(module: nn.Module) -> bool:
     so the units' forward hooks (which all-gather them in eager) never run: the units stay
     unsharded until the root's end-of-backward callback, which reduce-scatters their gradients
     and reshards every unit whose own backward hook did not."""
+    if not torch.distributed.is_available():
+        return False
     from torch.distributed.fsdp import FSDPModule
 
     if not isinstance(module, FSDPModule):
