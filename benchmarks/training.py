@@ -46,7 +46,8 @@ Columns:
   identical variants land apart in this run (the noise a ratio above is read against);
 - **DDP eager ms / DDP rocs ms / DDP speedup** (``--ddp``): one step per rank of
   ``DDP(model)`` and ``DDP(rocs.compile(model, ..., training=True))`` on 2 ranks (gloo,
-  127.0.0.1), wall time, all-reduce included (``training_ddp.py``);
+  127.0.0.1), wall time, all-reduce included; **DDP ... cpu ms**: the same steps by the calling
+  thread's CPU time, the all-reduce (gloo's own threads) excluded (``training_ddp.py``);
 - **saved MB**: bytes of the tensors autograd saved for the backward (distinct storages other
   than the model's weights, counted with ``torch.autograd.graph.saved_tensors_hooks``), eager /
   the training program: the activations of request rows are kept per request.
@@ -259,10 +260,10 @@ def markdown(rows: list[dict]) -> str:
         ),
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    ddp = any("ddp_eager_ms" in r for r in rows)
+    ddp = any("ddp_eager_wall_ms" in r for r in rows)
     if ddp:
-        lines[0] += " DDP eager ms | DDP rocs ms | DDP speedup |"
-        lines[1] += "---|---|---|"
+        lines[0] += " DDP eager ms | DDP rocs ms | DDP speedup | DDP eager cpu ms | DDP rocs cpu ms | DDP cpu speedup |"
+        lines[1] += "---|---|---|---|---|---|"
     for r in rows:
         lines.append(
             f"| {r['model']} | {r['requests']} | {r['k']} | {r['eager_ms']:.2f} "
@@ -274,10 +275,9 @@ def markdown(rows: list[dict]) -> str:
             f"| {r['eager_saved_mb']:.2f} / {r['program_saved_mb']:.2f} |"
         )
         if ddp:
-            lines[-1] += (
-                f" {r['ddp_eager_ms']:.2f} | {r['ddp_rocs_ms']:.2f} "
-                f"| {r['ddp_eager_ms'] / r['ddp_rocs_ms']:.2f}x |"
-            )
+            for clock in ("wall", "cpu"):
+                eager, compiled = r[f"ddp_eager_{clock}_ms"], r[f"ddp_rocs_{clock}_ms"]
+                lines[-1] += f" {eager:.2f} | {compiled:.2f} | {eager / compiled:.2f}x |"
     return "\n".join(lines)
 
 
@@ -324,7 +324,7 @@ def main(argv=None) -> int:
 
             times = ddp_times(name, args.ks, args.requests, args.repeats, args.block)
             for row in measured:
-                row["ddp_eager_ms"], row["ddp_rocs_ms"] = times[row["k"]]
+                row.update(times[row["k"]])
         rows += measured
     print(markdown(rows))
     if args.json:

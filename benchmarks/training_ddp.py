@@ -4,8 +4,10 @@
 Each rank builds the model as ``training.py`` does, wraps a copy in ``DDP`` (``eager``) and the
 compiled model in ``DDP`` (``rocs``: ``DDP(rocs.compile(model, ..., training=True))``, the shared
 layout, through the program choice's trials first), and times one step (forward, backward with
-its all-reduce, SGD step at learning rate 0) by wall time: a rank's step includes its wait for
-the other rank at the all-reduce. Blocks of ``block`` counted steps per variant, in a seeded
+its all-reduce, SGD step at learning rate 0) by wall time, which includes the rank's wait for
+the other rank at the all-reduce, and by the calling thread's CPU time: the step's own compute
+(forward, backward, DDP's hooks and bucket copies, the optimizer) without the all-reduce, which
+gloo runs on threads of its own, nor time preempted by other processes. Blocks of ``block`` counted steps per variant, in a seeded
 random order of variants that both ranks share (their collectives must pair up), the first step
 of a block not counted; the median over the rounds, rank 0's (the ranks wait for each other, so
 their times agree). Each rank draws its own batch of R requests with k impressions each.
@@ -29,7 +31,8 @@ WORLD = 2
 
 
 def ddp_times(name: str, ks: list[int], requests: int, repeats: int, block: int) -> dict:
-    """``{k: (eager ms, rocs ms)}`` per step on rank 0 of a 2-rank DDP run."""
+    """``{k: {"ddp_eager_wall_ms": ..., "ddp_rocs_cpu_ms": ...}}``, per step on rank 0 of a
+    2-rank DDP run (wall and calling-thread CPU time)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -75,18 +78,21 @@ def _rank(rank, port, tmp, name, ks, requests, repeats, block) -> None:
             for v in steps:
                 for _ in range(WARMUP):
                     step(v)
-            times = {v: [] for v in steps}
+            times = {(v, c): [] for v in steps for c in ("wall", "cpu")}
             order = random.Random(k)
             for _ in range(repeats):
                 variants = list(steps)
                 order.shuffle(variants)
                 for v in variants:
                     for counted in [False] + [True] * block:
-                        start = time.perf_counter()
+                        start, cpu = time.perf_counter(), time.thread_time()
                         step(v)
                         if counted:
-                            times[v].append(time.perf_counter() - start)
-            result[k] = tuple(1e3 * statistics.median(times[v]) for v in ("eager", "rocs"))
+                            times[v, "wall"].append(time.perf_counter() - start)
+                            times[v, "cpu"].append(time.thread_time() - cpu)
+            result[k] = {
+                f"ddp_{v}_{c}_ms": 1e3 * statistics.median(t) for (v, c), t in times.items()
+            }
         torch.save(result, os.path.join(tmp, f"{rank}.pt"))
     finally:
         dist.destroy_process_group()

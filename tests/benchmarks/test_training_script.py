@@ -41,4 +41,4 @@ def test_training_script_ddp_columns(tmp_path):
     proc = subprocess.run(cmd, check=False, cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = json.loads(out.read_text())
-    assert all(r["ddp_eager_ms"] > 0 and r["ddp_rocs_ms"] > 0 for r in rows)
+    assert all(r["ddp_eager_wall_ms"] > 0 and r["ddp_rocs_cpu_ms"] > 0 for r in rows)
