@@ -44,6 +44,10 @@ Columns:
   kept, **drop-in speedup**: eager time / drop-in time;
 - **A/A**: eager time / the time of the same eager step run as a variant of its own: how far two
   identical variants land apart in this run (the noise a ratio above is read against);
+- **DDP eager ms / DDP rocs ms / DDP speedup** (``--ddp``): one step per rank of
+  ``DDP(model)`` and ``DDP(rocs.compile(model, ..., training=True))`` on 2 ranks (gloo,
+  127.0.0.1), wall time, all-reduce included; **DDP ... cpu ms**: the same steps by the calling
+  thread's CPU time, the all-reduce (gloo's own threads) excluded (``training_ddp.py``);
 - **saved MB**: bytes of the tensors autograd saved for the backward (distinct storages other
   than the model's weights, counted with ``torch.autograd.graph.saved_tensors_hooks``), eager /
   the training program: the activations of request rows are kept per request.
@@ -256,6 +260,10 @@ def markdown(rows: list[dict]) -> str:
         ),
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    ddp = any("ddp_eager_wall_ms" in r for r in rows)
+    if ddp:
+        lines[0] += " DDP eager ms | DDP rocs ms | DDP speedup | DDP eager cpu ms | DDP rocs cpu ms | DDP cpu speedup |"
+        lines[1] += "---|---|---|---|---|---|"
     for r in rows:
         lines.append(
             f"| {r['model']} | {r['requests']} | {r['k']} | {r['eager_ms']:.2f} "
@@ -266,6 +274,10 @@ def markdown(rows: list[dict]) -> str:
             f"| {r['floor_ms']:.2f} | {r['attainable']:.2f}x | {r['of_attainable']:.2f} "
             f"| {r['eager_saved_mb']:.2f} / {r['program_saved_mb']:.2f} |"
         )
+        if ddp:
+            for clock in ("wall", "cpu"):
+                eager, compiled = r[f"ddp_eager_{clock}_ms"], r[f"ddp_rocs_{clock}_ms"]
+                lines[-1] += f" {eager:.2f} | {compiled:.2f} | {eager / compiled:.2f}x |"
     return "\n".join(lines)
 
 
@@ -292,6 +304,9 @@ def main(argv=None) -> int:
         "zero-filled table gradients of every step fault in fresh pages, in eager and rocs "
         "alike) or leave glibc's malloc as it is",
     )  # fmt: skip
+    parser.add_argument(
+        "--ddp", action="store_true", help="add the DDP columns (2 ranks, training_ddp.py)"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     if args.quick:
@@ -301,9 +316,16 @@ def main(argv=None) -> int:
     print(f"malloc: {'glibc, freed memory retained' if retained else 'as the process found it'}")
     rows = []
     for name in args.models:
-        rows += measure(
+        measured = measure(
             name, args.ks, args.requests, args.repeats, args.request_dropout, args.block
         )
+        if args.ddp:
+            from training_ddp import ddp_times
+
+            times = ddp_times(name, args.ks, args.requests, args.repeats, args.block)
+            for row in measured:
+                row.update(times[row["k"]])
+        rows += measured
     print(markdown(rows))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))

@@ -19,6 +19,7 @@ from .formats.select import prepare
 from .options import Options
 from .pipeline import compile_graph, plain_graph
 from .runtime import CompiledModel, InputContract
+from .runtime.distributed import refuse_sharded
 from .runtime.guards import Guards
 from .runtime.mislabel import example_finding
 from .runtime.plain import PlainProgram
@@ -75,6 +76,8 @@ def compile(  # noqa: A001 - mirrors torch.compile
     if isinstance(unbatched_inputs, str):
         unbatched_inputs = [unbatched_inputs]
     unbatched = list(unbatched_inputs)
+    if torch.distributed.is_available():
+        refuse_sharded(model)  # FSDP2: shard after compiling (``runtime/distributed.py``)
     prepared = prepare(model, request_inputs, example_inputs, example_kwargs or {})
     try:
         if prepared.failure is not None:

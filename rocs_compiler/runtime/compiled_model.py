@@ -51,7 +51,9 @@ from .program_choice import (
     call_clock,
     now,
 )
+from .distributed import DDPWatch, unshard_fsdp
 from .dtype_move import dtype_move
+from .module_state import share_module_state
 from .guards import NO_GUARDS
 from .request_detection import detect_requests, reduce_rows
 from .settled_plain import (
@@ -225,7 +227,9 @@ class CompiledModel(nn.Module):
         training=None,  # ``runtime/training.py``: calls in grad mode run it under autograd
     ):
         super().__init__()
-        self.graph_module = graph_module
+        # Not a submodule (``_share_module_state``): its tensors are the program's aliases of the
+        # original's weights, which no engine must see as the compiled model's own.
+        object.__setattr__(self, "graph_module", graph_module)
         self.contract = contract
         self.placeholder_of = dict(placeholder_of)
         self._report_builder = report_builder
@@ -268,8 +272,31 @@ class CompiledModel(nn.Module):
         object.__setattr__(self, "_recompile", recompile)
         object.__setattr__(self, "_original_is_copy", False)  # a moved copy, after such a move
         object.__setattr__(self, "_training", training)
+        object.__setattr__(self, "_module", original)  # the model this one stands for
+        object.__setattr__(self, "_ddp", DDPWatch(original) if training is not None else None)
+        if original is not None:
+            share_module_state(self, original)  # ``runtime/module_state.py``
 
     _cache = None  # a ``request_cache.CachedGraph`` when a request cache is attached
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # The compiled model's own state stays its own; anything else (a parameter or submodule
+        # assigned by the user) goes where nn.Module puts it: into the original's dicts.
+        if name in self.__dict__ or name == "graph_module":
+            object.__setattr__(self, name, value)
+        else:
+            super().__setattr__(name, value)
+
+    def train(self, mode: bool = True) -> "CompiledModel":
+        """Switch the original model's mode (``cm.eval()``, a parent's ``.eval()``): the compiled
+        model runs in its original's mode, and a training compile in another mode than it was
+        compiled in is refused by the guards (docs/contract.md, "Autograd")."""
+        if not isinstance(mode, bool):
+            raise ValueError("training mode is expected to be boolean")
+        if self._module is not None:
+            self._module.train(mode)
+        object.__setattr__(self, "training", mode)
+        return self
 
     @property
     def is_fallback(self) -> bool:
@@ -299,6 +326,8 @@ class CompiledModel(nn.Module):
     def forward(self, *args, candidate_to_request: Optional[torch.Tensor] = None, **kwargs):
         if not self._trains():  # a training call checks them where its program runs (``_train``)
             self._guards.check()
+        elif self._ddp is not None:
+            self._ddp.check()  # not past a DDP wrapping the original (``runtime/distributed.py``)
         if self.input_format.converts:
             return self._forward_format(args, kwargs, candidate_to_request, replicated=False)
         return self._forward_leaves(args, kwargs, candidate_to_request, self._choosing())
@@ -626,6 +655,8 @@ class CompiledModel(nn.Module):
         training = self._training
 
         def program():
+            if unshard_fsdp(self):  # ``runtime/distributed.py``
+                training.look_up_again()
             self._guards.check()
             with call_groups(index, uniform):
                 outputs = training(self._graph_inputs(leaves, requests), index)
@@ -743,21 +774,23 @@ class CompiledModel(nn.Module):
             inputs = self._input_specs.empty_tensors() if self._input_specs is not None else []
             target = dtype_move(fn, held + inputs)
             if target is not None:  # compiled again for the new dtype
-                self._adopt(self._recompile(*target))
+                self._adopt(self._recompile(*target), target)
                 return self
         # ``.to()`` and friends may replace the graph's buffers: rebuild the runner on next call,
-        # and find out again which weights still alias the original's.
+        # and find out again which weights still alias the original's. The original's own
+        # tensors (the compiled model's parameters) stay as they are.
         object.__setattr__(self, "_runner", None)
-        out = super()._apply(fn, recurse)
+        if isinstance(self.graph_module, nn.Module):
+            self.graph_module._apply(fn, recurse)
         if self._plain is not None:
             self._plain.moved(fn)
         if self._input_specs is not None:
             self._input_specs = self._input_specs.moved(fn)
         if self._weights is not None:
             self._weights.bind()
-        return out
+        return self
 
-    def _adopt(self, new: "CompiledModel") -> None:
+    def _adopt(self, new: "CompiledModel", moved_to: tuple) -> None:
         """Run ``new``'s programs (compiled from a moved copy of the original, which its eager
         paths run), still guarding the original and following its weights, as cast copies."""
         base = self._weights_from if self._weights_from is not None else self._original
@@ -769,6 +802,8 @@ class CompiledModel(nn.Module):
             object.__setattr__(self, "_weights", new._weights.following(base))
         if self._plain is not None:
             self._plain.follow(base)
+        if new._training is not None:  # the training program reads the original, cast
+            object.__setattr__(self, "_training", new._training.following(base, *moved_to))
         object.__setattr__(self, "_original_is_copy", True)
 
     def _refresh_copy(self) -> None:
@@ -911,7 +946,7 @@ class CompiledModel(nn.Module):
 
 # What ``_adopt`` leaves as it is: nn.Module's own state, and what watches the original.
 _MODULE_STATE = frozenset(vars(nn.Module()))
-_KEPT_ON_MOVE = frozenset({"_guards", "_weights_from", "_recompile"})
+_KEPT_ON_MOVE = frozenset({"_guards", "_weights_from", "_recompile", "_module"})
 
 
 def _has_request_work(graph_module: Optional[nn.Module]) -> bool:

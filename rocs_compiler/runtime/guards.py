@@ -300,6 +300,17 @@ def _same_data(a: Any, b: Any) -> bool:
     return False
 
 
+# A compiled model runs in the mode it was compiled in (``CompiledModel.train`` switches the
+# original, so ``cm.eval()`` and a parent's ``.eval()`` land here).
+_MODE_HINTS = {
+    True: " (call model.eval() or cm.eval())",
+    False: (
+        " (compiled in training mode: call cm.train() to train on; evaluate with the original "
+        "model or an inference compile, rocs.compile(model.eval(), ...))"
+    ),
+}
+
+
 # -- the model as it is -------------------------------------------------------------------------
 
 
@@ -319,6 +330,17 @@ def _refuse(what: str) -> CompileError:
     return CompileError(f"{what}; the compiled graph depends on it: compile the model again")
 
 
+def _sharded(cls: type, compiled: type) -> bool:
+    """True for the class ``fully_shard`` gives a module of class ``compiled`` (FSDP2: the
+    same class with ``FSDPModule``'s unshard/reshard methods in front; its forward is the
+    compiled class's)."""
+    if cls.__bases__[-1:] != (compiled,) or len(cls.__bases__) != 2:
+        return False
+    from torch.distributed.fsdp import FSDPModule
+
+    return cls.__bases__[0] is FSDPModule and cls.forward is compiled.forward
+
+
 def _resolve(model: nn.Module, spec: _Spec) -> _Fast:
     """The fast lists for the model as it is, or :class:`CompileError` naming the first
     difference from what was compiled."""
@@ -333,10 +355,10 @@ def _resolve(model: nn.Module, spec: _Spec) -> _Fast:
             fast.entry(parent._modules, name, child)
             modules[path] = child
         module = modules[path]
-        if type(module) is not cls:
+        if type(module) is not cls and not _sharded(type(module), cls):
             old, new = cls.__name__, type(module).__name__
             raise _refuse(f"{_where(path)} was replaced since compile ({old} -> {new})")
-        fast.check(type, module, cls)
+        fast.check(type, module, type(module))
     for group in spec.same_modules:
         if len({id(modules[p]) for p in group}) > 1:
             first, *others = group
@@ -360,7 +382,7 @@ def _resolve(model: nn.Module, spec: _Spec) -> _Fast:
             fast.entry(own, name, MISSING)
             continue
         if not _same_data(value, expected):
-            hint = " (call model.eval())" if name == "training" and value is True else ""
+            hint = _MODE_HINTS.get(value, "") if name == "training" else ""
             change = f"{_show(expected)} -> {_show(value)}"
             raise _refuse(f"{_where(path, name)} changed since compile ({change}){hint}")
         fast.entry(own, name, value, by_identity=not _is_plain(value))

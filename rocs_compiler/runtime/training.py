@@ -51,6 +51,7 @@ choice. ``autotune=False`` (no choice) keeps this program.
 
 from __future__ import annotations
 
+import copy
 import statistics
 from collections.abc import Mapping, Sequence
 
@@ -105,6 +106,19 @@ class TrainingProgram:
         self.graph_module = fx.GraphModule(gm, graph)
         self._weights: tuple[int, list[torch.Tensor]] | None = None
         self._direct = None
+        self._cast: tuple[torch.dtype, torch.device] | None = None  # see ``following``
+
+    def following(self, model: nn.Module, dtype: torch.dtype, device: torch.device):
+        """This program (compiled from a copy of ``model`` moved to ``dtype`` and ``device``)
+        reading ``model``'s own weights, cast there at each call: the cast is differentiable, so
+        backward reaches ``model``'s parameters and every call sees their current values
+        (``cm.to(dtype)`` of a training compile). Without a choice: the original arm would train
+        the moved copy."""
+        moved = copy.copy(self)
+        moved._model, moved.choice, moved.trials = model, None, None
+        moved._specs = [_spec(lookup_weight(model, name), name) for name in self._names]
+        moved._weights, moved._cast = None, (dtype, device)
+        return moved
 
     def _program(self):
         """The graph as a direct program (``runtime/direct.py``, fused ops as autograd nodes of
@@ -138,6 +152,11 @@ class TrainingProgram:
                         buffer.copy_(value)
         return outputs
 
+    def look_up_again(self) -> None:
+        """Look the weights up by name at the next call (they were swapped without a module
+        registration: FSDP2's unshard)."""
+        self._weights = None
+
     def weights(self) -> list[torch.Tensor]:
         """The model's current tensors, in the program's order (looked up again after any module
         registration, else reused: in-place updates need no lookup)."""
@@ -159,7 +178,20 @@ class TrainingProgram:
                     )
                 tensors.append(live)
             self._weights = (count, tensors)
+        if self._cast is not None:
+            dtype, device = self._cast
+            return [_cast(t, dtype, device) for t in self._weights[1]]
         return self._weights[1]
+
+
+def _spec(tensor, name: str) -> tuple:
+    if tensor is None:
+        raise CompileError(f"{name} is no longer a parameter or buffer of the compiled model's original")
+    return tensor.shape, tensor.dtype, tensor.device
+
+
+def _cast(t: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return t.to(device, dtype) if t.is_floating_point() else t.to(device)
 
 
 def refuse_replicated_grads(leaves: dict, requests: dict) -> None:
