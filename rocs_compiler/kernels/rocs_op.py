@@ -138,7 +138,10 @@ def define(op: RocsOp) -> RocsOp:
 def _save_arguments(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
     """Keep the op's arguments for its backward: tensors through ``save_for_backward`` (so an
     in-place write to one before the backward is caught), everything else as it is; and the
-    call's scope, so the backward reuses the request groups of the forward."""
+    call's scope, so the backward reuses the request groups of the forward. An output the loss
+    does not reach gets no zero-filled gradient (``grad is None``): the op's inputs then get
+    None too, so a parameter only that output reads keeps ``grad is None``, as in eager."""
+    ctx.set_materialize_grads(False)
     ctx.rocs_scope = current_call()
     if not any(isinstance(v, (list, tuple)) for v in inputs):  # flat arguments: no pytree
         positions = [i for i, v in enumerate(inputs) if isinstance(v, torch.Tensor)]
@@ -174,6 +177,8 @@ def _backward_of(op: RocsOp) -> Callable[..., tuple]:
 def _gradients(op: RocsOp, ctx: Any, needs: tuple, grad: torch.Tensor) -> tuple:
     """One gradient per argument of ``op`` (a list for a list argument), from what
     :func:`_save_arguments` kept in ``ctx``."""
+    if grad is None:
+        return tuple([None] * len(n) if isinstance(n, (list, tuple)) else None for n in needs)
     args = _saved_arguments(ctx)
     with reentered(ctx.rocs_scope):
         if op.backward is not None:
