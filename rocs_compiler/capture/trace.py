@@ -25,6 +25,7 @@ from torch.utils import _pytree as pytree
 from ..errors import CompileError, InputError
 from .failure import capture_error, torch_output_silenced
 from .grad_regions import inline_grad_regions
+from .hooks import reject_backward_hooks
 from ..formats.leaves import (
     GRAPH_OUTPUT,
     bind_inputs,
@@ -206,6 +207,8 @@ def capture(
     ``training``: capture the model in the mode it is in (dropout in training mode stays a
     random op of the graph); otherwise the model must be in eval mode."""
     reject_renorming_embeddings(model)
+    if training:
+        reject_backward_hooks(model)
     call = describe_example(
         model, example_args, example_kwargs, request_inputs, unbatched_inputs, training
     )

@@ -145,3 +145,35 @@ def test_an_unused_head_keeps_no_gradient_in_every_trial():
     for p, b in zip(model.cvr.parameters(), before):
         assert torch.equal(p.detach(), b)
 
+
+
+@pytest.mark.parametrize(
+    "register",
+    [
+        lambda m: m.register_full_backward_hook(lambda mod, gi, go: tuple(g * 3 for g in gi)),
+        lambda m: m.register_full_backward_pre_hook(lambda mod, go: tuple(g * 3 for g in go)),
+    ],
+    ids=["full_backward_hook", "full_backward_pre_hook"],
+)
+def test_a_module_backward_hook_is_refused_naming_the_module(register):
+    model = _TwoHeads().train()
+    register(model.ctr)
+    user, _, item = _batch(0)
+    with pytest.raises(rocs.CompileError, match="module 'ctr' \\(Linear\\) has a backward hook"):
+        rocs.compile(
+            model, ["user"], example_kwargs=dict(user=user[INDEX], item=item), training=True
+        )
+
+
+def test_a_parameter_hook_is_followed():
+    """A tensor hook on a parameter scales its gradient in the compiled backward as in eager."""
+    model = _TwoHeads().train()
+    model.user.weight.register_hook(lambda g: g * 3)
+    user, _, item = _batch(0)
+    cm = rocs.compile(
+        model, ["user"], example_kwargs=dict(user=user[INDEX], item=item), training=True,
+        options={"autotune": False},
+    )  # fmt: skip
+    want = _grads(model, model(user[INDEX], item)["ctr"].square().sum())
+    got = _grads(model, cm(user=user, item=item, candidate_to_request=INDEX)["ctr"].square().sum())
+    _assert_same(got, want, "parameter hook")
