@@ -75,6 +75,17 @@ def compile(  # noqa: A001 - mirrors torch.compile
         unbatched_inputs = [unbatched_inputs]
     unbatched = list(unbatched_inputs)
     prepared = prepare(model, request_inputs, example_inputs, example_kwargs or {})
+
+    def _again(memo: dict) -> CompiledModel:  # ``copy.deepcopy(compiled)``
+        cache = request_cache
+        if cache is not None:  # a fresh one of the same size: a cache serves one model
+            cache = RequestCache(cache.max_bytes, autotune=cache.autotune)
+        return compile(
+            copy.deepcopy(model, memo), request_inputs, copy.deepcopy(example_inputs, memo),
+            copy.deepcopy(example_kwargs, memo), fallback=fallback, options=options,
+            unbatched_inputs=unbatched, request_cache=cache,
+        )  # fmt: skip
+
     try:
         if prepared.failure is not None:
             raise prepared.failure
@@ -85,7 +96,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     except CompileError as err:
         if fallback == "error":
             raise
-        return _eager_fallback(model, prepared, err, unbatched)
+        return _copyable(_eager_fallback(model, prepared, err, unbatched), _again)
     captured = result.captured
     # Through the wrapper a format compiled (its stand-ins translated back): the user's model.
     watched, reads, weight_names = prepared.watched(model, captured.reads, captured.param_names)
@@ -112,6 +123,14 @@ def compile(  # noqa: A001 - mirrors torch.compile
         attach_cache(compiled, request_cache)
     compiled.pipeline_result = result  # logical and shared graphs, for inspection tools
     compiled._mislabel.finding = example_finding(compiled.contract, prepared.args, prepared.kwargs)
+    return _copyable(compiled, _again)
+
+
+def _copyable(compiled: CompiledModel, again) -> CompiledModel:
+    """``compiled`` deep-copies as its model deep-copied and compiled again with the same
+    arguments (``CompiledModel.__deepcopy__``): the copy owns a copy of the weights, as a deep
+    copy of the model does."""
+    object.__setattr__(compiled, "_compile_copy", again)
     return compiled
 
 

@@ -31,6 +31,9 @@ into the model's buffers after each call, as eager's forward does. The batch sta
 so the batch norm runs per impression (its rule is not row-wise), on the replicated rows eager
 normalizes: the statistics, the output and the update equal eager's.
 
+Functionalization writes a slice assignment (``h[:, 0] = x``) as ``aten.copy``, which has no
+derivative formula; the program runs it as :func:`differentiable_copy`, the same value.
+
 Request inputs requiring grad are accepted in the shared layout, where the gradient of a request
 row is the sum over its candidates (the request row *is* the input). In the drop-in and
 ``call_replicated`` layouts a replicated request row's gradient would land on one copy of it,
@@ -102,6 +105,9 @@ class TrainingProgram:
             self._specs.append((live.shape, live.dtype, live.device))
         graph.output(graph.graph_copy(gm.graph, env))
         merge_table_lookups(graph)
+        for node in graph.nodes:
+            if node.target is torch.ops.aten.copy.default:
+                node.target = differentiable_copy
         self.graph_module = fx.GraphModule(gm, graph)
         self._weights: tuple[int, list[torch.Tensor]] | None = None
         self._direct = None
@@ -160,6 +166,17 @@ class TrainingProgram:
                 tensors.append(live)
             self._weights = (count, tensors)
         return self._weights[1]
+
+
+def differentiable_copy(
+    self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False
+) -> torch.Tensor:
+    """``aten.copy(self, src)``, functionalization's form of ``self.copy_(src)`` (a slice
+    assignment ``h[:, 0] = x``), which autograd has no formula for: ``src`` converted to
+    ``self``'s dtype and device and broadcast to its shape, a new tensor. Its gradient is
+    ``src``'s (summed over the broadcast), and none reaches ``self``, which is overwritten."""
+    value = src.to(dtype=self.dtype, device=self.device, non_blocking=non_blocking)
+    return value.expand(self.shape).clone()
 
 
 def refuse_replicated_grads(leaves: dict, requests: dict) -> None:
