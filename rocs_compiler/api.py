@@ -21,7 +21,7 @@ from .runtime import CompiledModel, InputContract
 from .runtime.guards import Guards
 from .runtime.mislabel import example_finding
 from .runtime.plain import PlainProgram
-from .runtime.training import TrainingProgram, draws_per_request
+from .runtime.training import TrainingProgram, draws_per_request, warn_random_fallbacks
 from .runtime.request_cache import RequestCache
 from .runtime.request_cache import attach as attach_cache
 
@@ -173,6 +173,7 @@ def _training_program(result, model: nn.Module, options: Options) -> TrainingPro
     # A program drawing dropout per request computes another model than the original: no
     # choice between the two.
     choose = options.autotune and not draws_per_request(result.shared_graph)
+    warn_random_fallbacks(result.analysis.fallbacks, options.request_dropout == "per_request")
     return TrainingProgram(
         result.shared_graph, model, captured.param_names, captured.buffer_writes, choose
     )

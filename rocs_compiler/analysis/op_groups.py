@@ -129,6 +129,18 @@ def dropout_in_training(node: Any) -> bool:
         return False
     return bool(node.args[2] if len(node.args) > 2 else node.kwargs.get("train", False))
 
+def draws_in_training(node: Any) -> bool:
+    """True for a dropout in training mode (:func:`dropout_in_training`) and an attention with
+    ``dropout_p`` set: the ops whose draws ``request_dropout="per_request"`` makes per request."""
+    if dropout_in_training(node):
+        return True
+    if getattr(node, "op", None) != "call_function":
+        return False
+    if packet(node.target) is not aten.scaled_dot_product_attention:
+        return False
+    return bool(node.args[4] if len(node.args) > 4 else node.kwargs.get("dropout_p", 0.0))
+
+
 # Tagged random because of an optional dropout; their rules check that it is off.
 RANDOM_ONLY_WHEN_ASKED = DROPOUTS | frozenset(
     {aten.scaled_dot_product_attention, aten.gru, aten.lstm, aten.rnn_tanh, aten.rnn_relu}

@@ -560,7 +560,9 @@ _sdpa_products = contracting_rule(
 
 @register(aten.scaled_dot_product_attention, lane=Lane.ATTENTION)
 def _sdpa(ctx: RuleContext) -> Optional[str]:
-    if ctx.arg("dropout_p", 0.0):
+    # With ``request_dropout="per_request"`` request-only attention draws one mask per request,
+    # as a dropout does (:func:`dropout_per_request`).
+    if ctx.arg("dropout_p", 0.0) and not dropout_is_per_request():
         return "attention dropout is random"
     return _sdpa_products(ctx)
 

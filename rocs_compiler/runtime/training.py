@@ -55,12 +55,13 @@ choice. ``autotune=False`` (no choice) keeps this program.
 from __future__ import annotations
 
 import statistics
+import warnings
 from collections.abc import Mapping, Sequence
 
 import torch
 from torch import fx, nn
 
-from ..analysis.op_groups import dropout_in_training
+from ..analysis.op_groups import draws_in_training
 from ..errors import CompileError, InputError
 from ..ir.graph_meta import PLACEMENT
 from ..ir.roles import Role
@@ -195,8 +196,29 @@ def refuse_replicated_grads(leaves: dict, requests: dict) -> None:
 
 
 def draws_per_request(gm: fx.GraphModule) -> bool:
-    """True when a random op of ``gm`` runs on request rows (``Options.request_dropout ==
-    "per_request"``): one draw per request, where the original model draws per impression."""
+    """True when a random op of ``gm`` (a dropout, an attention's dropout) runs on request rows
+    (``Options.request_dropout == "per_request"``): one draw per request, where the original
+    model draws per impression."""
     return any(
-        dropout_in_training(n) and n.meta.get(PLACEMENT) == Role.REQUEST for n in gm.graph.nodes
+        draws_in_training(n) and n.meta.get(PLACEMENT) == Role.REQUEST for n in gm.graph.nodes
+    )
+
+
+def warn_random_fallbacks(fallbacks: Sequence, per_request: bool) -> None:
+    """One warning naming the request-side layers that run per impression because they draw
+    random numbers (each impression its own mask, as in eager), and the layers after them with
+    them; the report's fallbacks list each with its reason."""
+    random = [f for f in fallbacks if "random" in f.reason]
+    if not random:
+        return
+    layers = ", ".join(dict.fromkeys(f"{f.module or '(top level)'} ({f.reason})" for f in random))
+    fix = (
+        "" if per_request else
+        "; options={'request_dropout': 'per_request'} draws one mask per request instead (a "
+        "change of the model, docs/contract.md \"Autograd\"), or set their dropout to 0"
+    )  # fmt: skip
+    warnings.warn(
+        f"rocs.compile(training=True): request-side layers run once per impression because "
+        f"they draw random numbers, and so does what reads them: {layers}{fix}",
+        stacklevel=4,  # the caller of rocs.compile
     )
