@@ -389,7 +389,8 @@ def dropout_is_per_request() -> bool:
 
 @register(aten.dropout, aten.feature_dropout, aten.alpha_dropout, lane=Lane.ELEMENTWISE)
 def _dropout(ctx: RuleContext) -> Optional[str]:
-    if ctx.arg("train") and not dropout_is_per_request():
+    # ``p == 0`` returns its input without drawing (``aten::dropout``), in training mode too.
+    if ctx.arg("train") and ctx.arg("p") and not dropout_is_per_request():
         return "dropout in training mode is random"
     return ROWWISE
 

@@ -86,9 +86,9 @@ class _HistoryEncoder(nn.Module):
     """torch's encoder (attention dropout 0.1, its default) over the history, scored against the
     candidate; the pooled history is an output too."""
 
-    def __init__(self):
+    def __init__(self, dropout: float = 0.1):
         super().__init__()
-        layer = nn.TransformerEncoderLayer(D, 2, 2 * D, dropout=0.1, batch_first=True)
+        layer = nn.TransformerEncoderLayer(D, 2, 2 * D, dropout=dropout, batch_first=True)
         self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
         self.item, self.head = nn.Linear(D, D), nn.Linear(2 * D, 1)
 
@@ -117,6 +117,26 @@ def test_attention_dropout_falls_back_per_impression_with_one_warning():
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
 
 
+def _shares_the_whole_encoder(cm) -> None:
+    report = cm.report()
+    assert report.fallbacks == []
+    assert all(n.role == "REQUEST" for n in report.nodes if n.module.startswith("enc."))
+
+
+def test_a_dropout_of_zero_draws_nothing_and_is_shared():
+    """``p=0`` in training mode returns its input without drawing: row-wise, no warning."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model, cm, hist, item = _compiled(lambda: _HistoryEncoder(dropout=0.0))
+    _shares_the_whole_encoder(cm)
+    want = model(hist[INDEX], item)
+    got = cm(hist=hist, item=item, candidate_to_request=INDEX)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+
 def test_per_request_dropout_covers_attention_dropout():
     """``request_dropout="per_request"``: the whole encoder runs once per request, so every
     impression of a request sees one mask; no fallback, no warning."""
@@ -125,9 +145,7 @@ def test_per_request_dropout_covers_attention_dropout():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         model, cm, hist, item = _compiled(_HistoryEncoder, request_dropout="per_request")
-    report = cm.report()
-    assert report.fallbacks == []
-    assert all(n.role == "REQUEST" for n in report.nodes if n.module.startswith("enc."))
+    _shares_the_whole_encoder(cm)
     torch.manual_seed(3)
     _, pooled = cm(hist=hist, item=item, candidate_to_request=INDEX)
     for r in range(3):
