@@ -23,7 +23,7 @@ from .runtime.distributed import refuse_sharded
 from .runtime.guards import Guards
 from .runtime.mislabel import example_finding
 from .runtime.plain import PlainProgram
-from .runtime.training import TrainingProgram, draws_per_request
+from .runtime.training import TrainingProgram, draws_per_request, warn_random_fallbacks
 from .runtime.request_cache import RequestCache
 from .runtime.request_cache import attach as attach_cache
 
@@ -79,6 +79,17 @@ def compile(  # noqa: A001 - mirrors torch.compile
     if torch.distributed.is_available():
         refuse_sharded(model)  # FSDP2: shard after compiling (``runtime/distributed.py``)
     prepared = prepare(model, request_inputs, example_inputs, example_kwargs or {})
+
+    def _again(memo: dict) -> CompiledModel:  # ``copy.deepcopy(compiled)``
+        cache = request_cache
+        if cache is not None:  # a fresh one of the same size: a cache serves one model
+            cache = RequestCache(cache.max_bytes, autotune=cache.autotune)
+        return compile(
+            copy.deepcopy(model, memo), request_inputs, copy.deepcopy(example_inputs, memo),
+            copy.deepcopy(example_kwargs, memo), fallback=fallback, options=options,
+            unbatched_inputs=unbatched, request_cache=cache,
+        )  # fmt: skip
+
     try:
         if prepared.failure is not None:
             raise prepared.failure
@@ -89,7 +100,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     except CompileError as err:
         if fallback == "error":
             raise
-        return _eager_fallback(model, prepared, err, unbatched)
+        return _copyable(_eager_fallback(model, prepared, err, unbatched), _again)
     captured = result.captured
     # Through the wrapper a format compiled (its stand-ins translated back): the user's model.
     watched, reads, weight_names = prepared.watched(model, captured.reads, captured.param_names)
@@ -118,6 +129,14 @@ def compile(  # noqa: A001 - mirrors torch.compile
         attach_cache(compiled, request_cache)
     compiled.pipeline_result = result  # logical and shared graphs, for inspection tools
     compiled._mislabel.finding = example_finding(compiled.contract, prepared.args, prepared.kwargs)
+    return _copyable(compiled, _again)
+
+
+def _copyable(compiled: CompiledModel, again) -> CompiledModel:
+    """``compiled`` deep-copies as its model deep-copied and compiled again with the same
+    arguments (``CompiledModel.__deepcopy__``): the copy owns a copy of the weights, as a deep
+    copy of the model does."""
+    object.__setattr__(compiled, "_compile_copy", again)
     return compiled
 
 
@@ -160,6 +179,7 @@ def _training_program(result, model: nn.Module, options: Options) -> TrainingPro
     # A program drawing dropout per request computes another model than the original: no
     # choice between the two.
     choose = options.autotune and not draws_per_request(result.shared_graph)
+    warn_random_fallbacks(result.analysis.fallbacks, options.request_dropout == "per_request")
     return TrainingProgram(
         result.shared_graph, model, captured.param_names, captured.buffer_writes, choose
     )

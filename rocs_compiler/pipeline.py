@@ -135,6 +135,10 @@ def _compile_graph(model, request_inputs, example_args, example_kwargs, options,
     symbol = captured.batch_symbol
     request_placeholders = {captured.placeholder_of[n] for n in captured.request_inputs}
     gm = captured.graph_module
+    if options.training:
+        from .passes.random_layouts import record_random_layouts
+
+        record_random_layouts(gm)  # eager's dropouts and their inputs' layouts, before any pass
     with stage("analyze"):
         analysis = analyze(gm, request_placeholders, symbol)
     _debug_print("capture", gm)
@@ -174,6 +178,10 @@ def _compile_graph(model, request_inputs, example_args, example_kwargs, options,
         # Training: no folded weight copies, so the backward reaches the parameters themselves.
         shared = cleanup(shared, fold=not options.training)
     _debug_print("cleanup", shared)
+    if options.training:
+        from .passes.random_layouts import restore_random_layouts
+
+        restore_random_layouts(shared)  # last: no pass after it sees the layout nodes
     from .passes.verify import verify_shared
 
     verify_shared(shared)

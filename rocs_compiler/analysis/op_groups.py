@@ -124,10 +124,25 @@ DROPOUTS = frozenset({aten.dropout, aten.feature_dropout, aten.alpha_dropout})
 
 
 def dropout_in_training(node: Any) -> bool:
-    """True for an FX node calling a dropout of :data:`DROPOUTS` with ``train`` set."""
+    """True for an FX node calling a dropout of :data:`DROPOUTS` with ``train`` set and ``p``
+    not 0 (a dropout of 0 returns its input without drawing)."""
     if getattr(node, "op", None) != "call_function" or packet(node.target) not in DROPOUTS:
         return False
-    return bool(node.args[2] if len(node.args) > 2 else node.kwargs.get("train", False))
+    p = node.args[1] if len(node.args) > 1 else node.kwargs.get("p", 0.5)
+    train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train", False)
+    return bool(train) and p != 0
+
+def draws_in_training(node: Any) -> bool:
+    """True for a dropout in training mode (:func:`dropout_in_training`) and an attention with
+    ``dropout_p`` set: the ops whose draws ``request_dropout="per_request"`` makes per request."""
+    if dropout_in_training(node):
+        return True
+    if getattr(node, "op", None) != "call_function":
+        return False
+    if packet(node.target) is not aten.scaled_dot_product_attention:
+        return False
+    return bool(node.args[4] if len(node.args) > 4 else node.kwargs.get("dropout_p", 0.0))
+
 
 # Tagged random because of an optional dropout; their rules check that it is off.
 RANDOM_ONLY_WHEN_ASKED = DROPOUTS | frozenset(

@@ -389,7 +389,8 @@ def dropout_is_per_request() -> bool:
 
 @register(aten.dropout, aten.feature_dropout, aten.alpha_dropout, lane=Lane.ELEMENTWISE)
 def _dropout(ctx: RuleContext) -> Optional[str]:
-    if ctx.arg("train") and not dropout_is_per_request():
+    # ``p == 0`` returns its input without drawing (``aten::dropout``), in training mode too.
+    if ctx.arg("train") and ctx.arg("p") and not dropout_is_per_request():
         return "dropout in training mode is random"
     return ROWWISE
 
@@ -560,7 +561,9 @@ _sdpa_products = contracting_rule(
 
 @register(aten.scaled_dot_product_attention, lane=Lane.ATTENTION)
 def _sdpa(ctx: RuleContext) -> Optional[str]:
-    if ctx.arg("dropout_p", 0.0):
+    # With ``request_dropout="per_request"`` request-only attention draws one mask per request,
+    # as a dropout does (:func:`dropout_per_request`).
+    if ctx.arg("dropout_p", 0.0) and not dropout_is_per_request():
         return "attention dropout is random"
     return _sdpa_products(ctx)
 

@@ -24,6 +24,8 @@ from torch.utils import _pytree as pytree
 
 from ..errors import CompileError, InputError
 from .failure import capture_error, torch_output_silenced
+from .grad_regions import inline_grad_regions
+from .hooks import reject_backward_hooks
 from ..formats.leaves import (
     GRAPH_OUTPUT,
     bind_inputs,
@@ -205,6 +207,8 @@ def capture(
     ``training``: capture the model in the mode it is in (dropout in training mode stays a
     random op of the graph); otherwise the model must be in eval mode."""
     reject_renorming_embeddings(model)
+    if training:
+        reject_backward_hooks(model)
     call = describe_example(
         model, example_args, example_kwargs, request_inputs, unbatched_inputs, training
     )
@@ -226,11 +230,14 @@ def capture(
     routes = [("export (non-strict)", False)] + ([("export (strict)", True)] if strict_fallback else [])
     for route, strict in routes:
         try:
-            with torch.no_grad(), warnings.catch_warnings(), torch_output_silenced():
+            # A training capture runs in grad mode, where the forward's no_grad blocks are
+            # regions of the graph (``grad_regions.py``); an inference one computes without grad.
+            with torch.set_grad_enabled(training), warnings.catch_warnings(), torch_output_silenced():
                 warnings.simplefilter("ignore")
                 program = torch.export.export(
                     wrapper, (example,), dynamic_shapes=dynamic, strict=strict
                 )
+                inline_grad_regions(program.graph_module)
                 if _has_mutation(program.graph_module) or _has_region(program.graph_module):
                     # Functionalize (no decompositions): in-place ops and writes through views
                     # become value ops (``copy_`` into a slice -> ``slice_scatter``), so every

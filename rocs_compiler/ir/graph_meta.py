@@ -20,6 +20,9 @@ another's vocabulary. Values are :class:`~rocs_compiler.ir.roles.Role` members t
 - ``FOLD``: on a ``get_attr`` node that reads a folded constant, its
   :class:`~rocs_compiler.ir.folded.Fold` (the weight-only subgraph it was evaluated from). Written
   by *cleanup*; the runtime evaluates it again when a weight it reads changes.
+- ``EAGER_LAYOUT``: on a dropout in training mode, the memory order of its input in eager (dims
+  outermost first), which decides where its mask's draws land. Written at capture
+  (``passes/random_layouts.py``) on training compiles.
 """
 
 ROLE = "rocs_role"
@@ -28,6 +31,7 @@ BATCH_AXIS = "rocs_batch_axis"
 PLACEMENT = "rocs_placement"
 BROADCAST = "rocs_broadcast"
 FOLD = "rocs_fold"
+EAGER_LAYOUT = "rocs_eager_layout"
 
 # The shared graph's last input: int64 [N], the request row of every candidate.
 INDEX_NAME = "candidate_to_request"

@@ -16,7 +16,9 @@ of ``differentiable``, a plain-torch function equal to the op (its torch path, w
 built from differentiable ops, or its reference), recomputed from the saved inputs. Identity:
 ``op(*args) == differentiable(*args)`` for all inputs, so their derivatives agree; the backward of
 the in-kernel broadcast ``u[idx]`` is the per-request sum ``zeros(R).index_add_(0, idx, g)``.
-The backward is first order (a ``create_graph`` backward through it is not differentiable).
+A ``create_graph`` backward (grad mode on inside the backward) is the vector-Jacobian product of
+``differentiable`` instead, built with a graph, so second derivatives are those of the op's
+torch form: the same identity, differentiated twice.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils import _pytree as pytree
 from torch.utils.flop_counter import register_flop_formula
 
@@ -140,7 +143,10 @@ def define(op: RocsOp) -> RocsOp:
 def save_arguments(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
     """Keep the op's arguments for its backward: tensors through ``save_for_backward`` (so an
     in-place write to one before the backward is caught), everything else as it is; and the
-    call's scope, so the backward reuses the request groups of the forward."""
+    call's scope, so the backward reuses the request groups of the forward. An output the loss
+    does not reach gets no zero-filled gradient (``grad is None``): the op's inputs then get
+    None too, so a parameter only that output reads keeps ``grad is None``, as in eager."""
+    ctx.set_materialize_grads(False)
     ctx.rocs_scope = current_call()
     if not any(isinstance(v, (list, tuple)) for v in inputs):  # flat arguments: no pytree
         positions = [i for i, v in enumerate(inputs) if isinstance(v, torch.Tensor)]
@@ -169,8 +175,14 @@ def _saved_arguments(ctx: Any) -> tuple:
 def gradients(op: RocsOp, ctx: Any, needs: tuple, grad: torch.Tensor) -> tuple:
     """One gradient per argument of ``op`` (a list for a list argument), from what
     :func:`save_arguments` kept in ``ctx``."""
+    if grad is None:
+        return tuple([None] * len(n) if isinstance(n, (list, tuple)) else None for n in needs)
     args = _saved_arguments(ctx)
     with reentered(ctx.rocs_scope):
+        if torch.is_grad_enabled():  # a ``create_graph`` backward: its gradients are differentiated
+            # SDPA's fused CPU kernels have a first-order backward only; its math form has all.
+            with sdpa_kernel(SDPBackend.MATH):
+                return vjp(op.differentiable or op.reference, grad, args, needs, create_graph=True)
         if op.backward is not None:
             return tuple(op.backward(needs, grad, *args))
         return vjp(op.differentiable or op.reference, grad, args, needs)
@@ -213,22 +225,33 @@ def _unflattened(flat: Any, spec: Any) -> tuple:
     return tuple(flat) if spec is None else tuple(pytree.tree_unflatten(list(flat), spec))
 
 
-def vjp(fn: Callable[..., torch.Tensor], grad: torch.Tensor, args: tuple, needs: tuple) -> tuple:
+def vjp(
+    fn: Callable[..., torch.Tensor],
+    grad: torch.Tensor,
+    args: tuple,
+    needs: tuple,
+    create_graph: bool = False,
+) -> tuple:
     """The gradients of ``fn(*args)`` against ``grad``, one per argument (None for those that
-    ``needs`` marks False or that are not floating tensors; a list for a list argument)."""
+    ``needs`` marks False or that are not floating tensors; a list for a list argument).
+    ``create_graph``: differentiable in ``args`` and ``grad`` (a double backward), ``args``
+    then used as they are rather than detached."""
 
     def wants(value: Any, needed: bool) -> bool:
         return needed and isinstance(value, torch.Tensor) and value.is_floating_point()
+
+    def leaf(value: torch.Tensor) -> torch.Tensor:
+        return value if create_graph and value.requires_grad else value.detach().requires_grad_()
 
     leaves: list[torch.Tensor] = []
     inputs = []
     for value, needed in zip(args, needs):
         if isinstance(value, (list, tuple)):
-            items = [v.detach().requires_grad_() if wants(v, needed) else v for v in value]
+            items = [leaf(v) if wants(v, needed) else v for v in value]
             leaves += [v for v in items if isinstance(v, torch.Tensor) and v.requires_grad]
             inputs.append(type(value)(items))
         elif wants(value, needed):
-            value = value.detach().requires_grad_()
+            value = leaf(value)
             leaves.append(value)
             inputs.append(value)
         else:
@@ -238,7 +261,10 @@ def vjp(fn: Callable[..., torch.Tensor], grad: torch.Tensor, args: tuple, needs:
     with torch.enable_grad():
         out = fn(*inputs)
         grads = iter(
-            torch.autograd.grad(out, leaves, grad, allow_unused=True, materialize_grads=True)
+            torch.autograd.grad(
+                out, leaves, grad, allow_unused=True, materialize_grads=True,
+                create_graph=create_graph,
+            )  # fmt: skip
         )
     result = []
     for value in inputs:

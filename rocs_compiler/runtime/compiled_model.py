@@ -24,7 +24,7 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from ..errors import InputError
+from ..errors import CompileError, InputError
 from ..ir.graph_meta import PLACEMENT
 from ..kernels.index_contract import (
     check_candidate_to_request,
@@ -725,6 +725,18 @@ class CompiledModel(nn.Module):
         leaves, spec = pytree.tree_flatten(result)
         leaves = no_backward.attach(leaves, [True] * len(leaves), anchor)
         return pytree.tree_unflatten(leaves, spec)
+
+    def __deepcopy__(self, memo: dict) -> "CompiledModel":
+        """Its original model deep-copied (through ``memo``: a parent copied with both holds one
+        copy of the model) and compiled again with the same arguments (``api.py``)."""
+        again = self.__dict__.get("_compile_copy")
+        if again is None:
+            raise CompileError(
+                "this compiled model cannot be deep-copied (it was not made by rocs.compile): "
+                "compile a deep copy of its model instead"
+            )
+        memo[id(self)] = copied = again(memo)
+        return copied
 
     def with_graph(self, graph: nn.Module) -> "CompiledModel":
         """A compiled model with this one's contract and report that runs ``graph`` instead

@@ -11,7 +11,8 @@ recorded. A trial whose backward never comes (a grad-mode call without ``backwar
 with its forward alone when the next call of its bucket starts, so a bucket always decides.
 
 Identity: the clock is an identity autograd function on the outputs (its backward returns the
-gradients it gets), so outputs, gradients and what autograd saves are those of the trial's program.
+gradients it gets, None for an output the loss does not reach), so outputs, gradients (which
+parameters get none included) and what autograd saves are those of the trial's program.
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ class _BackwardClock(torch.autograd.Function):
     @staticmethod
     def forward(ctx, pending, *tensors):
         ctx.pending = pending
+        # An output the loss does not use gets None, not zeros: a parameter only it reaches
+        # keeps ``grad is None``, as in eager (an optimizer skips it; zeros would decay it).
+        ctx.set_materialize_grads(False)
         return tuple(t.view_as(t) for t in tensors)
 
     @staticmethod

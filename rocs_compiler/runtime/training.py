@@ -31,6 +31,9 @@ into the model's buffers after each call, as eager's forward does. The batch sta
 so the batch norm runs per impression (its rule is not row-wise), on the replicated rows eager
 normalizes: the statistics, the output and the update equal eager's.
 
+Functionalization writes a slice assignment (``h[:, 0] = x``) as ``aten.copy``, which has no
+derivative formula; the program runs it as :func:`differentiable_copy`, the same value.
+
 Request inputs requiring grad are accepted in the shared layout, where the gradient of a request
 row is the sum over its candidates (the request row *is* the input). In the drop-in and
 ``call_replicated`` layouts a replicated request row's gradient would land on one copy of it,
@@ -53,12 +56,13 @@ from __future__ import annotations
 
 import copy
 import statistics
+import warnings
 from collections.abc import Mapping, Sequence
 
 import torch
 from torch import fx, nn
 
-from ..analysis.op_groups import dropout_in_training
+from ..analysis.op_groups import draws_in_training
 from ..errors import CompileError, InputError
 from ..ir.graph_meta import PLACEMENT
 from ..ir.roles import Role
@@ -103,6 +107,9 @@ class TrainingProgram:
             self._specs.append((live.shape, live.dtype, live.device))
         graph.output(graph.graph_copy(gm.graph, env))
         merge_table_lookups(graph)
+        for node in graph.nodes:
+            if node.target is torch.ops.aten.copy.default:
+                node.target = differentiable_copy
         self.graph_module = fx.GraphModule(gm, graph)
         self._weights: tuple[int, list[torch.Tensor]] | None = None
         self._direct = None
@@ -194,6 +201,17 @@ def _cast(t: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Te
     return t.to(device, dtype) if t.is_floating_point() else t.to(device)
 
 
+def differentiable_copy(
+    self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False
+) -> torch.Tensor:
+    """``aten.copy(self, src)``, functionalization's form of ``self.copy_(src)`` (a slice
+    assignment ``h[:, 0] = x``), which autograd has no formula for: ``src`` converted to
+    ``self``'s dtype and device and broadcast to its shape, a new tensor. Its gradient is
+    ``src``'s (summed over the broadcast), and none reaches ``self``, which is overwritten."""
+    value = src.to(dtype=self.dtype, device=self.device, non_blocking=non_blocking)
+    return value.expand(self.shape).clone()
+
+
 def refuse_replicated_grads(leaves: dict, requests: dict) -> None:
     """A drop-in or ``call_replicated`` call (``requests`` reduced from replicated ``leaves``)
     whose request inputs require grad: refused (the module docstring says why)."""
@@ -210,8 +228,29 @@ def refuse_replicated_grads(leaves: dict, requests: dict) -> None:
 
 
 def draws_per_request(gm: fx.GraphModule) -> bool:
-    """True when a random op of ``gm`` runs on request rows (``Options.request_dropout ==
-    "per_request"``): one draw per request, where the original model draws per impression."""
+    """True when a random op of ``gm`` (a dropout, an attention's dropout) runs on request rows
+    (``Options.request_dropout == "per_request"``): one draw per request, where the original
+    model draws per impression."""
     return any(
-        dropout_in_training(n) and n.meta.get(PLACEMENT) == Role.REQUEST for n in gm.graph.nodes
+        draws_in_training(n) and n.meta.get(PLACEMENT) == Role.REQUEST for n in gm.graph.nodes
+    )
+
+
+def warn_random_fallbacks(fallbacks: Sequence, per_request: bool) -> None:
+    """One warning naming the request-side layers that run per impression because they draw
+    random numbers (each impression its own mask, as in eager), and the layers after them with
+    them; the report's fallbacks list each with its reason."""
+    random = [f for f in fallbacks if "random" in f.reason]
+    if not random:
+        return
+    layers = ", ".join(dict.fromkeys(f"{f.module or '(top level)'} ({f.reason})" for f in random))
+    fix = (
+        "" if per_request else
+        "; options={'request_dropout': 'per_request'} draws one mask per request instead (a "
+        "change of the model, docs/contract.md \"Autograd\"), or set their dropout to 0"
+    )  # fmt: skip
+    warnings.warn(
+        f"rocs.compile(training=True): request-side layers run once per impression because "
+        f"they draw random numbers, and so does what reads them: {layers}{fix}",
+        stacklevel=4,  # the caller of rocs.compile
     )

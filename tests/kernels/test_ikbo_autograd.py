@@ -19,6 +19,7 @@ from ikbo_testing import (
     make_index,
     randn,
 )
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -75,6 +76,46 @@ def test_gradcheck_every_op(index_name, call_name):
 
         assert torch.autograd.gradcheck(call, tuple(leaves), eps=1e-6, atol=1e-6), name
     assert covered == set(cg.ROCS_OPS), "every rocs:: op has a gradcheck case"
+
+
+def _rebuilt(args, values):
+    it = iter(values)
+    rebuilt = []
+    for a in args:
+        if isinstance(a, list):
+            rebuilt.append([next(it) if t.requires_grad else t for t in a])
+        elif isinstance(a, torch.Tensor) and a.requires_grad:
+            rebuilt.append(next(it))
+        else:
+            rebuilt.append(a)
+    return rebuilt
+
+
+def _gradgradcheck(fn, leaves) -> bool:
+    return torch.autograd.gradgradcheck(fn, tuple(leaves), eps=1e-6, atol=1e-5, fast_mode=True)
+
+
+@pytest.mark.parametrize("call_name", list(CALLS))
+def test_double_backward_every_op(call_name):
+    """``create_graph=True`` through every op: second derivatives by finite differences of the
+    first (``gradgradcheck``), on a ragged shuffled index; where the reference (the unfused op,
+    eager's, SDPA in its math form) has no second derivative (``embedding_bag``), the op raises
+    as eager does."""
+    for name, args in autograd_cases("ragged_shuffled"):
+        op = CALLS[call_name](name)
+        leaves = differentiable_leaves(args)
+        call = lambda *values, args=args, op=op: op(*_rebuilt(args, values))  # noqa: E731
+        reference = cg.ROCS_OPS[name].reference
+        eager = lambda *values, args=args, f=reference: f(*_rebuilt(args, values))  # noqa: E731
+        try:
+            with sdpa_kernel(SDPBackend.MATH):  # SDPA's fused CPU backward is first order only
+                _gradgradcheck(eager, leaves)
+        except (NotImplementedError, RuntimeError) as err:
+            assert "not implemented" in str(err), (name, err)
+            with pytest.raises((NotImplementedError, RuntimeError), match="not implemented"):
+                _gradgradcheck(call, leaves)
+            continue
+        assert _gradgradcheck(call, leaves), name
 
 
 @pytest.mark.parametrize("call_name", list(CALLS))
