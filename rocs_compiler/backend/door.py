@@ -44,6 +44,7 @@ import torch
 from torch import fx, nn
 
 from .dynamo_graph import Slot, classify, dotted, graph_model
+from .fast_paths import decompose_fast_paths
 from ..kernels.index_contract import check_candidate_to_request
 from ..errors import CompileError, InputError, OptionsError
 from ..formats.leaves import bind_inputs, covers, is_tensor, named_leaves, nest, replace_leaves
@@ -166,7 +167,7 @@ class _Subgraph:
         # Aliases, not the caller's tensors: export marks its example inputs dynamic, and dynamo's
         # guards on the frame being compiled must not see that.
         leaves = {s.path: args[i].detach() for i, s in enumerate(self.slots) if s.kind == "input"}
-        model = graph_model(self.gm, self.slots, list(args))
+        model = graph_model(decompose_fast_paths(self.gm), self.slots, list(args))
         try:
             compiled = api.compile(
                 model,
