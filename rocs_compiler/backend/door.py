@@ -16,8 +16,10 @@ placeholders are the frame's tensors, module state and symbolic sizes. Each plac
 
 The graph is wrapped in an ``nn.Module`` whose forward takes the named inputs and compiled with the
 ordinary pipeline (``rocs.compile``); the rewritten graph is then lowered with Inductor unless
-``options={"inductor": False}``. A subgraph that sees no request input has nothing to share and
-is lowered as it is.
+``options={"inductor": False}``. Before the rewrite, PyTorch's fused transformer fast paths in
+the graph become the plain ops they compute (``fast_paths.py``). A subgraph that sees no request
+input, or whose rewrite shares nothing (``unshared.py``), has nothing to share and runs as
+Inductor compiled it while dynamo compiled the frame: at Inductor's cost per call.
 
 Layouts. Calls through ``torch.compile`` are drop-in (replicated layout) and exact. Dynamo traces
 the original Python code, which cannot run on shared-layout inputs, so shared-layout calls go
@@ -52,6 +54,7 @@ from ..options import BackendOptions
 from ..runtime import CompiledModel, no_backward
 from ..runtime.weights import tensor_version
 from .lowering import Lowered, lower_plain
+from .unshared import unshared_reason
 
 __all__ = ["RocsBackend", "backend", "rocs_backend", "shared_call"]
 
@@ -94,6 +97,7 @@ class _Subgraph:
     values: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # baked, compared
     variants: dict = field(default_factory=dict)
     plain: Optional[Callable] = None  # set when rocs does not rewrite this graph
+    unshared: Optional[Callable] = None  # the graph as Inductor compiles it (``lower_plain``)
     fallback_reason: Optional[str] = None
     static_rows: Optional[int] = None  # the batch size of a graph dynamo traced with static shapes
 
@@ -188,10 +192,12 @@ class _Subgraph:
                 stacklevel=2,
             )
             self.fallback_reason = str(err)
-            # Dynamo's compile of this frame is over: ``compile_fx`` would trace the graph
-            # outside dynamo's context (and fail on a baked scalar's ``.item()``), so the graph
-            # is compiled as a frame of its own at its first call instead.
-            self.plain = Lowered(self.gm, self.options.inductor, functional=False)
+            self.plain = self.unshared
+            return None
+        unshared = unshared_reason(compiled)
+        if unshared is not None:
+            self.fallback_reason = unshared
+            self.plain = self.unshared
             return None
         # Without Inductor the compiled model runs its graph itself (as a direct program).
         runner = compiled
@@ -268,8 +274,11 @@ class RocsBackend:
         elif rows is not None and rows <= 1:
             # Dynamo specializes a batch of one; one candidate has nothing to share.
             subgraph.fallback_reason = "static batch of one row"
+        # Compiled here, while dynamo compiles the frame (its guards then hold Inductor's): what
+        # the graph runs when rocs does not rewrite it, or finds nothing to share at the rewrite.
+        subgraph.unshared = lower_plain(gm, example_inputs, self.options.inductor)
         if subgraph.fallback_reason is not None:
-            subgraph.plain = lower_plain(gm, example_inputs, self.options.inductor)
+            subgraph.plain = subgraph.unshared
         else:
             # The rewrite runs at the first call, not here: export inside dynamo's tracing context
             # would share dynamo's shape environment and add guards on export's own inputs.
