@@ -11,7 +11,9 @@ calls (the model's own call with replicated request rows):
 
    - ``eager``: ``model(**replicated)`` (torch's fused fast paths, as a user runs it);
    - ``inductor``: ``torch.compile(model, dynamic=True)``;
-   - ``backend``: ``torch.compile(model, backend="rocs", options={...}, dynamic=True)``;
+   - ``backend``: ``torch.compile(model, backend="rocs", options={...}, dynamic=True)``
+     (each ``torch.compile`` wraps a function of its own calling the model, so that the two
+     do not share dynamo's cache of compiled frames);
    - ``rocs.compile``: ``rocs.compile(model, ["history"], example_kwargs=...)``.
 
 2. **Nothing to share** (``no_share`` and ``mixed_norm`` of ``regression_models.py``: request
@@ -42,6 +44,16 @@ from regression_models import MODELS, make_inputs
 CELLS = ((1, 1000), (8, 100))
 SMALL_CELLS = ((1, 16), (4, 64))
 HISTORY, ITEMS = 50, 10_000
+
+
+def _own_frame(model, names: list[str], tag: str):
+    """A function calling ``model(*names)`` with a code object of its own: dynamo keeps its
+    compiled entries per code object, and two ``torch.compile`` wrappers of one model would
+    share one cache, each call checking the other backend's guards first."""
+    source = f"def call({', '.join(names)}):\n    return model({', '.join(names)})\n"
+    namespace = {"model": model}
+    exec(compile(source, f"<{tag}>", "exec"), namespace)
+    return namespace["call"]
 
 
 def _ranker_batch(requests: int, per_request: int, seed: int = 0) -> dict:
@@ -75,8 +87,11 @@ def transformer_rows(args, clock) -> None:
         num_items=ITEMS, dim=64, heads=4, ffn=128, layers=2, history_length=HISTORY
     ).eval()
     options = {"request_inputs": ["history"]}
-    backend = torch.compile(model, backend="rocs", options=options, dynamic=True)
-    inductor = torch.compile(model, dynamic=True)
+    names = ["history", "item"]
+    backend = torch.compile(
+        _own_frame(model, names, "backend"), backend="rocs", options=options, dynamic=True
+    )
+    inductor = torch.compile(_own_frame(model, names, "inductor"), dynamic=True)
     cm = rocs.compile(model, ["history"], example_kwargs=_ranker_batch(2, 4))
     for requests, per_request in CELLS:
         batch = _ranker_batch(requests, per_request, seed=1)
@@ -104,8 +119,11 @@ def nothing_to_share_rows(args, clock) -> None:
         requests = [n for n in inputs if n.startswith("u")]
         options = {"request_inputs": requests}
         torch._dynamo.reset()
-        inductor = torch.compile(model, dynamic=True)
-        backend = torch.compile(model, backend="rocs", options=options, dynamic=True)
+        names = list(inputs)
+        inductor = torch.compile(_own_frame(model, names, "inductor"), dynamic=True)
+        backend = torch.compile(
+            _own_frame(model, names, "backend"), backend="rocs", options=options, dynamic=True
+        )
         for num_requests, per_request in SMALL_CELLS:
             g = torch.Generator().manual_seed(1)
             kwargs = make_inputs(inputs, num_requests, num_requests * per_request, g)

@@ -18,8 +18,8 @@ The graph is wrapped in an ``nn.Module`` whose forward takes the named inputs an
 ordinary pipeline (``rocs.compile``); the rewritten graph is then lowered with Inductor unless
 ``options={"inductor": False}``. Before the rewrite, PyTorch's fused transformer fast paths in
 the graph become the plain ops they compute (``fast_paths.py``). A subgraph that sees no request
-input, or whose rewrite shares nothing (``unshared.py``), has nothing to share and runs as
-Inductor compiled it while dynamo compiled the frame: at Inductor's cost per call.
+input, or whose rewrite shares nothing (``unshared.py``: dynamo traces its frame once more), has
+nothing to share and runs as Inductor compiles it, at Inductor's cost per call.
 
 Layouts. Calls through ``torch.compile`` are drop-in (replicated layout) and exact. Dynamo traces
 the original Python code, which cannot run on shared-layout inputs, so shared-layout calls go
@@ -36,6 +36,7 @@ shapes) and no later size does.
 from __future__ import annotations
 
 import contextvars
+import functools
 import inspect
 import os
 import warnings
@@ -54,7 +55,7 @@ from ..options import BackendOptions
 from ..runtime import CompiledModel, no_backward
 from ..runtime.weights import tensor_version
 from .lowering import Lowered, lower_plain
-from .unshared import unshared_reason
+from .unshared import UNSHARED, frame_code, unshared_reason
 
 __all__ = ["RocsBackend", "backend", "rocs_backend", "shared_call"]
 
@@ -97,7 +98,9 @@ class _Subgraph:
     values: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # baked, compared
     variants: dict = field(default_factory=dict)
     plain: Optional[Callable] = None  # set when rocs does not rewrite this graph
-    unshared: Optional[Callable] = None  # the graph as Inductor compiles it (``lower_plain``)
+    # Called when the rewrite shares nothing: True when dynamo will trace the frame again
+    # (``UnsharedGraphs.retrace``), whose graph the backend then lowers with Inductor at once.
+    retrace: Optional[Callable[[str], bool]] = None
     fallback_reason: Optional[str] = None
     static_rows: Optional[int] = None  # the batch size of a graph dynamo traced with static shapes
 
@@ -192,12 +195,18 @@ class _Subgraph:
                 stacklevel=2,
             )
             self.fallback_reason = str(err)
-            self.plain = self.unshared
+            # Dynamo's compile of this frame is over: ``compile_fx`` would trace the graph
+            # outside dynamo's context (and fail on a baked scalar's ``.item()``), so the graph
+            # is compiled as a frame of its own at its first call instead.
+            self.plain = Lowered(self.gm, self.options.inductor, functional=False)
             return None
         unshared = unshared_reason(compiled)
         if unshared is not None:
             self.fallback_reason = unshared
-            self.plain = self.unshared
+            if not self.options.inductor or (self.retrace is not None and self.retrace(unshared)):
+                self.plain = self.gm.forward  # until dynamo traces the frame again (next call)
+            else:
+                self.plain = Lowered(self.gm, True, functional=False)
             return None
         # Without Inductor the compiled model runs its graph itself (as a direct program).
         runner = compiled
@@ -274,15 +283,15 @@ class RocsBackend:
         elif rows is not None and rows <= 1:
             # Dynamo specializes a batch of one; one candidate has nothing to share.
             subgraph.fallback_reason = "static batch of one row"
-        # Compiled here, while dynamo compiles the frame (its guards then hold Inductor's): what
-        # the graph runs when rocs does not rewrite it, or finds nothing to share at the rewrite.
-        subgraph.unshared = lower_plain(gm, example_inputs, self.options.inductor)
+        elif UNSHARED.reason(gm, present) is not None:  # its rewrite shared nothing before
+            subgraph.fallback_reason = UNSHARED.reason(gm, present)
         if subgraph.fallback_reason is not None:
-            subgraph.plain = subgraph.unshared
+            subgraph.plain = lower_plain(gm, example_inputs, self.options.inductor)
         else:
             # The rewrite runs at the first call, not here: export inside dynamo's tracing context
             # would share dynamo's shape environment and add guards on export's own inputs.
             subgraph.static_rows = rows
+            subgraph.retrace = functools.partial(UNSHARED.retrace, gm, present, frame_code())
             _warn_if_grad(example_inputs)
         self.subgraphs.append(subgraph)
         return subgraph

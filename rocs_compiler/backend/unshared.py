@@ -3,26 +3,33 @@
 A graph whose request inputs meet candidate values before any request-only work (or reach an op
 that has no role rule) computes everything per candidate after the rewrite too: its shared
 program is the original program plus the runtime's checks and gathers. The backend then runs
-the graph as Inductor compiled it, at Inductor's cost per call, and says why when the reason is
+the graph as Inductor compiles it, at Inductor's cost per call, and says why when the reason is
 an op without a role rule (a graph dynamo traced through one of PyTorch's fused kernels, say),
 once per op.
+
+The rewrite runs at a graph's first call, after dynamo compiled its frame; Inductor's compile
+of the graph as it is, guarded as dynamo guards its backends' graphs, is only had while dynamo
+compiles the frame. So :class:`UnsharedGraphs` remembers the graph and drops the frame's
+compiled entries: dynamo traces the frame again at its next call, and the backend lowers the
+same graph with Inductor at once (``lowering.lower_plain``). Graphs that share pay no second
+Inductor compile.
 """
 
 from __future__ import annotations
 
 import warnings
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 from torch import fx
 
+from ..analysis.driver import NO_RULE
 from ..analysis.op_groups import SHAPE_ONLY, packet
 from ..ir.graph_meta import PLACEMENT
 from ..ir.roles import Role
 
-__all__ = ["unshared_reason"]
+__all__ = ["UNSHARED", "UnsharedGraphs", "frame_code", "unshared_reason"]
 
-_NO_RULE = "no role rule for "
 _WARNED: set[str] = set()
 
 
@@ -42,12 +49,52 @@ def unshared_reason(compiled: Any) -> Optional[str]:
         return None
     rule_less = {}
     for fallback in report.fallbacks:
-        if fallback.reason.startswith(_NO_RULE):
+        if fallback.reason.startswith(NO_RULE):
             rule_less.setdefault(fallback.op, fallback.module or fallback.node)
     if report.request_flops > 0 or not rule_less:
         return None
     _warn(rule_less)
-    return f"nothing to share: no role rule for {', '.join(rule_less)}"
+    return f"nothing to share: {NO_RULE} {', '.join(rule_less)}"
+
+
+class UnsharedGraphs:
+    """The graphs (by their code and request inputs) whose rewrite shared nothing, with the
+    reason. One table for the process: the entry point builds a backend per dynamo graph."""
+
+    def __init__(self):
+        self._reasons: dict[tuple, str] = {}
+        self._retraced: set[tuple] = set()
+
+    def reason(self, gm: fx.GraphModule, request_inputs: Sequence[str]) -> Optional[str]:
+        return self._reasons.get((gm.code, tuple(request_inputs)))
+
+    def retrace(
+        self, gm: fx.GraphModule, request_inputs: Sequence[str], code: Any, reason: str
+    ) -> bool:
+        """Remember ``gm`` and make dynamo trace the frame of ``code`` again; False (nothing
+        done) when the frame is unknown or was traced again for this graph once already."""
+        key = (gm.code, tuple(request_inputs))
+        if code is None or (code, key) in self._retraced:
+            return False
+        from torch._dynamo.eval_frame import remove_from_cache
+
+        self._reasons[key] = reason
+        self._retraced.add((code, key))
+        remove_from_cache(code)
+        return True
+
+
+UNSHARED = UnsharedGraphs()
+
+
+def frame_code() -> Any:
+    """The code object of the frame dynamo is compiling (None outside a dynamo compile)."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        return getattr(InstructionTranslator.current_tx(), "f_code", None)
+    except Exception:  # noqa: BLE001 - no frame known: the graph is lowered without a retrace
+        return None
 
 
 def _computes_per_request(node: fx.Node) -> bool:
