@@ -110,7 +110,10 @@ def transformer_rows(args, clock) -> None:
 
 def nothing_to_share_rows(args, clock) -> None:
     print()
-    print("| model | R x N/R | inductor us | backend us | backend - inductor us | inductor / backend |")
+    print(
+        "| model | R x N/R | inductor us | backend us | backend - inductor us "
+        "| inductor / backend |"
+    )
     print("|---|---|---:|---:|---:|---:|")
     for name in ("no_share", "mixed_norm"):
         make, inputs = MODELS[name]

@@ -5,7 +5,8 @@
 the candidate over the user's behaviour history, then an MLP over the user, the pooled history
 and the candidate; ``BSTLike`` runs an ``nn.TransformerEncoder`` over the history tokens followed
 by the candidate's tokens; ``HistoryTransformerRanker`` encodes the history alone with an
-``nn.TransformerEncoder`` and lets the candidate attend over it (``nn.MultiheadAttention``). ``FieldRanker`` is the ``Ranker`` behind field embeddings, for the
+``nn.TransformerEncoder`` and lets the candidate attend over it (``nn.MultiheadAttention``).
+``FieldRanker`` is the ``Ranker`` behind field embeddings, for the
 MovieLens inputs of ``benchmarks/quality.py``.
 """
 

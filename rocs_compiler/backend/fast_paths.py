@@ -11,14 +11,16 @@ path while ``make_fx`` traces), so only the backend meets them.
 Identity: each fused op is, for one batch row at a time, the module's slow-path computation::
 
     _native_multi_head_attention(x, x, x, E, H, W_qkv, b_qkv, W_o, b_o, mask, need_weights)
-        = linear(sdpa(q, k, v, additive(mask)), W_o, b_o)   with q, k, v = split(linear(x, W_qkv, b_qkv))
+        = linear(sdpa(q, k, v, additive(mask)), W_o, b_o)
+          with q, k, v = split(linear(x, W_qkv, b_qkv))
     _transformer_encoder_layer_fwd(src, ...)
         = norm_first:  x = src + mha(norm1(src));  x + ffn(norm2(x))
           else:        x = norm1(src + mha(src));  norm2(x + ffn(x))
 
 with ``ffn(x) = linear(act(linear(x, W1, b1)), W2, b2)``, ``act`` gelu or relu; a query that sees
-no key (every key masked out) is NaN, as in the fused op. No row of the batch reads another, so after the replacement the ordinary role rules share the encoder of a request
-input once per request.
+no key (every key masked out) is NaN, as in the fused op. No row of the batch reads another, so
+after the replacement the ordinary role rules share the encoder of a request input once per
+request.
 
 :func:`decompose_fast_paths` replaces the ops' nodes in a copy of the graph by calls of the
 functions below; the graph's other nodes, and their metadata, are kept.
@@ -38,7 +40,7 @@ __all__ = ["FAST_PATH_OPS", "decompose_fast_paths", "fast_path_ops"]
 
 
 def _additive_mask(
-    mask: Optional[torch.Tensor], mask_type: Optional[int], batch: int, heads: int, length: int
+    mask: Optional[torch.Tensor], mask_type: Optional[int], batch: int, length: int
 ) -> Optional[torch.Tensor]:
     """The fused op's mask as an additive mask broadcastable to ``[B, H, L, L]``: type 0 is an
     attention mask ``[L, L]``, type 1 a key padding mask ``[B, L]``, type 2 both merged
@@ -72,7 +74,7 @@ def _attention(
     head_dim = embed_dim // num_heads
     qkv = F.linear(x, qkv_weight, qkv_bias).view(batch, length, 3, num_heads, head_dim)
     q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, H, L, d]
-    additive = _additive_mask(mask, mask_type, batch, num_heads, length)
+    additive = _additive_mask(mask, mask_type, batch, length)
     if need_weights:
         scores = q @ k.transpose(-2, -1) / math.sqrt(head_dim)
         if additive is not None:
@@ -174,7 +176,7 @@ FAST_PATH_OPS = {
 
 def fast_path_ops(gm: fx.GraphModule) -> list[str]:
     """The names of the fast-path ops ``gm`` calls (``torch._transformer_encoder_layer_fwd``)."""
-    found = {n.target for n in gm.graph.nodes if n.op == "call_function" and n.target in FAST_PATH_OPS}
+    found = {n.target for n in gm.graph.nodes if n.op == "call_function"}
     return [f"torch.{t.__name__}" for t in FAST_PATH_OPS if t in found]
 
 

@@ -54,7 +54,9 @@ def _masks() -> dict:
 
 
 def _close(a, b, what):
-    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, equal_nan=True, msg=lambda m: f"{what}: {m}")
+    torch.testing.assert_close(
+        a, b, rtol=1e-5, atol=1e-5, equal_nan=True, msg=lambda m: f"{what}: {m}"
+    )
 
 
 @torch.no_grad()
@@ -111,7 +113,8 @@ RANKERS = {
 
 
 @pytest.mark.parametrize(
-    "variant", [v if i == 0 else pytest.param(v, marks=pytest.mark.slow) for i, v in enumerate(RANKERS)]
+    "variant",
+    [v if i == 0 else pytest.param(v, marks=pytest.mark.slow) for i, v in enumerate(RANKERS)],
 )
 def test_transformer_encoder_under_no_grad_is_shared_and_exact(variant):
     torch.manual_seed(0)
