@@ -4,7 +4,9 @@
 ``Ranker`` is a user tower and an item tower concatenated into an MLP; ``DINLike`` attends from
 the candidate over the user's behaviour history, then an MLP over the user, the pooled history
 and the candidate; ``BSTLike`` runs an ``nn.TransformerEncoder`` over the history tokens followed
-by the candidate's tokens. ``FieldRanker`` is the ``Ranker`` behind field embeddings, for the
+by the candidate's tokens; ``HistoryTransformerRanker`` encodes the history alone with an
+``nn.TransformerEncoder`` and lets the candidate attend over it (``nn.MultiheadAttention``).
+``FieldRanker`` is the ``Ranker`` behind field embeddings, for the
 MovieLens inputs of ``benchmarks/quality.py``.
 """
 
@@ -143,7 +145,7 @@ class BSTLike(nn.Module):
         layer = nn.TransformerEncoderLayer(
             dim, heads, ffn, dropout=0.0, batch_first=batch_first, norm_first=norm_first
         )
-        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=nested_tensor)
         width = dim * (len(user_vocabs) + 1 + self.candidate_tokens)
         mlp: list[nn.Module] = []
         for h in head:
@@ -169,3 +171,65 @@ class BSTLike(nn.Module):
         user = [t(user_sparse[:, i]) for i, t in enumerate(self.user_emb)]
         feats = torch.cat([*user, pooled, states[:, length:].flatten(1)], dim=-1)
         return self.mlp(feats).squeeze(-1)
+
+
+class HistoryTransformerRanker(nn.Module):
+    """A history encoder and target attention, as rankers write them with torch's modules.
+
+    ``history`` ``[B, L]`` item ids (0 = padding), ``item`` ``[B]`` the candidate's item id. An
+    ``nn.TransformerEncoder`` with a key padding mask encodes the history (request-only); the
+    candidate's embedding attends over the encoded history (``nn.MultiheadAttention``, padded
+    positions masked); an MLP reads the masked mean of the history states, the attention output
+    and the candidate. ``self_attention=True`` adds an ``nn.MultiheadAttention`` self-attention
+    over the encoded history (returning its weights, as by default). In eval mode without
+    autograd, torch runs the encoder layers and the self-attention through its fused fast paths,
+    and eager runs the encoder on a nested tensor of the valid positions (``nested_tensor``,
+    torch's default) when the padding is at the end: padded positions' states are then zeros,
+    which the masked mean and the masked attention never read.
+    """
+
+    def __init__(
+        self,
+        num_items: int = 1000,
+        dim: int = 32,
+        heads: int = 4,
+        ffn: int = 64,
+        layers: int = 2,
+        batch_first: bool = True,
+        norm_first: bool = False,
+        activation: str = "relu",
+        self_attention: bool = False,
+        history_length: int = 20,
+        nested_tensor: bool = True,
+    ):
+        super().__init__()
+        self.batch_first = batch_first
+        self.items = nn.Embedding(num_items, dim, padding_idx=0)
+        self.position = nn.Parameter(torch.randn(history_length, dim) * 0.02)
+        layer = nn.TransformerEncoderLayer(
+            dim, heads, ffn, dropout=0.0, activation=activation, batch_first=batch_first,
+            norm_first=norm_first,
+        )  # fmt: skip
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=nested_tensor)
+        self.mix = nn.MultiheadAttention(dim, heads, batch_first=True) if self_attention else None
+        self.target = nn.MultiheadAttention(dim, heads, batch_first=True)
+        self.mlp = nn.Sequential(nn.Linear(3 * dim, 64), nn.ReLU(), nn.Linear(64, 1))
+
+    def forward(self, history, item):
+        padding = history == 0
+        tokens = self.items(history) + self.position[: history.shape[1]]
+        if self.batch_first:
+            states = self.encoder(tokens, src_key_padding_mask=padding)
+        else:
+            states = self.encoder(tokens.transpose(0, 1), src_key_padding_mask=padding)
+            states = states.transpose(0, 1)
+        if self.mix is not None:
+            mixed, _ = self.mix(states, states, states, key_padding_mask=padding)
+            states = states + mixed
+        valid = (~padding).unsqueeze(-1).float()
+        pooled = (states * valid).sum(1) / valid.sum(1).clamp_min(1.0)
+        target = self.items(item)
+        attended, _ = self.target(
+            target.unsqueeze(1), states, states, key_padding_mask=padding, need_weights=False
+        )
+        return self.mlp(torch.cat([pooled, attended.squeeze(1), target], -1)).squeeze(-1)

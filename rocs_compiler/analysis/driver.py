@@ -119,6 +119,7 @@ class _MetaRoles:
 
 
 _META_ROLES = _MetaRoles()
+NO_RULE = "no role rule for"  # how a fallback's reason starts when its op has no rule
 
 
 def _infer(node, roles, request_placeholders, symbol):
@@ -147,7 +148,7 @@ def _infer(node, roles, request_placeholders, symbol):
         return Role.CANDIDATE, None, None
     rule = role_rules.lookup(target)
     if rule is None:
-        return Role.CANDIDATE, f"no role rule for {op_name(target)}", None
+        return Role.CANDIDATE, f"{NO_RULE} {op_name(target)}", None
     ctx = role_rules.RuleContext(node, symbol, roles, role_rules.bind_arguments(node))
     try:
         reason = rule(ctx)

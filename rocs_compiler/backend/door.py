@@ -16,8 +16,10 @@ placeholders are the frame's tensors, module state and symbolic sizes. Each plac
 
 The graph is wrapped in an ``nn.Module`` whose forward takes the named inputs and compiled with the
 ordinary pipeline (``rocs.compile``); the rewritten graph is then lowered with Inductor unless
-``options={"inductor": False}``. A subgraph that sees no request input has nothing to share and
-is lowered as it is.
+``options={"inductor": False}``. Before the rewrite, PyTorch's fused transformer fast paths in
+the graph become the plain ops they compute (``fast_paths.py``). A subgraph that sees no request
+input, or whose rewrite shares nothing (``unshared.py``: dynamo traces its frame once more), has
+nothing to share and runs as Inductor compiles it, at Inductor's cost per call.
 
 Layouts. Calls through ``torch.compile`` are drop-in (replicated layout) and exact. Dynamo traces
 the original Python code, which cannot run on shared-layout inputs, so shared-layout calls go
@@ -34,6 +36,7 @@ shapes) and no later size does.
 from __future__ import annotations
 
 import contextvars
+import functools
 import inspect
 import os
 import warnings
@@ -44,6 +47,7 @@ import torch
 from torch import fx, nn
 
 from .dynamo_graph import Slot, classify, dotted, graph_model
+from .fast_paths import decompose_fast_paths
 from ..kernels.index_contract import check_candidate_to_request
 from ..errors import CompileError, InputError, OptionsError
 from ..formats.leaves import bind_inputs, covers, is_tensor, named_leaves, nest, replace_leaves
@@ -51,6 +55,7 @@ from ..options import BackendOptions
 from ..runtime import CompiledModel, no_backward
 from ..runtime.weights import tensor_version
 from .lowering import Lowered, lower_plain
+from .unshared import UNSHARED, frame_code, unshared_reason
 
 __all__ = ["RocsBackend", "backend", "rocs_backend", "shared_call"]
 
@@ -93,6 +98,9 @@ class _Subgraph:
     values: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # baked, compared
     variants: dict = field(default_factory=dict)
     plain: Optional[Callable] = None  # set when rocs does not rewrite this graph
+    # Called when the rewrite shares nothing: True when dynamo will trace the frame again
+    # (``UnsharedGraphs.retrace``), whose graph the backend then lowers with Inductor at once.
+    retrace: Optional[Callable[[str], bool]] = None
     fallback_reason: Optional[str] = None
     static_rows: Optional[int] = None  # the batch size of a graph dynamo traced with static shapes
 
@@ -166,7 +174,7 @@ class _Subgraph:
         # Aliases, not the caller's tensors: export marks its example inputs dynamic, and dynamo's
         # guards on the frame being compiled must not see that.
         leaves = {s.path: args[i].detach() for i, s in enumerate(self.slots) if s.kind == "input"}
-        model = graph_model(self.gm, self.slots, list(args))
+        model = graph_model(decompose_fast_paths(self.gm), self.slots, list(args))
         try:
             compiled = api.compile(
                 model,
@@ -191,6 +199,14 @@ class _Subgraph:
             # outside dynamo's context (and fail on a baked scalar's ``.item()``), so the graph
             # is compiled as a frame of its own at its first call instead.
             self.plain = Lowered(self.gm, self.options.inductor, functional=False)
+            return None
+        unshared = unshared_reason(compiled)
+        if unshared is not None:
+            self.fallback_reason = unshared
+            if not self.options.inductor or (self.retrace is not None and self.retrace(unshared)):
+                self.plain = self.gm.forward  # until dynamo traces the frame again (next call)
+            else:
+                self.plain = Lowered(self.gm, True, functional=False)
             return None
         # Without Inductor the compiled model runs its graph itself (as a direct program).
         runner = compiled
@@ -267,12 +283,15 @@ class RocsBackend:
         elif rows is not None and rows <= 1:
             # Dynamo specializes a batch of one; one candidate has nothing to share.
             subgraph.fallback_reason = "static batch of one row"
+        elif UNSHARED.reason(gm, present) is not None:  # its rewrite shared nothing before
+            subgraph.fallback_reason = UNSHARED.reason(gm, present)
         if subgraph.fallback_reason is not None:
             subgraph.plain = lower_plain(gm, example_inputs, self.options.inductor)
         else:
             # The rewrite runs at the first call, not here: export inside dynamo's tracing context
             # would share dynamo's shape environment and add guards on export's own inputs.
             subgraph.static_rows = rows
+            subgraph.retrace = functools.partial(UNSHARED.retrace, gm, present, frame_code())
             _warn_if_grad(example_inputs)
         self.subgraphs.append(subgraph)
         return subgraph
