@@ -145,7 +145,7 @@ class BSTLike(nn.Module):
         layer = nn.TransformerEncoderLayer(
             dim, heads, ffn, dropout=0.0, batch_first=batch_first, norm_first=norm_first
         )
-        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=nested_tensor)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         width = dim * (len(user_vocabs) + 1 + self.candidate_tokens)
         mlp: list[nn.Module] = []
         for h in head:

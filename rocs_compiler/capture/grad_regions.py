@@ -23,6 +23,7 @@ import torch
 from torch import fx
 
 from ..errors import CompileError
+from ..ir.folded import fresh_attr
 
 _SET_GRAD = torch.ops.higher_order.wrap_with_set_grad_enabled
 
@@ -58,7 +59,7 @@ def _inline(gm: fx.GraphModule, node: fx.Node) -> None:
             elif inner.op == "output":
                 results = list(inner.args[0])
             elif inner.op == "get_attr":
-                attr = _fresh_attr(gm, inner.target)
+                attr = fresh_attr(gm, inner.target)
                 setattr(gm, attr, getattr(body, inner.target))
                 env[inner] = graph.get_attr(attr)
                 env[inner].meta.update(inner.meta)
@@ -78,9 +79,3 @@ def _inline(gm: fx.GraphModule, node: fx.Node) -> None:
     graph.erase_node(node)
 
 
-def _fresh_attr(gm: fx.GraphModule, name: str) -> str:
-    candidate, i = name, 0
-    while hasattr(gm, candidate):
-        i += 1
-        candidate = f"{name}_{i}"
-    return candidate

@@ -73,3 +73,13 @@ class Fold:
                 env[n].meta = {}
         graph.output(env[node])
         return Fold(graph)
+
+
+def fresh_attr(gm: fx.GraphModule, base: str) -> str:
+    """``base``, or ``base_1``, ``base_2``, ...: the first name ``gm`` has no attribute of (for a
+    folded constant's buffer, or a weight moved in from an inlined subgraph)."""
+    name, i = base, 0
+    while hasattr(gm, name):
+        i += 1
+        name = f"{base}_{i}"
+    return name

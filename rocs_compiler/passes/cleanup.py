@@ -35,7 +35,7 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from ..ir.folded import Fold
+from ..ir.folded import Fold, fresh_attr
 from ..ir.graph_meta import FOLD, PLACEMENT
 from ..analysis.op_groups import is_mutating, is_random
 from ..ir.roles import Role
@@ -85,7 +85,7 @@ def fold_constants(gm: fx.GraphModule) -> int:
             continue
         if all(_foldable_user(u, values, node) for u in node.users):
             continue  # an intermediate: its users fold too
-        name = _fresh_attr(gm, f"_folded_{node.name}")
+        name = fresh_attr(gm, f"_folded_{node.name}")
         gm.register_buffer(name, value.contiguous(), persistent=False)
         with gm.graph.inserting_before(node):
             new = gm.graph.get_attr(name)
@@ -201,14 +201,6 @@ def _fold_limit(args: Any) -> int:
 
 def _foldable_user(user: fx.Node, values: dict, node: fx.Node) -> bool:
     return _pure(user) and all(a in values or a is node for a in user.all_input_nodes)
-
-
-def _fresh_attr(gm: fx.GraphModule, base: str) -> str:
-    name, i = base, 0
-    while hasattr(gm, name):
-        i += 1
-        name = f"{base}_{i}"
-    return name
 
 
 def drop_full_slices(gm: fx.GraphModule) -> int:

@@ -25,4 +25,4 @@ def test_request_pool_is_a_valid_ragged_zipf_load():
     users = [tuple(b["request"]["user_profile"].tolist()) for b in pool]
     assert len(set(users)) < len(users)  # the most popular users come back
     args = bench.build_parser().parse_args(["--models", "din", "glm_dcnv2", "--duration", "1"])
-    assert args.models == ["din", "glm_dcnv2"] and args.slo_ms == 100.0
+    assert args.models == ["din", "glm_dcnv2"] and args.slo_ms == 60.0

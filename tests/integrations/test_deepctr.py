@@ -67,7 +67,10 @@ def test_deepctr_model_through_the_torch_compile_backend(name):
         assert shared == request_flops
     else:
         reasons = {s.fallback_reason for s in backend.subgraphs if s.compiled_model is None}
-        assert reasons == {"no request input reaches this graph"}
+        assert reasons and reasons <= {
+            "no request input reaches this graph",
+            "nothing to share: every request value meets a candidate value first",
+        }
 
 
 def test_request_columns_from_feature_names_and_columns():

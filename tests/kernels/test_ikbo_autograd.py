@@ -63,16 +63,7 @@ def test_gradcheck_every_op(index_name, call_name):
         leaves = differentiable_leaves(args)
 
         def call(*values, args=args, op=op):
-            it = iter(values)
-            rebuilt = []
-            for a in args:
-                if isinstance(a, list):
-                    rebuilt.append([next(it) if t.requires_grad else t for t in a])
-                elif isinstance(a, torch.Tensor) and a.requires_grad:
-                    rebuilt.append(next(it))
-                else:
-                    rebuilt.append(a)
-            return op(*rebuilt)
+            return op(*_rebuilt(args, values))
 
         assert torch.autograd.gradcheck(call, tuple(leaves), eps=1e-6, atol=1e-6), name
     assert covered == set(cg.ROCS_OPS), "every rocs:: op has a gradcheck case"
