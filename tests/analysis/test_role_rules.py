@@ -31,6 +31,7 @@ from models_for_tests import (
     D,
     Spec,
     check_both_conventions,
+    eager,
     key,
     mixing_case,
     zoo_pipeline,
@@ -430,10 +431,29 @@ def mixing_compiled(request):
 def test_batch_mixing_exact(mixing_compiled, batch_name):
     case, model, cm = mixing_compiled
     counts, shuffle = RAGGED[batch_name]
-    if case is BATCH_NORM_NO_STATS and sum(counts) == 1:
-        pytest.skip("the original model rejects a single row (batch statistics of one value)")
     batch = case.batch(counts, seed=9, shuffle=shuffle)
+    if case is BATCH_NORM_NO_STATS and sum(counts) == 1:
+        # Batch statistics of one value: the original refuses the call (the compiled model's
+        # answer to it is test_a_single_row_batch_norm_call_is_refused_as_the_original_refuses).
+        with pytest.raises(ValueError, match="more than 1 value per channel"):
+            eager(model, batch.replicated())
+        return
     check_both_conventions(cm, model, batch, f"{case.name} {batch_name}")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known gap: the captured batch norm has no check of its batch size, so the compiled "
+    "model answers a one-row call that the original refuses",
+)
+def test_a_single_row_batch_norm_call_is_refused_as_the_original_refuses():
+    model = BATCH_NORM_NO_STATS.build()
+    cm = BATCH_NORM_NO_STATS.compile(model)
+    batch = BATCH_NORM_NO_STATS.batch([1], seed=9, shuffle=False)
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        eager(model, batch.replicated())
+    with pytest.raises(Exception):
+        cm(**batch.replicated())
 
 
 def test_report_names_the_fallback_node_and_reason():
