@@ -17,7 +17,10 @@ weight version check, guards, output tree); ``drop-in - program`` adds finding t
 ``--formats`` measures instead the floor of a bucket settled on the plain program, one row per
 input format (tensors, dict, batch object, column ranges, KJT; ``settled_formats.py``): the
 drop-in and shared-layout calls against the original model, and their difference, at R requests
-of N candidates each.
+of N candidates each; for a format whose original model takes the shared-layout call itself (KJT),
+also the shared call against the original model on that call. Each case is called
+``WARM_UP`` times first, past its buckets' trials of the plain program against the original model
+(``runtime/original_arm.py``); the last column says which one its buckets kept.
 
 Usage::
 
@@ -40,6 +43,9 @@ import torch
 import rocs_compiler as rocs
 from models_zoo import ZOO
 from settled_formats import format_cases
+
+
+WARM_UP = 40  # calls of each layout before a settled format case is timed
 
 
 def time_round_robin(calls: dict, rounds: int, loops: int) -> dict[str, float]:
@@ -116,15 +122,27 @@ def main() -> None:
 
 def formats_table(args) -> None:
     """One row per input format: a bucket settled on the plain program against eager."""
-    print("| format | eager us | drop-in us | shared us | drop-in - eager | shared - eager |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| format | eager us | drop-in us | shared us | drop-in - eager | shared - eager | "
+          "original on the shared call us | shared - that | runs (drop-in, shared) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
     with torch.no_grad():
         for case in format_cases(args.requests, args.candidates):
             calls = {"eager": case.eager, "dropin": case.dropin, "shared": case.shared}
+            for _ in range(WARM_UP):  # past the settled buckets' plain-or-original trials
+                case.dropin(), case.shared()
+            kept = {key[0]: arm for key, arm in case.compiled.plain_runs().items()}
+            runs = ", ".join(kept.get(layout, "original") for layout in ("dropin", "shared"))
+            if case.original_shared is not None:
+                calls["original_shared"] = case.original_shared
             t = time_round_robin(calls, args.rounds, args.loops)
+            as_called = (
+                f"{t['original_shared']:.1f} | {t['shared'] - t['original_shared']:+.1f}"
+                if "original_shared" in t else "- | -"
+            )
             print(
                 f"| {case.name} | {t['eager']:.1f} | {t['dropin']:.1f} | {t['shared']:.1f} | "
-                f"{t['dropin'] - t['eager']:+.1f} | {t['shared'] - t['eager']:+.1f} |",
+                f"{t['dropin'] - t['eager']:+.1f} | {t['shared'] - t['eager']:+.1f} | "
+                f"{as_called} | {runs} |",
                 flush=True,
             )
             if args.profile:

@@ -16,8 +16,10 @@ Each model is compiled, its buckets for the benchmark's call sizes settled on th
 drop-in call ``cm(<replicated inputs>)`` and the shared-layout call are timed against the original
 model on the replicated inputs (``eager``). ``drop-in - eager`` is the floor the runtime adds to
 calling the model itself; ``shared - eager`` adds the gather of the request rows, work the
-eager call's caller did before the call (a column-range or KJT call passes its request rows as
-they come, so it gathers nothing).
+eager call's caller did before the call (a column-range call passes its request rows as they
+come, so it gathers nothing). A KJT model takes the shared-layout KJT itself (TorchRec's inverse
+indices: its lookups expand the request keys' pooled rows), so that call is also timed against
+the original model on it (``original_shared``), which is what its settled bucket runs.
 """
 
 from __future__ import annotations
@@ -90,6 +92,9 @@ class FormatCase:
     shared: Callable[[], object] | None
     compiled: object
     buckets: tuple
+    # The original model on the shared-layout call itself, where it takes that call (a KJT
+    # with TorchRec's inverse indices): what a shared call settled on the original runs.
+    original_shared: Callable[[], object] | None = None
 
 
 def _ids(requests: int, per_request: int, seed: int = 0):
@@ -154,6 +159,7 @@ def _kjt_case(requests, per_request) -> FormatCase | None:
         lambda: cm(batch.dense, batch.shared),
         cm,
         (bucket("dropin-original", n, 0), bucket("shared-original", n, requests)),
+        lambda: model(batch.dense, batch.shared),
     )
 
 

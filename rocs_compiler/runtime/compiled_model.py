@@ -39,6 +39,7 @@ from . import no_backward
 from .input_checks import InputSpecs, row_count_error
 from .mislabel import MislabelWatch
 from .plain import PlainProgram, constant_output_positions
+from .original_arm import OriginalArm
 from .program_choice import (
     CLEAR_GAIN,
     CLEAR_SAVING,
@@ -60,6 +61,8 @@ from .settled_plain import (
     NOT_TAKEN,
     call_with_rows,
     run_settled_as_called,
+    run_as_original,
+    run_kept_original,
     run_settled_original,
     run_settled_plain,
 )
@@ -103,6 +106,27 @@ class InputContract:
         self._input_set = frozenset(self.input_names)
         self.batched_inputs = [n for n in self.input_names if self.batched[n]]
         self.candidate_inputs = [n for n in self.batched_inputs if n not in self.request_inputs]
+        self._first_batched = _locator(signature, self.batched_inputs[:1]) if nested else None
+
+    def first_rows(self, args: tuple, kwargs: dict) -> Optional[int]:
+        """The row count of the call's first batched input, read without naming the call's
+        leaves, for a parameter that is that tensor or a dict or batch object holding it; None
+        when it is not found so (the caller names the leaves)."""
+        where = self._first_batched
+        if where is None:
+            return None
+        param, position, key = where
+        if param in kwargs:
+            value = kwargs[param]
+        elif position is not None and position < len(args):
+            value = args[position]
+        else:
+            return None
+        if key is not None:
+            value = value.get(key) if type(value) is dict else getattr(value, key, None)
+        if not isinstance(value, torch.Tensor) or not value.dim():
+            return None
+        return value.shape[0]
 
     def leaves(self, args: tuple, kwargs: dict) -> dict[str, Any]:
         order = self._param_order
@@ -149,6 +173,20 @@ class InputContract:
         it = iter(tensors)
         flat = [next(it) if c is GRAPH_OUTPUT else c for c in self.out_constants]
         return pytree.tree_unflatten(flat, self.out_spec)
+
+
+def _locator(signature: inspect.Signature, names: list[str]) -> Optional[tuple]:
+    """``(parameter, its position or None, key or None)`` of the leaf ``names[0]``, a parameter or
+    one key or field of one (``InputContract.first_rows``); None for any other leaf."""
+    if not names:
+        return None
+    param, _, key = names[0].partition(".")
+    if param not in signature.parameters or "." in key:
+        return None
+    kinds = [p.kind for p in signature.parameters.values()]
+    position = list(signature.parameters).index(param)
+    positional = all(k == inspect.Parameter.POSITIONAL_OR_KEYWORD for k in kinds[: position + 1])
+    return param, position if positional else None, key or None
 
 
 def _nested_leaves(kwargs: dict) -> Optional[dict]:
@@ -256,6 +294,9 @@ class CompiledModel(nn.Module):
             plain = None
         object.__setattr__(self, "_plain", plain)
         object.__setattr__(self, "_choice", ProgramChoice() if plain is not None else None)
+        # Per bucket settled on the plain program, it or the original model (``original_arm.py``).
+        arm = OriginalArm() if plain is not None and original is not None else None
+        object.__setattr__(self, "_originals", arm)
         object.__setattr__(self, "_unit_flops", None)  # (per request, per candidate), on first use
         request_names = contract.request_inputs if contract is not None else ()
         self._request_set = frozenset(request_names)
@@ -324,13 +365,42 @@ class CompiledModel(nn.Module):
         return None if self._cache is None else self._cache.stats()
 
     def forward(self, *args, candidate_to_request: Optional[torch.Tensor] = None, **kwargs):
+        originals = self._originals
+        if originals is not None and originals.active and not torch.is_grad_enabled():
+            # Buckets that kept the original model (``runtime/original_arm.py``), before the
+            # guards: a drop-in row class, or a shared-layout bucket of a call as made.
+            if candidate_to_request is None:
+                rows = self.contract.first_rows(args, kwargs)
+                if (
+                    rows is not None
+                    and rows.bit_length() in originals.dropin_originals
+                    and not torch.compiler.is_compiling()
+                ):
+                    return self._call_original(args, kwargs)
+            elif (
+                originals.shared_originals
+                and not self.input_format.converts
+                and not torch.compiler.is_compiling()
+            ):
+                result = run_kept_original(self, args, kwargs, candidate_to_request)
+                if result is not NOT_TAKEN:
+                    return result
+        if self.input_format.converts:
+            return self._forward_format(args, kwargs, candidate_to_request, replicated=False)
+        if originals is not None and originals.active and self._choosing():
+            result = run_as_original(self, args, kwargs, candidate_to_request)
+            if result is not NOT_TAKEN:  # a settled bucket that kept the original model
+                return result
+        self._check_model()
+        return self._forward_leaves(args, kwargs, candidate_to_request, self._choosing())
+
+    def _check_model(self) -> None:
+        """Before a call that runs a compiled program: the original model is still the one
+        compiled (``runtime/guards.py``) and not wrapped by DDP since."""
         if not self._trains():  # a training call checks them where its program runs (``_train``)
             self._guards.check()
         elif self._ddp is not None:
             self._ddp.check()  # not past a DDP wrapping the original (``runtime/distributed.py``)
-        if self.input_format.converts:
-            return self._forward_format(args, kwargs, candidate_to_request, replicated=False)
-        return self._forward_leaves(args, kwargs, candidate_to_request, self._choosing())
 
     def _trains(self) -> bool:
         """True when this call is a training call (``_run``): the training program or, where its
@@ -352,26 +422,35 @@ class CompiledModel(nn.Module):
         call."""
         input_format = self.input_format
         choosing = self._choosing()  # a plain program, so a compiled graph
-        if choosing and not replicated:
-            result = run_settled_as_called(self, args, kwargs, index)
-            if result is not NOT_TAKEN:  # a bucket settled on the plain program, as called
-                return result
-        if self.graph_module is None:
-            return self._run_original(args, kwargs, None if replicated else index)
-        if choosing and not replicated:
-            self._refresh_copy()
+        original = None
+        if choosing and not replicated and self.graph_module is not None:
             original = input_format.original_program(self._original, args, kwargs, index)
             if original is not None:
                 if original.index is not None and not index_trusted():
                     check_index_range(original.index, original.requests)
                 key = bucket(f"{original.layout}-original", original.rows, original.requests)
-                return self._choice.run(
-                    key,
-                    lambda: self._program_call(
-                        input_format.program_call(args, kwargs, index, False), False
-                    ),
-                    original.run,
-                )
+                if self._choice.decided(key) == PLAIN:  # the original model: no guards needed
+                    self._refresh_copy()
+                    return original.run()
+        if choosing and not replicated:
+            # A bucket settled on the plain program, as called: the original model or, after
+            # the guards, the plain program on the call's tensors.
+            result = run_settled_as_called(self, args, kwargs, index)
+            if result is not NOT_TAKEN:
+                return result
+        if not replicated:  # ``call_replicated`` checked them
+            self._check_model()
+        if self.graph_module is None:
+            return self._run_original(args, kwargs, None if replicated else index)
+        if original is not None:
+            self._refresh_copy()
+            return self._choice.run(
+                key,
+                lambda: self._program_call(
+                    input_format.program_call(args, kwargs, index, False), False
+                ),
+                original.run,
+            )
         call = input_format.program_call(args, kwargs, index, replicated)
         return self._program_call(call, choosing)
 
@@ -390,7 +469,7 @@ class CompiledModel(nn.Module):
             leaves = given = {**leaves, **as_called}
         if index is not None and not replicated:  # a bucket settled on the plain program
             if choosing:
-                result = run_settled_plain(self, leaves, index)
+                result = run_settled_plain(self, args, kwargs, leaves, index)
             elif self._trains() and self._chooses_training():
                 result = run_settled_original(self, args, kwargs, leaves, index)
             else:
@@ -493,7 +572,7 @@ class CompiledModel(nn.Module):
         rows = self._batch_rows(leaves, self.contract.batched_inputs)
         row_class = bucket("dropin", rows)[:2]
         if choice.everywhere(row_class) == PLAIN:
-            return self._run_plain(leaves, None)
+            return self._plain_or_original(row_class + (0,), args, kwargs, leaves)
         start = now()
         requests, index, uniform = self._group(leaves)
         finding = now() - start
@@ -515,6 +594,27 @@ class CompiledModel(nn.Module):
             shared_extra=finding if alone else 0.0,
             margin=self._margin(rows, num_requests, DROPIN_MARGIN if alone else 0.0),
         )
+
+    def _plain_or_original(self, key: tuple, args: tuple, kwargs: dict, leaves: dict):
+        """A drop-in call of a row class settled on the plain program: the plain program, its
+        bucket noted for the measurement against the original model (``runtime/original_arm.py``,
+        which runs a kept original before the guards); a converted call (``formats/``) is in the
+        program's terms, not the original's."""
+        arm = self._originals
+        if arm is not None and not self.input_format.converts:
+            arm.note(key)
+        return self._run_plain(leaves, None)
+
+    def _checked_call(self, args: tuple, kwargs: dict, index):
+        """The call past the guards: what ``forward`` runs when no kept original takes it."""
+        self._check_model()
+        return self._forward_leaves(args, kwargs, index, True)
+
+    def _call_original(self, args: tuple, kwargs: dict):
+        """The original model on the call as made (a moved copy brought up to date first)."""
+        if self._original_is_copy:
+            self._refresh_copy()
+        return self._original(*args, **kwargs)
 
     def _settle_if_clear(self, key: tuple, rows: int, num_requests: int) -> Optional[str]:
         """``SHARED`` (and the bucket settled) when, for ``rows`` candidates of ``num_requests``
@@ -579,6 +679,12 @@ class CompiledModel(nn.Module):
         choices = {} if self._choice is None else self._choice.decisions()
         training = self._training.choice if self._training is not None else None
         return choices if training is None else {**choices, **training.decisions()}
+
+    def plain_runs(self) -> dict[tuple, str]:
+        """Per bucket settled on the plain program (``program_choices``), what its calls run once
+        measured: ``"plain program"`` or ``"original"``, the original model on the call as made
+        (``runtime/original_arm.py``)."""
+        return {} if self._originals is None else self._originals.decisions()
 
     def call_replicated(self, *args, candidate_to_request: torch.Tensor, **kwargs):
         """The original call (request inputs replicated, one row per candidate) with the

@@ -127,18 +127,20 @@ class ProgramChoice:
         settle: Callable[[], str | None] | None = None,
         shared_extra: float = 0.0,
         margin: float = 0.0,
+        clock: Callable[[], float] | None = None,
     ) -> Any:
-        """Run ``key``'s program: its decision, else ``settle()``'s, else the next trial, timed
-        (``shared_extra`` seconds spent before the call count toward the shared program, which
-        must lead by the fraction ``margin``)."""
+        """Run ``key``'s program: its decision, else ``settle()``'s, else the next trial, timed by
+        ``clock`` (default wall time; ``shared_extra`` seconds spent before the call count toward
+        the shared program, which must lead by the fraction ``margin``)."""
         program = self.decided(key) or (settle() if settle is not None else None)
         if program is not None:
             return plain() if program == PLAIN else shared()
         program = self.next_trial(key, margin)
-        start = now()
+        clock = clock or now
+        start = clock()
         result = plain() if program == PLAIN else shared()
         extra = shared_extra if program == SHARED else 0.0
-        self.record(key, program, now() - start + extra)
+        self.record(key, program, clock() - start + extra)
         return result
 
     def decisions(self) -> dict[tuple, str]:

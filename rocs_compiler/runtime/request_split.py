@@ -136,14 +136,16 @@ def _request_graph(nodes, requests, cut, symbol) -> fx.Graph:
     stray = [n for n in needed if n.op == "placeholder" and n not in requests]
     if stray:
         raise SplitRefused(f"request values read non-request input(s) {[n.name for n in stray]}")
-    for node in needed:
-        if node.op != "call_function":
-            continue
+    # In graph order, every random draw before any other reason: the refusal names the same
+    # node on every compile, and the reason a cache can never lift first.
+    computed = [n for n in nodes if n in needed and n.op == "call_function"]
+    for node in computed:
         if is_random(node.target) or dropout_in_training(node):
             raise SplitRefused(
                 f"request node {node.name} ({node.target}) draws random numbers: a cached row "
                 "would replay the draws of the call that computed it"
             )
+    for node in computed:
         if node.meta.get(PLACEMENT) != Role.REQUEST:
             continue
         if node.meta.get(BATCH_AXIS) is None and _sized_by_batch(node, symbol):

@@ -29,35 +29,124 @@ pieces'), one row count, and in the shared layout the index's type, length, devi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from ..formats.leaves import replace_leaves
 from ..kernels.index_contract import check_index_range, distinct_values, index_trusted
+from .original_arm import ORIGINAL, PROGRAM
 from .program_choice import PLAIN, ProgramChoice
 
 NOT_TAKEN = object()
 
 
-def run_settled_plain(model: Any, leaves: dict, index: Any) -> Any:
-    """``model``'s plain program on the shared-layout call (``leaves``, ``index``), or
-    :data:`NOT_TAKEN`. ``model`` is a ``CompiledModel`` whose call runs under its program choice
-    and takes its tensors as they are (no converting input format)."""
-    gathered = _settled_gather(model, model._choice, "shared", leaves, index)
+def run_settled_plain(model: Any, args: tuple, kwargs: dict, leaves: dict, index: Any) -> Any:
+    """``model``'s plain program, or the original model where the bucket kept it
+    (``original_arm.py``), on the shared-layout call (``args``, ``kwargs``, named ``leaves``,
+    ``index``), or :data:`NOT_TAKEN`. ``model`` is a ``CompiledModel`` whose call runs under its
+    program choice and takes its tensors as they are (no converting input format)."""
+    key, gathered = _settled_gather(model, model._choice, "shared", leaves, index)
     if gathered is NOT_TAKEN:
         return NOT_TAKEN
     contract, plain = model.contract, model._plain
     names = plain.input_names or contract.input_names
     inputs = [gathered[n] if n in gathered else leaves[n] for n in names]
+    arm = model._originals
+    if arm is not None and not model.input_format.converts:  # a converted call is not the
+        arm.note(key)  # original's: only a call as made is measured against the original model
     return contract.outputs(plain(inputs))
+
+
+def run_as_original(model: Any, args: tuple, kwargs: dict, index: Any) -> Any:
+    """The original model on the call (``args``, ``kwargs``; ``index`` None: drop-in), when its
+    bucket settled on the plain program and then kept the original model (``original_arm.py``),
+    or :data:`NOT_TAKEN`; while the bucket is measured, its next trial (the plain program's arm
+    is the whole checked call). Runs before the guards, which the original model does not need.
+    A drop-in call is placed by its first batched input's rows alone (the original model meets or
+    refuses the rest of the call itself); a shared-layout call's rows and index are checked as the
+    general path checks them (a call it refuses is not taken). ``model`` takes its tensors as they
+    are."""
+    contract, choice, arm = model.contract, model._choice, model._originals
+    if index is None:
+        rows = contract.first_rows(args, kwargs)  # the original checks that the others agree
+        if rows is not None and rows.bit_length() in arm.dropin_originals:
+            return model._call_original(args, kwargs)
+        if rows is None:
+            first = contract.leaves(args, kwargs).get(next(iter(contract.batched_inputs), None))
+            if not isinstance(first, torch.Tensor) or not first.dim():
+                return NOT_TAKEN
+            rows = first.shape[0]
+        row_class = ("dropin", rows.bit_length())
+        key = row_class + (0,)
+        kept = arm.decided(key)
+        if kept == PROGRAM or choice.everywhere(row_class) != PLAIN:
+            return NOT_TAKEN
+        if kept == ORIGINAL:
+            return model._call_original(args, kwargs)
+
+        def original():
+            return model._call_original(args, kwargs)
+    else:
+        if type(index) is not torch.Tensor:
+            return NOT_TAKEN
+        leaves = contract.leaves(args, kwargs)
+        key, gathered = _settled_gather(
+            model, choice, "shared", leaves, index, lambda k: arm.decided(k) != PROGRAM
+        )
+        if gathered is NOT_TAKEN:
+            return NOT_TAKEN
+        if arm.decided(key) == ORIGINAL:
+            model._refresh_copy()
+            return call_with_rows(model, args, kwargs, gathered)
+
+        def original():  # timed with its gather, as the program's arm is
+            model._refresh_copy()
+            rows = {n: leaves[n].index_select(0, index) for n in model._request_set}
+            return call_with_rows(model, args, kwargs, rows)
+
+    if not arm.measuring(key):  # measured once a lane ran the plain program in this bucket
+        return NOT_TAKEN
+    weight = next(model._original.parameters(), None)  # a trial: the call's clock by device
+    on_cpu = weight is None or weight.device.type == "cpu"
+    return arm.run(key, lambda: model._checked_call(args, kwargs, index), original, on_cpu)
+
+
+def run_kept_original(model: Any, args: tuple, kwargs: dict, index: torch.Tensor) -> Any:
+    """The original model on a shared-layout call (``args``, ``kwargs``, ``index``) of a bucket
+    that kept it (``original_arm.py``), its request rows gathered to the candidates, or
+    :data:`NOT_TAKEN`. The replicated call is what the original model answers, whatever the
+    candidate inputs' rows (it meets or refuses them itself); the index is checked as the
+    general path checks it: int64 ``[N]``, in range (by the gather), and with one request row per
+    candidate, a permutation."""
+    contract = model.contract
+    leaves = contract.leaves(args, kwargs)
+    first = leaves[contract.request_inputs[0]]
+    if type(index) is not torch.Tensor or index.dtype != torch.int64 or index.dim() != 1:
+        return NOT_TAKEN
+    if not first.dim() or first.is_cuda:  # a CUDA gather does not check the index's range
+        return NOT_TAKEN
+    num_candidates, num_requests = index.shape[0], first.shape[0]
+    key = ("shared", num_candidates.bit_length(), num_requests.bit_length())
+    if key not in model._originals.shared_originals:
+        return NOT_TAKEN
+    if num_requests == num_candidates > 1 and distinct_values(index) != num_candidates:
+        return NOT_TAKEN  # one row per candidate, grouped: the general path refuses it
+    try:
+        rows = {n: leaves[n].index_select(0, index) for n in model._request_set}
+    except (IndexError, RuntimeError):
+        return NOT_TAKEN  # the general path names the index or the rows
+    if model._original_is_copy:
+        model._refresh_copy()
+    return call_with_rows(model, args, kwargs, rows)
 
 
 def run_settled_original(model: Any, args: tuple, kwargs: dict, leaves: dict, index: Any) -> Any:
     """The original model on the shared-layout training call (``args``, ``kwargs``, named
     ``leaves``, ``index``) whose bucket chose it, or :data:`NOT_TAKEN`. ``model`` is a
     ``CompiledModel`` in a training call under its training choice (no converting format)."""
-    gathered = _settled_gather(model, model._training.choice, "train-shared", leaves, index)
+    _, gathered = _settled_gather(model, model._training.choice, "train-shared", leaves, index)
     if gathered is NOT_TAKEN:
         return NOT_TAKEN
     return call_with_rows(model, args, kwargs, gathered)
@@ -83,7 +172,8 @@ def run_settled_as_called(model: Any, args: tuple, kwargs: dict, index: Any) -> 
         return NOT_TAKEN  # the general path names the disagreeing rows
     choice = model._choice
     if index is None:
-        if choice.everywhere(("dropin", rows.bit_length())) != PLAIN:
+        key = ("dropin", rows.bit_length(), 0)
+        if choice.everywhere(key[:2]) != PLAIN:
             return NOT_TAKEN
     else:
         if (
@@ -96,10 +186,24 @@ def run_settled_as_called(model: Any, args: tuple, kwargs: dict, index: Any) -> 
         ):
             return NOT_TAKEN
         num_requests = check_index_range(index, rows)
-        if choice.decided(("shared", rows.bit_length(), num_requests.bit_length())) != PLAIN:
+        key = ("shared", rows.bit_length(), num_requests.bit_length())
+        if choice.decided(key) != PLAIN:
             return NOT_TAKEN
-    plain.input_specs.check(leaves)
-    return model.contract.outputs(plain(list(map(leaves.get, plain.input_names))))
+    arm = model._originals
+    kept = None if arm is None else arm.decided(key)
+    if kept == ORIGINAL:
+        return model._call_original(args, kwargs)  # the call as made: no guards needed
+
+    def program():
+        model._check_model()
+        plain.input_specs.check(leaves)
+        return model.contract.outputs(plain(list(map(leaves.get, plain.input_names))))
+
+    if kept == PROGRAM or arm is None:
+        return program()
+    arm.note(key)
+    return arm.run(key, program, lambda: model._call_original(args, kwargs),
+                   first.device.type == "cpu")
 
 
 def call_with_rows(model: Any, args: tuple, kwargs: dict, gathered: dict) -> Any:
@@ -112,38 +216,44 @@ def call_with_rows(model: Any, args: tuple, kwargs: dict, gathered: dict) -> Any
 
 
 def _settled_gather(
-    model: Any, choice: ProgramChoice, layout: str, leaves: dict, index: Any
-) -> Any:
-    """The request leaves gathered to one row per candidate, by name, when (``leaves``,
+    model: Any,
+    choice: ProgramChoice,
+    layout: str,
+    leaves: dict,
+    index: Any,
+    original: Callable[[tuple], bool] | None = None,
+) -> tuple[tuple | None, Any]:
+    """(bucket, the request leaves gathered to one row per candidate by name) when (``leaves``,
     ``index``) is a valid shared-layout call whose ``layout`` bucket ``choice`` settled on the
-    plain program; else :data:`NOT_TAKEN`."""
+    plain program (and, given ``original``, one for which it says True: the original model
+    runs, which needs no input specs); else ``(None, NOT_TAKEN)``."""
     contract = model.contract
     request_inputs = contract.request_inputs
     if not request_inputs or type(index) is not torch.Tensor:
-        return NOT_TAKEN
+        return None, NOT_TAKEN
     first = leaves[request_inputs[0]]
     if index.dtype != torch.int64 or index.dim() != 1 or not first.dim():
-        return NOT_TAKEN
+        return None, NOT_TAKEN
     num_candidates, num_requests = index.shape[0], first.shape[0]
     if num_requests == num_candidates > 1 and distinct_values(index) != num_candidates:
-        return NOT_TAKEN  # one row per candidate, grouped: the general path refuses it
+        return None, NOT_TAKEN  # one row per candidate, grouped: the general path refuses it
     key = (layout, num_candidates.bit_length(), num_requests.bit_length())
-    if choice.decided(key) != PLAIN:
-        return NOT_TAKEN
+    if choice.decided(key) != PLAIN or (original is not None and not original(key)):
+        return None, NOT_TAKEN
     candidate_inputs = contract.candidate_inputs
     for names, rows in ((request_inputs, num_requests), (candidate_inputs, num_candidates)):
         for name in names:
             value = leaves[name]
             if not value.dim() or value.shape[0] != rows:
-                return NOT_TAKEN
+                return None, NOT_TAKEN
     if index.device != (leaves[candidate_inputs[0]] if candidate_inputs else first).device:
-        return NOT_TAKEN
-    if model._input_specs is not None:
+        return None, NOT_TAKEN
+    if model._input_specs is not None and original is None:
         model._input_specs.check(leaves)
     if first.is_cuda and not index_trusted():  # a CPU gather checks the range itself
         check_index_range(index, num_requests)
     try:
-        return {n: leaves[n].index_select(0, index) for n in model._request_set}
+        return key, {n: leaves[n].index_select(0, index) for n in model._request_set}
     except IndexError:
         check_index_range(index, num_requests)  # raises IndexRangeError
         raise

@@ -11,6 +11,7 @@ import rocs_compiler as rocs
 from models_zoo.registry import ZOO
 from rocs_compiler.runtime import compiled_model, program_choice, settled_plain
 from rocs_compiler.runtime.program_choice import PLAIN, SHARED, TRIALS, ProgramChoice, bucket
+from rocs_compiler.runtime.original_arm import PROGRAM
 
 
 def test_trials_alternate_shared_first_and_the_lower_minimum_wins():
@@ -124,6 +125,9 @@ def test_a_bucket_keeps_the_program_its_calls_measured_faster(monkeypatch, fast)
         return result
 
     real_settled = compiled_model.run_settled_plain
+    # The settled plain bucket's own measurement against the original model is not this test's
+    # (tests/runtime/test_original_arm.py): it keeps the plain program.
+    cm._originals.settle(bucket("shared", 6, 3), PROGRAM)
     monkeypatch.setattr(program_choice, "now", fake_now)
     monkeypatch.setattr(cm, "_run_plain", plain)
     monkeypatch.setattr(cm, "_run", shared)
