@@ -108,6 +108,12 @@ class InputContract:
         self.candidate_inputs = [n for n in self.batched_inputs if n not in self.request_inputs]
         self._first_batched = _locator(signature, self.batched_inputs[:1]) if nested else None
 
+    @property
+    def places_rows(self) -> bool:
+        """Whether :meth:`first_rows` can read a call's rows (its first batched input is a
+        parameter, or one key or field of one)."""
+        return self._first_batched is not None
+
     def first_rows(self, args: tuple, kwargs: dict) -> Optional[int]:
         """The row count of the call's first batched input, read without naming the call's
         leaves, for a parameter that is that tensor or a dict or batch object holding it; None
@@ -387,9 +393,9 @@ class CompiledModel(nn.Module):
                     return result
         if self.input_format.converts:
             return self._forward_format(args, kwargs, candidate_to_request, replicated=False)
-        if originals is not None and originals.active and self._choosing():
+        if originals is not None and originals.measuring_any() and self._choosing():
             result = run_as_original(self, args, kwargs, candidate_to_request)
-            if result is not NOT_TAKEN:  # a settled bucket that kept the original model
+            if result is not NOT_TAKEN:  # a trial: the plain program or the original model
                 return result
         self._check_model()
         return self._forward_leaves(args, kwargs, candidate_to_request, self._choosing())
@@ -601,7 +607,7 @@ class CompiledModel(nn.Module):
         which runs a kept original before the guards); a converted call (``formats/``) is in the
         program's terms, not the original's."""
         arm = self._originals
-        if arm is not None and not self.input_format.converts:
+        if arm is not None and not self.input_format.converts and self.contract.places_rows:
             arm.note(key)
         return self._run_plain(leaves, None)
 

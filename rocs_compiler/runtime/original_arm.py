@@ -62,6 +62,10 @@ class OriginalArm:
                 self._pending.add(key)
                 self.active = True
 
+    def measuring_any(self) -> bool:
+        """Whether some noted bucket is not decided yet."""
+        return bool(self._pending)
+
     def measuring(self, key: tuple) -> bool:
         """Whether ``key`` was noted and is not decided yet."""
         return key in self._pending

@@ -60,66 +60,54 @@ def run_settled_plain(model: Any, args: tuple, kwargs: dict, leaves: dict, index
 
 
 def run_as_original(model: Any, args: tuple, kwargs: dict, index: Any) -> Any:
-    """The original model on the call (``args``, ``kwargs``; ``index`` None: drop-in), when its
-    bucket settled on the plain program and then kept the original model (``original_arm.py``),
-    or :data:`NOT_TAKEN`; while the bucket is measured, its next trial (the plain program's arm
-    is the whole checked call). Runs before the guards, which the original model does not need.
-    A drop-in call is placed by its first batched input's rows alone (the original model meets or
-    refuses the rest of the call itself); a shared-layout call's rows and index are checked as the
-    general path checks them (a call it refuses is not taken). ``model`` takes its tensors as they
-    are."""
+    """The next trial of the call's bucket (``args``, ``kwargs``; ``index`` None: drop-in) when
+    it settled on the plain program and is being measured against the original model
+    (``original_arm.py``), else :data:`NOT_TAKEN`. Each arm is timed as its calls will run once
+    kept: the plain program's as the whole checked call (guards included), the original's as
+    :func:`run_kept_original` or the drop-in lane of ``CompiledModel.forward`` (the row count of
+    the first batched input, then the original on the call as made). ``model`` takes its tensors
+    as they are."""
     contract, choice, arm = model.contract, model._choice, model._originals
     if index is None:
-        rows = contract.first_rows(args, kwargs)  # the original checks that the others agree
-        if rows is not None and rows.bit_length() in arm.dropin_originals:
-            return model._call_original(args, kwargs)
+        rows = contract.first_rows(args, kwargs)
         if rows is None:
-            first = contract.leaves(args, kwargs).get(next(iter(contract.batched_inputs), None))
-            if not isinstance(first, torch.Tensor) or not first.dim():
-                return NOT_TAKEN
-            rows = first.shape[0]
+            return NOT_TAKEN  # placed by the general path, which runs the plain program
         row_class = ("dropin", rows.bit_length())
         key = row_class + (0,)
-        kept = arm.decided(key)
-        if kept == PROGRAM or choice.everywhere(row_class) != PLAIN:
+        if not arm.measuring(key) or choice.everywhere(row_class) != PLAIN:
             return NOT_TAKEN
-        if kept == ORIGINAL:
-            return model._call_original(args, kwargs)
 
         def original():
+            contract.first_rows(args, kwargs)
             return model._call_original(args, kwargs)
     else:
         if type(index) is not torch.Tensor:
             return NOT_TAKEN
         leaves = contract.leaves(args, kwargs)
-        key, gathered = _settled_gather(
-            model, choice, "shared", leaves, index, lambda k: arm.decided(k) != PROGRAM
-        )
+        key, gathered = _settled_gather(model, choice, "shared", leaves, index, arm.measuring)
         if gathered is NOT_TAKEN:
             return NOT_TAKEN
-        if arm.decided(key) == ORIGINAL:
-            model._refresh_copy()
-            return call_with_rows(model, args, kwargs, gathered)
+        if index.is_cuda:  # no kept lane: a CUDA gather does not check the index's range
+            arm.settle(key, PROGRAM)
+            return NOT_TAKEN
 
-        def original():  # timed with its gather, as the program's arm is
-            model._refresh_copy()
-            rows = {n: leaves[n].index_select(0, index) for n in model._request_set}
-            return call_with_rows(model, args, kwargs, rows)
+        def original():
+            return run_kept_original(model, args, kwargs, index, measured=True)
 
-    if not arm.measuring(key):  # measured once a lane ran the plain program in this bucket
-        return NOT_TAKEN
     weight = next(model._original.parameters(), None)  # a trial: the call's clock by device
     on_cpu = weight is None or weight.device.type == "cpu"
     return arm.run(key, lambda: model._checked_call(args, kwargs, index), original, on_cpu)
 
 
-def run_kept_original(model: Any, args: tuple, kwargs: dict, index: torch.Tensor) -> Any:
+def run_kept_original(
+    model: Any, args: tuple, kwargs: dict, index: torch.Tensor, measured: bool = False
+) -> Any:
     """The original model on a shared-layout call (``args``, ``kwargs``, ``index``) of a bucket
     that kept it (``original_arm.py``), its request rows gathered to the candidates, or
     :data:`NOT_TAKEN`. The replicated call is what the original model answers, whatever the
     candidate inputs' rows (it meets or refuses them itself); the index is checked as the
     general path checks it: int64 ``[N]``, in range (by the gather), and with one request row per
-    candidate, a permutation."""
+    candidate, a permutation. ``measured``: a trial of the bucket, which has not kept it yet."""
     contract = model.contract
     leaves = contract.leaves(args, kwargs)
     first = leaves[contract.request_inputs[0]]
@@ -129,7 +117,7 @@ def run_kept_original(model: Any, args: tuple, kwargs: dict, index: torch.Tensor
         return NOT_TAKEN
     num_candidates, num_requests = index.shape[0], first.shape[0]
     key = ("shared", num_candidates.bit_length(), num_requests.bit_length())
-    if key not in model._originals.shared_originals:
+    if not measured and key not in model._originals.shared_originals:
         return NOT_TAKEN
     if num_requests == num_candidates > 1 and distinct_values(index) != num_candidates:
         return NOT_TAKEN  # one row per candidate, grouped: the general path refuses it
