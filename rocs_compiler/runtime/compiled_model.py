@@ -456,6 +456,7 @@ class CompiledModel(nn.Module):
                     input_format.program_call(args, kwargs, index, False), False
                 ),
                 original.run,
+                clock=self._trial_clock(original.index),
             )
         call = input_format.program_call(args, kwargs, index, replicated)
         return self._program_call(call, choosing)
@@ -486,9 +487,10 @@ class CompiledModel(nn.Module):
         if replicated and index is not None:
             if choosing and self._runs_as_given(given, index, replicated):
                 return self._run_plain(given, None)
-            start = now()
+            clock = self._trial_clock(index)
+            start = clock()
             leaves = self._reduce_leaves(leaves, index, replicated)
-            reducing = now() - start
+            reducing = clock() - start
         if choosing:
             if index is None:
                 return self._dropin_choosing(args, kwargs, leaves)
@@ -561,6 +563,7 @@ class CompiledModel(nn.Module):
             lambda: self._settle_if_clear(key, num_candidates, rows),
             shared_extra=reducing,
             margin=self._margin(num_candidates, rows),
+            clock=self._trial_clock(index),
         )
 
     def _shared_plain(self, leaves: dict, index: torch.Tensor, given: dict):
@@ -579,9 +582,10 @@ class CompiledModel(nn.Module):
         row_class = bucket("dropin", rows)[:2]
         if choice.everywhere(row_class) == PLAIN:
             return self._plain_or_original(row_class + (0,), args, kwargs, leaves)
-        start = now()
+        clock = self._trial_clock(leaves[self.contract.batched_inputs[0]])
+        start = clock()
         requests, index, uniform = self._group(leaves)
-        finding = now() - start
+        finding = clock() - start
         num_requests = next(iter(requests.values())).shape[0] if requests else rows
         key = bucket("dropin", rows, num_requests)
         program = choice.decided(key)
@@ -599,6 +603,7 @@ class CompiledModel(nn.Module):
             lambda: self._settle_if_clear(key, rows, num_requests),
             shared_extra=finding if alone else 0.0,
             margin=self._margin(rows, num_requests, DROPIN_MARGIN if alone else 0.0),
+            clock=clock,
         )
 
     def _plain_or_original(self, key: tuple, args: tuple, kwargs: dict, leaves: dict):
@@ -621,6 +626,13 @@ class CompiledModel(nn.Module):
         if self._original_is_copy:
             self._refresh_copy()
         return self._original(*args, **kwargs)
+
+    @staticmethod
+    def _trial_clock(tensor: Any = None) -> Callable[[], float]:
+        """The clock an inference trial is timed by (``program_choice.call_clock``): the thread's
+        CPU time for a call whose ``tensor`` (an input) is on the CPU, with one torch thread;
+        else, or without a tensor, wall time."""
+        return call_clock(isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu")
 
     def _settle_if_clear(self, key: tuple, rows: int, num_requests: int) -> Optional[str]:
         """``SHARED`` (and the bucket settled) when, for ``rows`` candidates of ``num_requests``
@@ -718,6 +730,7 @@ class CompiledModel(nn.Module):
             lambda: self._run_plain(leaves, None),  # the replicated rows, as the model takes them
             lambda: self._settle_if_clear(key, index.shape[0], num_requests),
             margin=self._margin(index.shape[0], num_requests),
+            clock=self._trial_clock(index),
         )
 
     def _run(self, args, kwargs, leaves, requests, index, uniform: Optional[int] = None):

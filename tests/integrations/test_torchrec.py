@@ -388,7 +388,7 @@ def test_a_saved_program_refuses_lengths_that_do_not_fit_the_ids(tmp_path, bad):
 def test_drop_in_calls_keep_the_faster_of_the_pieces_program_and_the_model(monkeypatch, fast):
     """Drop-in calls alternate between the pieces program and the original model until each
     has run TRIALS times, then keep the one measured faster (here by a fake clock)."""
-    from rocs_compiler.runtime import program_choice
+    from rocs_compiler.runtime import compiled_model, program_choice
     from rocs_compiler.runtime.program_choice import TRIALS, bucket
 
     model, request, _ = zoo.build("dlrm")
@@ -410,6 +410,7 @@ def test_drop_in_calls_keep_the_faster_of_the_pieces_program_and_the_model(monke
         return real_program(*args)
 
     monkeypatch.setattr(program_choice, "now", lambda: clock[0])
+    monkeypatch.setattr(compiled_model, "call_clock", lambda on_cpu=True: lambda: clock[0])
     object.__setattr__(compiled, "_original", model_call)
     monkeypatch.setattr(compiled, "_program_call", program_call)
     with torch.no_grad():

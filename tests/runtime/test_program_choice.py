@@ -73,9 +73,9 @@ def test_once_a_row_count_shares_its_other_buckets_compare_without_a_margin(monk
     seen = []
     real = ProgramChoice.run
 
-    def run(self, key, shared, plain, settle=None, shared_extra=0.0, margin=0.0):
+    def run(self, key, shared, plain, settle=None, shared_extra=0.0, margin=0.0, clock=None):
         seen.append((key, shared_extra, margin))
-        return real(self, key, shared, plain, settle, shared_extra, margin)
+        return real(self, key, shared, plain, settle, shared_extra, margin, clock)
 
     monkeypatch.setattr(ProgramChoice, "run", run)
     model = USER_ITEM_MLP.build()
@@ -129,6 +129,7 @@ def test_a_bucket_keeps_the_program_its_calls_measured_faster(monkeypatch, fast)
     # (tests/runtime/test_original_arm.py): it keeps the plain program.
     cm._originals.settle(bucket("shared", 6, 3), PROGRAM)
     monkeypatch.setattr(program_choice, "now", fake_now)
+    monkeypatch.setattr(compiled_model, "call_clock", lambda on_cpu=True: fake_now)
     monkeypatch.setattr(cm, "_run_plain", plain)
     monkeypatch.setattr(cm, "_run", shared)
     monkeypatch.setattr(compiled_model, "run_settled_plain", settled)

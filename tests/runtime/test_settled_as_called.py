@@ -187,6 +187,7 @@ def test_reducing_the_request_columns_counts_toward_the_shared_program(monkeypat
     clock = [0.0]
     monkeypatch.setattr(compiled_model, "now", lambda: clock[0])
     monkeypatch.setattr(program_choice, "now", lambda: clock[0])
+    monkeypatch.setattr(compiled_model, "call_clock", lambda on_cpu=True: lambda: clock[0])
 
     def costing(method, seconds):
         def run(*args, **kwargs):
