@@ -197,6 +197,17 @@ class Case:
 # Models
 
 
+class NothingShared(nn.Module):
+    """The request features enter through a product with the candidate's: nothing request-only."""
+
+    def __init__(self):
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+
+    def forward(self, user, item):
+        return self.mlp(user * item).squeeze(1)
+
+
 class UserItemMLP(nn.Module):
     """Row-wise: user tower with an embedding, item tower, concatenation and a head."""
 

@@ -12,23 +12,13 @@ import torch
 from torch import nn
 
 import rocs_compiler as rocs
+from models_for_tests import NothingShared
 from rocs_compiler.errors import CompileError
 from rocs_compiler.runtime import compiled_model, original_arm, plain
 from rocs_compiler.runtime.original_arm import ARM_TRIALS, ORIGINAL, PROGRAM
 from rocs_compiler.runtime.program_choice import PLAIN, bucket
 
 CALLS = 2 * ARM_TRIALS + 4  # past both arms' trials
-
-
-class NothingShared(nn.Module):
-    """The request features enter through a product with the candidate's: nothing request-only."""
-
-    def __init__(self):
-        super().__init__()
-        self.mlp = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
-
-    def forward(self, user, item):
-        return self.mlp(user * item).squeeze(1)
 
 
 class DictModel(NothingShared):
@@ -74,6 +64,16 @@ def _settle_plain(cm, counts):
     rows = sum(counts)
     cm._choice.settle(bucket("dropin", rows, len(counts)), PLAIN)
     cm._choice.settle(bucket("shared", rows, len(counts)), PLAIN)
+
+
+def _kept(arm: str):
+    """(model, its tensors compile, counts): the buckets of calls of ``counts`` kept ``arm``."""
+    model, cm, _ = _compiled("tensors")
+    counts = [3, 2, 6]
+    _settle_plain(cm, counts)
+    for key in _arm_keys(counts):
+        cm._originals.settle(key, arm)
+    return model, cm, counts
 
 
 def _arm_keys(counts):
@@ -137,11 +137,7 @@ def test_the_faster_arm_is_kept(monkeypatch, slow, kept):
 
 
 def test_a_kept_plain_program_never_calls_the_original():
-    model, cm, wrap = _compiled("tensors")
-    counts = [3, 2, 6]
-    _settle_plain(cm, counts)
-    for key in _arm_keys(counts):
-        cm._originals.settle(key, PROGRAM)
+    model, cm, counts = _kept(PROGRAM)
     forwards = []
     model.register_forward_pre_hook(lambda *_: forwards.append(1))
     user, item, index = _batch(counts)
@@ -154,11 +150,7 @@ def test_a_kept_plain_program_never_calls_the_original():
 def test_a_kept_original_runs_the_call_as_made_and_follows_a_changed_model():
     """A kept original is the model as it is now: a module swapped for another class, which the
     guards refuse for a compiled program, is what such a bucket's calls run."""
-    model, cm, wrap = _compiled("tensors")
-    counts = [3, 2, 6]
-    _settle_plain(cm, counts)
-    for key in _arm_keys(counts):
-        cm._originals.settle(key, ORIGINAL)
+    model, cm, counts = _kept(ORIGINAL)
     model.mlp[1] = nn.Tanh()
     user, item, index = _batch(counts)
     with torch.no_grad():
@@ -170,11 +162,7 @@ def test_a_kept_original_runs_the_call_as_made_and_follows_a_changed_model():
 
 
 def test_a_kept_original_is_not_taken_in_grad_mode_nor_for_a_bad_index():
-    model, cm, wrap = _compiled("tensors")
-    counts = [3, 2, 6]
-    _settle_plain(cm, counts)
-    for key in _arm_keys(counts):
-        cm._originals.settle(key, ORIGINAL)
+    model, cm, counts = _kept(ORIGINAL)
     user, item, index = _batch(counts)
     forwards = []
     model.register_forward_pre_hook(lambda *_: forwards.append(1))

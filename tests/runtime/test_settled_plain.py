@@ -10,21 +10,11 @@ import torch
 from torch import nn
 
 import rocs_compiler as rocs
+from models_for_tests import NothingShared
 from rocs_compiler.errors import InputError
 from rocs_compiler.kernels.index_contract import IndexRangeError, IndexTypeError
 from rocs_compiler.runtime import compiled_model, settled_plain
 from rocs_compiler.runtime.program_choice import PLAIN, SHARED, bucket
-
-
-class NothingShared(nn.Module):
-    """The request features enter through a product with the candidate's: nothing request-only."""
-
-    def __init__(self):
-        super().__init__()
-        self.mlp = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
-
-    def forward(self, user, item):
-        return self.mlp(user * item).squeeze(1)
 
 
 def _compiled():
