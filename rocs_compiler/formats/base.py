@@ -104,6 +104,12 @@ class InputFormat:
         in place of the compiled program's plain version; None: the plain program runs."""
         return None
 
+    def dropin_original_rows(self, args: tuple, kwargs: dict) -> Optional[int]:
+        """The rows of a drop-in call the format offers to the original model as called
+        (:meth:`original_program`, layout :data:`DROPIN`), read without binding the call; None
+        when it cannot say so quickly (:meth:`original_program` then decides)."""
+        return None
+
     def run_original(
         self, original: nn.Module, args: tuple, kwargs: dict, index: Optional[torch.Tensor]
     ) -> Any:

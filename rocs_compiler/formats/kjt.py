@@ -289,6 +289,19 @@ class KJTFormat(InputFormat):
         self.splits = splits
         self._pools_only = pools_only
         self._order = parameter_order(signature)
+        # One KJT argument, positional or keyword: a drop-in call's rows are its stride.
+        self._kjt_at = None
+        if len(splits) == 1 and self._order is not None:
+            self._kjt_at = (splits[0].argument, self._order.index(splits[0].argument))
+
+    def dropin_original_rows(self, args, kwargs):
+        if self._kjt_at is None or len(args) + len(kwargs) != len(self._order):
+            return None
+        name, position = self._kjt_at
+        kjt = args[position] if position < len(args) else kwargs.get(name)
+        if not is_kjt(kjt) or kjt.variable_stride_per_key():
+            return None
+        return kjt.stride()
 
     def program_call(self, args, kwargs, index, replicated):
         bound = bind_inputs(self.signature, args, kwargs)

@@ -575,3 +575,25 @@ def test_the_request_cache_serves_the_dlrm_in_every_layout():
                 assert torch.equal(first, second), (counts, layout)
                 assert cache.stats()["hits"] >= hits + len(counts), (counts, layout)
                 torch.testing.assert_close(second, want, rtol=1e-5, atol=1e-6, msg=layout)
+
+
+def test_a_drop_in_bucket_that_chose_the_model_runs_it_as_called():
+    """A drop-in bucket whose program choice kept the original model runs it on the call as
+    made, positional or keyword, without the guards: the model as it is now (an over-arch of
+    another class, which the guards refuse for a compiled program, is what it runs). A KJT with
+    a batch size per key (the shared layout) does not take that lane."""
+    from rocs_compiler.runtime.program_choice import PLAIN, bucket
+
+    model, request, _ = zoo.build("dlrm")
+    compiled = _compile(model, request)
+    batch = zoo.draw([3, 1, 2], seed=15, histories=[2, 0, 3])
+    compiled._choice.settle(bucket("dropin-original", batch.kjt.stride()), PLAIN)
+    model.over_arch = nn.Sequential(nn.Linear(18, 1)).eval()
+    with torch.no_grad():
+        want = model(batch.dense, batch.kjt)
+        torch.testing.assert_close(compiled(batch.dense, batch.kjt), want)
+        torch.testing.assert_close(
+            compiled(dense_features=batch.dense, sparse_features=batch.kjt), want
+        )
+        with pytest.raises(rocs.CompileError, match=r"model\.over_arch was replaced"):
+            compiled(batch.dense, batch.shared)
