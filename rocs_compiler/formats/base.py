@@ -72,6 +72,7 @@ class InputFormat:
 
     converts = False
     name = "tensors"
+    offers_original = False  # whether :meth:`original_program` can offer the original model
 
     def __init__(self, signature: inspect.Signature, request_names: Sequence[str]):
         self.signature = signature

@@ -283,6 +283,7 @@ class KJTFormat(InputFormat):
 
     converts = True
     name = "KeyedJaggedTensor keys"
+    offers_original = True
 
     def __init__(self, signature, splits: list[KJTSplit], request_names, pools_only: bool):
         super().__init__(signature, request_names)

@@ -428,14 +428,15 @@ class CompiledModel(nn.Module):
         call."""
         input_format = self.input_format
         choosing = self._choosing()  # a plain program, so a compiled graph
-        if choosing and not replicated and index is None:
+        offers = choosing and not replicated and input_format.offers_original
+        if offers and index is None:
             rows = input_format.dropin_original_rows(args, kwargs)
             if rows is not None and self._choice.decided(
                 ("dropin-original", rows.bit_length(), 0)
             ) == PLAIN:  # the original model on the call as made: no guards needed
                 return self._call_original(args, kwargs)
         original = None
-        if choosing and not replicated and self.graph_module is not None:
+        if offers and self.graph_module is not None:
             original = input_format.original_program(self._original, args, kwargs, index)
             if original is not None:
                 if original.index is not None and not index_trusted():

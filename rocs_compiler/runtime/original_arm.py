@@ -54,10 +54,11 @@ class OriginalArm:
         # the plain program finds no requests, so no new bucket of it is ever measured again.
         self.dropin_originals: set[int] = set()
         self.shared_originals: set[tuple] = set()  # shared-layout buckets that kept the original
+        self.kept: dict[tuple, str] = {}  # bucket -> PROGRAM or ORIGINAL, read without a lock
 
     def note(self, key: tuple) -> None:
         """A call of ``key``, a bucket settled on the plain program, ran the plain program."""
-        if key not in self._pending and self._choice.decided(key) is None:
+        if key not in self._pending and key not in self.kept:
             with self._lock:
                 self._pending.add(key)
                 self.active = True
@@ -72,8 +73,7 @@ class OriginalArm:
 
     def decided(self, key: tuple) -> str | None:
         """:data:`ORIGINAL`, :data:`PROGRAM`, or None: not measured yet."""
-        arm = self._choice.decided(key)
-        return None if arm is None else _ARM[arm]
+        return self.kept.get(key)
 
     def run(self, key: tuple, program: Callable[[], Any], original: Callable[[], Any],
             on_cpu: bool = True) -> Any:
@@ -88,6 +88,7 @@ class OriginalArm:
     def _decided(self, key: tuple) -> None:
         with self._lock:
             self._pending.discard(key)
+            self.kept[key] = _ARM[self._choice.decided(key)]
             if self._choice.decided(key) == PLAIN and key[0] == "dropin":
                 self.dropin_originals.add(key[1])
             elif self._choice.decided(key) == PLAIN and key[0] == "shared":

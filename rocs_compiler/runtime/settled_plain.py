@@ -178,17 +178,19 @@ def run_settled_as_called(model: Any, args: tuple, kwargs: dict, index: Any) -> 
         if choice.decided(key) != PLAIN:
             return NOT_TAKEN
     arm = model._originals
-    kept = None if arm is None else arm.decided(key)
+    kept = None if arm is None else arm.kept.get(key)
     if kept == ORIGINAL:
         return model._call_original(args, kwargs)  # the call as made: no guards needed
+    if kept == PROGRAM or arm is None:  # a decided bucket: no closures per call
+        model._check_model()
+        plain.input_specs.check(leaves)
+        return model.contract.outputs(plain(list(map(leaves.get, plain.input_names))))
 
     def program():
         model._check_model()
         plain.input_specs.check(leaves)
         return model.contract.outputs(plain(list(map(leaves.get, plain.input_names))))
 
-    if kept == PROGRAM or arm is None:
-        return program()
     arm.note(key)
     return arm.run(key, program, lambda: model._call_original(args, kwargs),
                    first.device.type == "cpu")
