@@ -372,22 +372,19 @@ class CompiledModel(nn.Module):
 
     def forward(self, *args, candidate_to_request: Optional[torch.Tensor] = None, **kwargs):
         originals = self._originals
-        if originals is not None and originals.active and not torch.is_grad_enabled():
+        if (
+            originals is not None
+            and originals.active
+            and not torch.is_grad_enabled()
+            and not torch.compiler.is_compiling()
+        ):
             # Buckets that kept the original model (``runtime/original_arm.py``), before the
             # guards: a drop-in row class, or a shared-layout bucket of a call as made.
             if candidate_to_request is None:
                 rows = self.contract.first_rows(args, kwargs)
-                if (
-                    rows is not None
-                    and rows.bit_length() in originals.dropin_originals
-                    and not torch.compiler.is_compiling()
-                ):
+                if rows is not None and rows.bit_length() in originals.dropin_originals:
                     return self._call_original(args, kwargs)
-            elif (
-                originals.shared_originals
-                and not self.input_format.converts
-                and not torch.compiler.is_compiling()
-            ):
+            elif originals.shared_originals and not self.input_format.converts:
                 result = run_kept_original(self, args, kwargs, candidate_to_request)
                 if result is not NOT_TAKEN:
                     return result
@@ -588,7 +585,7 @@ class CompiledModel(nn.Module):
         rows = self._batch_rows(leaves, self.contract.batched_inputs)
         row_class = bucket("dropin", rows)[:2]
         if choice.everywhere(row_class) == PLAIN:
-            return self._plain_or_original(row_class + (0,), args, kwargs, leaves)
+            return self._settled_dropin_plain(row_class + (0,), leaves)
         clock = self._trial_clock(leaves[self.contract.batched_inputs[0]])
         start = clock()
         requests, index, uniform = self._group(leaves)
@@ -613,7 +610,7 @@ class CompiledModel(nn.Module):
             clock=clock,
         )
 
-    def _plain_or_original(self, key: tuple, args: tuple, kwargs: dict, leaves: dict):
+    def _settled_dropin_plain(self, key: tuple, leaves: dict):
         """A drop-in call of a row class settled on the plain program: the plain program, its
         bucket noted for the measurement against the original model (``runtime/original_arm.py``,
         which runs a kept original before the guards); a converted call (``formats/``) is in the

@@ -39,11 +39,11 @@ _ARM = {SHARED: PROGRAM, PLAIN: ORIGINAL}  # the inner choice's arms: the progra
 class OriginalArm:
     """Per settled plain bucket, whether its calls run the plain program or the original model.
 
-    A lane that runs the plain program in a settled bucket notes its key (:meth:`note`); while a noted
-    key is undecided or some key kept the original, :attr:`active` is True and calls look up
-    their bucket before the guards (``settled_plain.run_as_original``), where a trial times each
-    arm as a whole call: the original model alone, or the guards and everything the plain
-    program's call runs."""
+    A lane that runs the plain program in a settled bucket notes its key (:meth:`note`); while a
+    noted key is undecided (:meth:`measuring_any`) calls look up their bucket before the guards
+    (``settled_plain.run_as_original``), where a trial times each arm as its kept lane runs, and
+    while a noted key is undecided or some key kept the original (:attr:`active`) calls look for
+    a kept original before the guards (``CompiledModel.forward``)."""
 
     def __init__(self, trials: int = ARM_TRIALS):
         self._choice = ProgramChoice(trials)
@@ -71,10 +71,6 @@ class OriginalArm:
         """Whether ``key`` was noted and is not decided yet."""
         return key in self._pending
 
-    def decided(self, key: tuple) -> str | None:
-        """:data:`ORIGINAL`, :data:`PROGRAM`, or None: not measured yet."""
-        return self.kept.get(key)
-
     def run(self, key: tuple, program: Callable[[], Any], original: Callable[[], Any],
             on_cpu: bool = True) -> Any:
         """``key``'s call: the arm it kept, else the next trial, timed by the call's clock."""
@@ -88,12 +84,12 @@ class OriginalArm:
     def _decided(self, key: tuple) -> None:
         with self._lock:
             self._pending.discard(key)
-            self.kept[key] = _ARM[self._choice.decided(key)]
-            if self._choice.decided(key) == PLAIN and key[0] == "dropin":
+            arm = self.kept[key] = _ARM[self._choice.decided(key)]
+            if arm == ORIGINAL and key[0] == "dropin":
                 self.dropin_originals.add(key[1])
-            elif self._choice.decided(key) == PLAIN and key[0] == "shared":
+            elif arm == ORIGINAL and key[0] == "shared":
                 self.shared_originals.add(key)
-            self.active = bool(self._pending) or ORIGINAL in self.decisions().values()
+            self.active = bool(self._pending) or ORIGINAL in self.kept.values()
 
     def settle(self, key: tuple, arm: str) -> None:
         """Decide ``key`` for ``arm`` (:data:`PROGRAM` or :data:`ORIGINAL`) without trials."""
@@ -104,4 +100,4 @@ class OriginalArm:
 
     def decisions(self) -> dict[tuple, str]:
         """``{bucket: "plain program" | "original"}`` decided so far."""
-        return {key: _ARM[arm] for key, arm in self._choice.decisions().items()}
+        return dict(self.kept)

@@ -182,18 +182,19 @@ def run_settled_as_called(model: Any, args: tuple, kwargs: dict, index: Any) -> 
     if kept == ORIGINAL:
         return model._call_original(args, kwargs)  # the call as made: no guards needed
     if kept == PROGRAM or arm is None:  # a decided bucket: no closures per call
-        model._check_model()
-        plain.input_specs.check(leaves)
-        return model.contract.outputs(plain(list(map(leaves.get, plain.input_names))))
-
-    def program():
-        model._check_model()
-        plain.input_specs.check(leaves)
-        return model.contract.outputs(plain(list(map(leaves.get, plain.input_names))))
-
+        return _plain_as_called(model, leaves)
     arm.note(key)
-    return arm.run(key, program, lambda: model._call_original(args, kwargs),
-                   first.device.type == "cpu")
+    return arm.run(key, lambda: _plain_as_called(model, leaves),
+                   lambda: model._call_original(args, kwargs), first.device.type == "cpu")
+
+
+def _plain_as_called(model: Any, leaves: dict) -> Any:
+    """``model``'s plain program on the call's own tensors ``leaves``, past the guards and the
+    program's input specs."""
+    plain = model._plain
+    model._check_model()
+    plain.input_specs.check(leaves)
+    return model.contract.outputs(plain(list(map(leaves.get, plain.input_names))))
 
 
 def call_with_rows(model: Any, args: tuple, kwargs: dict, gathered: dict) -> Any:
