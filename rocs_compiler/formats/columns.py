@@ -236,6 +236,7 @@ class ColumnFormat(InputFormat):
             name for split in splits for name in split.request_names()
         )
         self._order = parameter_order(signature)
+        self._parameters = None if self._order is None else frozenset(self._order)
 
     def program_call(self, args, kwargs, index, replicated):
         args, kwargs, whole = to_pieces(self.signature, self.splits, args, kwargs)
@@ -248,9 +249,12 @@ class ColumnFormat(InputFormat):
     def called_leaves(self, args, kwargs):
         """The call's arguments by parameter name, when every one is given once and is a tensor
         (the packed ones whole): what the plain graph takes, unless it takes nested leaves."""
-        named = given_by_name(self._order, args, kwargs)
-        if named is None:
-            return None
+        if not args and kwargs.keys() == self._parameters:  # every parameter by keyword
+            named = kwargs
+        else:
+            named = given_by_name(self._order, args, kwargs)
+            if named is None:
+                return None
         for value in named.values():
             if not isinstance(value, torch.Tensor):
                 return None

@@ -158,31 +158,31 @@ def run_settled_as_called(model: Any, args: tuple, kwargs: dict, index: Any) -> 
         not v.dim() or v.shape[0] != rows for v in map(leaves.get, batched)
     ):
         return NOT_TAKEN  # the general path names the disagreeing rows
-    choice = model._choice
     if index is None:
         key = ("dropin", rows.bit_length(), 0)
-        if choice.everywhere(key[:2]) != PLAIN:
+        if model._choice.everywhere(key[:2]) != PLAIN:
             return NOT_TAKEN
     else:
         if (
-            model.input_format.request_names  # request inputs with R rows: gathered, checked
-            or type(index) is not torch.Tensor
+            type(index) is not torch.Tensor
             or index.dtype != torch.int64
-            or index.dim() != 1
-            or index.shape[0] != rows
+            or index.shape != (rows,)
             or index.device != first.device
+            or model.input_format.request_names  # request inputs with R rows: gathered, checked
         ):
             return NOT_TAKEN
         num_requests = check_index_range(index, rows)
         key = ("shared", rows.bit_length(), num_requests.bit_length())
-        if choice.decided(key) != PLAIN:
+        if model._choice.decided(key) != PLAIN:
             return NOT_TAKEN
     arm = model._originals
-    kept = None if arm is None else arm.kept.get(key)
+    kept = PROGRAM if arm is None else arm.kept.get(key)
+    if kept == PROGRAM:  # a decided bucket: no closures per call
+        model._check_model()
+        plain.input_specs.check(leaves)
+        return model.contract.outputs(plain(list(map(leaves.get, plain.input_names))))
     if kept == ORIGINAL:
         return model._call_original(args, kwargs)  # the call as made: no guards needed
-    if kept == PROGRAM or arm is None:  # a decided bucket: no closures per call
-        return _plain_as_called(model, leaves)
     arm.note(key)
     return arm.run(key, lambda: _plain_as_called(model, leaves),
                    lambda: model._call_original(args, kwargs), first.device.type == "cpu")
