@@ -18,7 +18,10 @@ weight version check, guards, output tree); ``drop-in - program`` adds finding t
 input format (tensors, dict, batch object, column ranges, KJT; ``settled_formats.py``): the
 drop-in and shared-layout calls against the original model, and their difference, at R requests
 of N candidates each; for a format whose original model takes the shared-layout call itself (KJT),
-also the shared call against the original model on that call. Each case is called
+also the shared call against the original model on that call, checked and inside
+``rocs.trusted_index()`` (the model reads the KJT's inverse indices unchecked). Differences are
+medians over rounds of one round's difference, each round starting from the next call in turn, so
+that a drift of the machine's speed over the run moves both sides alike. Each case is called
 ``WARM_UP`` times first, past its buckets' trials of the plain program against the original model
 (``runtime/original_arm.py``); the last column says which one its buckets kept.
 
@@ -48,16 +51,32 @@ from settled_formats import format_cases
 WARM_UP = 40  # calls of each layout before a settled format case is timed
 
 
-def time_round_robin(calls: dict, rounds: int, loops: int) -> dict[str, float]:
-    """Median microseconds per call of each of ``calls``."""
+def round_robin_samples(calls: dict, rounds: int, loops: int) -> dict[str, list[float]]:
+    """Microseconds per call of each of ``calls``, one sample a round; each round starts from
+    the next call in turn, so that no call always runs after the same one."""
     samples = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, call in calls.items():
+    names = list(calls)
+    for round_ in range(rounds):
+        start_at = round_ % len(names)
+        for name in names[start_at:] + names[:start_at]:
+            call = calls[name]
             start = time.thread_time()
             for _ in range(loops):
                 call()
             samples[name].append((time.thread_time() - start) / loops * 1e6)
+    return samples
+
+
+def time_round_robin(calls: dict, rounds: int, loops: int) -> dict[str, float]:
+    """Median microseconds per call of each of ``calls``."""
+    samples = round_robin_samples(calls, rounds, loops)
     return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def paired(samples: dict[str, list[float]], name: str, baseline: str) -> float:
+    """The median over rounds of ``name``'s sample minus ``baseline``'s of the same round: a
+    drift of the machine's speed over the run moves both alike."""
+    return statistics.median(a - b for a, b in zip(samples[name], samples[baseline]))
 
 
 def profile(call, calls: int = 1000, top: int = 20) -> str:
@@ -123,8 +142,9 @@ def main() -> None:
 def formats_table(args) -> None:
     """One row per input format: a bucket settled on the plain program against eager."""
     print("| format | eager us | drop-in us | shared us | drop-in - eager | shared - eager | "
-          "original on the shared call us | shared - that | runs (drop-in, shared) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+          "original on the shared call us | shared - that | trusted shared - that | "
+          "runs (drop-in, shared) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     with torch.no_grad():
         for case in format_cases(args.requests, args.candidates):
             calls = {"eager": case.eager, "dropin": case.dropin, "shared": case.shared}
@@ -134,15 +154,22 @@ def formats_table(args) -> None:
             runs = ", ".join(kept.get(layout, "original") for layout in ("dropin", "shared"))
             if case.original_shared is not None:
                 calls["original_shared"] = case.original_shared
-            t = time_round_robin(calls, args.rounds, args.loops)
+            if case.trusted_shared is not None:
+                calls["trusted_shared"] = case.trusted_shared
+            samples = round_robin_samples(calls, args.rounds, args.loops)
+            t = {name: statistics.median(v) for name, v in samples.items()}
             as_called = (
-                f"{t['original_shared']:.1f} | {t['shared'] - t['original_shared']:+.1f}"
+                f"{t['original_shared']:.1f} | {paired(samples, 'shared', 'original_shared'):+.1f}"
                 if "original_shared" in t else "- | -"
+            )
+            as_called += (
+                f" | {paired(samples, 'trusted_shared', 'original_shared'):+.1f}"
+                if "trusted_shared" in t else " | -"
             )
             print(
                 f"| {case.name} | {t['eager']:.1f} | {t['dropin']:.1f} | {t['shared']:.1f} | "
-                f"{t['dropin'] - t['eager']:+.1f} | {t['shared'] - t['eager']:+.1f} | "
-                f"{as_called} | {runs} |",
+                f"{paired(samples, 'dropin', 'eager'):+.1f} | "
+                f"{paired(samples, 'shared', 'eager'):+.1f} | {as_called} | {runs} |",
                 flush=True,
             )
             if args.profile:

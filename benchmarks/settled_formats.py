@@ -19,7 +19,9 @@ calling the model itself; ``shared - eager`` adds the gather of the request rows
 eager call's caller did before the call (a column-range call passes its request rows as they
 come, so it gathers nothing). A KJT model takes the shared-layout KJT itself (TorchRec's inverse
 indices: its lookups expand the request keys' pooled rows), so that call is also timed against
-the original model on it (``original_shared``), which is what its settled bucket runs.
+the original model on it (``original_shared``), which is what its settled bucket runs, and so is
+the same call inside ``rocs.trusted_index()`` (``trusted_shared``), where the model reads the
+inverse indices unchecked: what a serving caller that builds them runs.
 """
 
 from __future__ import annotations
@@ -95,6 +97,9 @@ class FormatCase:
     # The original model on the shared-layout call itself, where it takes that call (a KJT
     # with TorchRec's inverse indices): what a shared call settled on the original runs.
     original_shared: Callable[[], object] | None = None
+    # That call inside ``rocs.trusted_index()``, where a format reads the call's own grouping
+    # unchecked (a KJT's inverse indices).
+    trusted_shared: Callable[[], object] | None = None
 
 
 def _ids(requests: int, per_request: int, seed: int = 0):
@@ -160,7 +165,13 @@ def _kjt_case(requests, per_request) -> FormatCase | None:
         cm,
         (bucket("dropin-original", n, 0), bucket("shared-original", n, requests)),
         lambda: model(batch.dense, batch.shared),
+        lambda: _trusted(cm, batch.dense, batch.shared),
     )
+
+
+def _trusted(cm, *args):
+    with rocs.trusted_index():
+        return cm(*args)
 
 
 def format_cases(requests: int, per_request: int) -> list[FormatCase]:

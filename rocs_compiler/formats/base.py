@@ -105,10 +105,13 @@ class InputFormat:
         in place of the compiled program's plain version; None: the plain program runs."""
         return None
 
-    def dropin_original_rows(self, args: tuple, kwargs: dict) -> Optional[int]:
-        """The rows of a drop-in call the format offers to the original model as called
-        (:meth:`original_program`, layout :data:`DROPIN`), read without binding the call; None
-        when it cannot say so quickly (:meth:`original_program` then decides)."""
+    def original_sizes(self, args: tuple, kwargs: dict, trusted: bool) -> Optional[tuple]:
+        """``(layout, rows, requests)`` of a call without ``candidate_to_request`` that the format
+        offers to the original model as called (:meth:`original_program`), read without binding
+        the call: a drop-in call (requests 0), and with ``trusted`` (``rocs.trusted_index()``) a
+        shared call that states its grouping itself (a KJT's inverse indices, not read); None
+        when it cannot say so quickly (:meth:`original_program` then decides, checking the
+        grouping)."""
         return None
 
     def run_original(

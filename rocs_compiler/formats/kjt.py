@@ -295,14 +295,24 @@ class KJTFormat(InputFormat):
         if len(splits) == 1 and self._order is not None:
             self._kjt_at = (splits[0].argument, self._order.index(splits[0].argument))
 
-    def dropin_original_rows(self, args, kwargs):
+    def original_sizes(self, args, kwargs, trusted):
         if self._kjt_at is None or len(args) + len(kwargs) != len(self._order):
             return None
         name, position = self._kjt_at
         kjt = args[position] if position < len(args) else kwargs.get(name)
-        if not is_kjt(kjt) or kjt.variable_stride_per_key():
+        if not is_kjt(kjt):
             return None
-        return kjt.stride()
+        if not kjt.variable_stride_per_key():
+            return DROPIN, kjt.stride(), 0
+        if not trusted or not self._pools_only or self.request_names:
+            return None  # request leaves beside the KJT are gathered by the checked path
+        inverse = kjt.inverse_indices_or_none()
+        if inverse is None or not isinstance(inverse[1], torch.Tensor) or inverse[1].dim() != 2:
+            return None
+        split = self.splits[0]
+        rows = split.rows(kjt)
+        requests = max((rows.get(k, 0) for k in split.request), default=0)
+        return SHARED, inverse[1].shape[1], requests
 
     def program_call(self, args, kwargs, index, replicated):
         bound = bind_inputs(self.signature, args, kwargs)

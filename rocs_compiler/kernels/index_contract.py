@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import torch
 
@@ -28,19 +28,27 @@ _SMALL = 64  # indexes up to this length are range-checked in Python
 _TRUSTED = contextvars.ContextVar("rocs_trusted_index", default=False)
 
 
-@contextlib.contextmanager
-def trusted_index() -> Iterator[None]:
+class trusted_index(contextlib.ContextDecorator):  # noqa: N801 - used as a function
     """Within this context, compiled models take ``candidate_to_request`` values on trust.
 
     For serving code that builds the index itself. A value outside ``[0, R)`` is then not
     reported as :class:`IndexRangeError`: an op may fail on it, compute garbage or, on CUDA,
-    read out of bounds. The setting is per thread (and asyncio task).
+    read out of bounds. A KJT's inverse indices, in a bucket that runs the original model as
+    called, are not read at all: the model reads them itself. The setting is per thread (and
+    asyncio task).
+
+    A class rather than a generator context manager: entered once per served call, it costs
+    a context variable's set and reset and nothing more.
     """
-    token = _TRUSTED.set(True)
-    try:
-        yield
-    finally:
-        _TRUSTED.reset(token)
+
+    def __enter__(self) -> None:
+        self._token = _TRUSTED.set(True)
+
+    def __exit__(self, *exc_info: Any) -> None:
+        _TRUSTED.reset(self._token)
+
+    def _recreate_cm(self) -> "trusted_index":
+        return type(self)()  # as a decorator: one token per call, whatever the nesting
 
 
 def index_trusted() -> bool:

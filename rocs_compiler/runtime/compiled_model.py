@@ -427,11 +427,11 @@ class CompiledModel(nn.Module):
         choosing = self._choosing()  # a plain program, so a compiled graph
         offers = choosing and not replicated and input_format.offers_original
         if offers and index is None:
-            rows = input_format.dropin_original_rows(args, kwargs)
-            if rows is not None and self._choice.decided(
-                ("dropin-original", rows.bit_length(), 0)
-            ) == PLAIN:  # the original model on the call as made: no guards needed
-                return self._call_original(args, kwargs)
+            sizes = input_format.original_sizes(args, kwargs, index_trusted())
+            if sizes is not None and self._choice.decided(
+                bucket(f"{sizes[0]}-original", sizes[1], sizes[2])
+            ) == PLAIN:
+                return self._call_original(args, kwargs)  # the call as made: no guards needed
         original = None
         if offers and self.graph_module is not None:
             original = input_format.original_program(self._original, args, kwargs, index)

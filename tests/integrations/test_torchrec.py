@@ -597,3 +597,38 @@ def test_a_drop_in_bucket_that_chose_the_model_runs_it_as_called():
         )
         with pytest.raises(rocs.CompileError, match=r"model\.over_arch was replaced"):
             compiled(batch.dense, batch.shared)
+
+
+def test_a_trusted_shared_kjt_in_a_bucket_that_chose_the_model_runs_it_unchecked():
+    """Inside ``rocs.trusted_index()`` a shared-layout KJT whose bucket kept the original model
+    runs it as called without reading its inverse indices: on a valid grouping that is the
+    replicated call's answer; on inverse indices the checked call refuses (a candidate key's
+    rows reordered) it is TorchRec's own answer, the model's reading of them. Outside the
+    context, or before the bucket is decided, the same call is checked and refused."""
+    from rocs_compiler.runtime.program_choice import PLAIN, bucket
+
+    model, request, _ = zoo.build("dlrm")
+    compiled = _compile(model, request)
+    batch = zoo.draw([3, 1, 2], seed=16, histories=[2, 0, 3])
+    scrambled = rocs_torchrec.shared_kjt(
+        _keys(batch.shared, list(zoo.REQUEST_KEYS)),
+        _keys(batch.shared, list(zoo.CANDIDATE_KEYS)),
+        batch.index,
+    )
+    scrambled.inverse_indices()[1][2] = scrambled.inverse_indices()[1][2].flip(0)
+    with torch.no_grad():
+        want = model(batch.dense, batch.kjt)
+        reordered = model(batch.dense, scrambled)
+        assert not torch.allclose(reordered, want)
+        with rocs.trusted_index(), pytest.raises(rocs.InputError, match="candidate key"):
+            compiled(batch.dense, scrambled)  # undecided: the checked path
+        compiled._choice.settle(bucket("shared-original", 6, 3), PLAIN)
+        with rocs.trusted_index():
+            torch.testing.assert_close(compiled(batch.dense, batch.shared), want)
+            torch.testing.assert_close(
+                compiled(dense_features=batch.dense, sparse_features=batch.shared), want
+            )
+            torch.testing.assert_close(compiled(batch.dense, scrambled), reordered)
+        with pytest.raises(rocs.InputError, match="candidate key"):
+            compiled(batch.dense, scrambled)
+        torch.testing.assert_close(compiled(batch.dense, batch.shared), want)

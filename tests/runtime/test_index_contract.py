@@ -3,6 +3,8 @@ failure, the same whether the runtime or an op called on its own finds it."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from torch import nn
@@ -76,6 +78,32 @@ def test_the_range_check_reads_every_value(num_candidates):
         index[num_candidates // 2] = bad
         with torch.no_grad(), pytest.raises(IndexRangeError, match=r"values must lie in \[0, 2\)"):
             cm(u=u, c=c, candidate_to_request=index)
+
+
+def test_trusted_index_nests_decorates_and_ends_with_its_block():
+    from rocs_compiler.kernels.index_contract import index_trusted
+
+    @rocs.trusted_index()
+    def depth(n: int) -> int:
+        assert index_trusted()
+        return depth(n - 1) + 1 if n else 0
+
+    assert not index_trusted()
+    with rocs.trusted_index():
+        with rocs.trusted_index():
+            assert index_trusted()
+        assert index_trusted()  # the inner block restores the outer one's setting
+    assert not index_trusted()
+    assert depth(3) == 3 and not index_trusted()
+    with pytest.raises(ValueError), rocs.trusted_index():
+        raise ValueError
+    assert not index_trusted()
+    seen = []
+    with rocs.trusted_index():
+        worker = threading.Thread(target=lambda: seen.append(index_trusted()))
+        worker.start()
+        worker.join(timeout=10)
+    assert seen == [False]  # per thread
 
 
 def test_a_trusted_index_skips_the_value_checks_only(monkeypatch):

@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import rocs_compiler as rocs
-from rocs_compiler.kernels.index_contract import IndexRangeError
+from rocs_compiler.kernels.index_contract import IndexRangeError, IndexTypeError
 from rocs_compiler.runtime import compiled_model, program_choice
 from rocs_compiler.runtime.program_choice import PLAIN, SHARED, bucket
 
@@ -150,6 +150,10 @@ BROKEN = {
     "out_of_range": (lambda x, i: {"x": x, "candidate_to_request": i + 100}, IndexRangeError),
     "negative": (lambda x, i: {"x": x, "candidate_to_request": i - 1}, IndexRangeError),
     "short_index": (lambda x, i: {"x": x, "candidate_to_request": i[:-1]}, rocs.InputError),
+    "column_index": (lambda x, i: {"x": x, "candidate_to_request": i[:, None]}, rocs.InputError),
+    "int32_index": (lambda x, i: {"x": x, "candidate_to_request": i.int()}, IndexTypeError),
+    "list_index": (lambda x, i: {"x": x, "candidate_to_request": i.tolist()}, IndexTypeError),
+    "unknown_name": (lambda x, i: {"x": x, "y": x}, rocs.InputError),
 }
 
 
