@@ -294,6 +294,7 @@ class KJTFormat(InputFormat):
         self._kjt_at = None
         if len(splits) == 1 and self._order is not None:
             self._kjt_at = (splits[0].argument, self._order.index(splits[0].argument))
+        self._identity: torch.Tensor | None = None  # ``arange(N)`` of the last call, read only
 
     def original_sizes(self, args, kwargs, trusted):
         if self._kjt_at is None or len(args) + len(kwargs) != len(self._order):
@@ -386,7 +387,7 @@ class KJTFormat(InputFormat):
                         f"row for the key {key!r}"
                     )
                 if key not in split.request:
-                    if not torch.equal(row, torch.arange(row.shape[0], device=row.device)):
+                    if not torch.equal(row, self._identity_like(row)):
                         raise InputError(
                             f"KeyedJaggedTensor {split.argument!r}: the candidate key {key!r} "
                             "has inverse indices other than one row per candidate, in order"
@@ -399,6 +400,14 @@ class KJTFormat(InputFormat):
                         "indices differ; they must map every candidate to its request"
                     )
         return index
+
+    def _identity_like(self, row: torch.Tensor) -> torch.Tensor:
+        """``arange(len(row))`` on ``row``'s device, kept across calls of one N: a candidate
+        key's inverse indices are compared with it on every shared call."""
+        identity = self._identity
+        if identity is None or identity.shape != row.shape or identity.device != row.device:
+            identity = self._identity = torch.arange(row.shape[0], device=row.device)
+        return identity
 
     def _layout(self, bound: dict, index: torch.Tensor | None) -> bool:
         """Check every KJT; True for the shared layout (request keys with their own rows)."""
