@@ -400,9 +400,8 @@ class CompiledModel(nn.Module):
     def _check_model(self) -> None:
         """Before a call that runs a compiled program: the original model is still the one
         compiled (``runtime/guards.py``) and not wrapped by DDP since."""
-        training = self._training  # ``_trains()``, read inline: this runs on every call
-        if training is None or not (torch.is_grad_enabled() or training.writes_buffers):
-            self._guards.check()  # a training call checks them where its program runs
+        if not self._trains():  # a training call checks them where its program runs (``_train``)
+            self._guards.check()
         elif self._ddp is not None:
             self._ddp.check()  # not past a DDP wrapping the original (``runtime/distributed.py``)
 

@@ -178,9 +178,7 @@ def run_settled_as_called(model: Any, args: tuple, kwargs: dict, index: Any) -> 
     arm = model._originals
     kept = PROGRAM if arm is None else arm.kept.get(key)
     if kept == PROGRAM:  # a decided bucket: no closures per call
-        model._check_model()
-        plain.input_specs.check(leaves)
-        return model.contract.outputs(plain(list(map(leaves.get, plain.input_names))))
+        return _plain_as_called(model, leaves)
     if kept == ORIGINAL:
         return model._call_original(args, kwargs)  # the call as made: no guards needed
     arm.note(key)
