@@ -14,7 +14,9 @@ Python around each call matters as much as the call: FX's generated code reaches
 through ``torch.ops.aten.<op>.<overload>`` and every weight through ``Module.__getattr__``.
 The program binds each op's C++ callable and each weight once, as globals of its code (an
 ATen op through torch's generated Python binding where one is equivalent, ``bindings.py``),
-and runs an elementwise op in place when its operand is a dying temporary (``inplace.py``).
+and runs an elementwise op in place when its operand is a dying temporary (``inplace.py``), and,
+in an inference program, a few ops by a faster kernel where the node's shapes allow it
+(``lowerings.py``).
 
 Profiler labels: the program is generated twice from one body. The plain function runs when no
 profiler is active; when one is, the call takes the *profiled* function, which wraps the
@@ -45,6 +47,7 @@ from rocs_compiler.kernels import ROCS_OPS
 from rocs_compiler.ir.roles import Role
 from rocs_compiler.runtime.bindings import fast_callable
 from rocs_compiler.runtime.inplace import inplace_plan
+from rocs_compiler.runtime.lowerings import lowering
 
 # rocs:: ops called without their checks, which the runtime has made once for the call.
 RUNNERS: dict[object, Callable[..., torch.Tensor]] = {op.overload: op.run for op in ROCS_OPS.values()}
@@ -102,8 +105,13 @@ class DirectProgram:
             target, node_args = inplace.get(node, (node.target, node.args))
             fn = self._bind(_callable(target, runners), "f")
             args = [self._render(a) for a in node_args]
-            args += [f"{k}={self._render(v)}" for k, v in node.kwargs.items()]
-            lines = [f"{var} = {fn}({', '.join(args)})"]
+            call = ", ".join(args + [f"{k}={self._render(v)}" for k, v in node.kwargs.items()])
+            line = f"{fn}({call})"
+            lowered = None if differentiable or node in inplace else lowering(node)
+            if lowered is not None:
+                faster = self._bind(lowered.fn, "f")
+                line = f"{faster}({call}) if {lowered.when.format(*args)} else {line}"
+            lines = [f"{var} = {line}"]
             # Drop values after their last use, as FX's code does, so temporaries free early.
             dead = [
                 self._names[a] for a in node.all_input_nodes if last_use[a] is node and a.op != "get_attr"
