@@ -32,6 +32,7 @@ Call layouts, named by the call (:class:`KJTFormat`):
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 import sys
@@ -143,6 +144,22 @@ class KJTSplit:
     def rows(self, kjt) -> dict[str, int]:
         """Each key's number of rows (its batch size; TorchRec's stride per key)."""
         return dict(zip(kjt.keys(), kjt.stride_per_key()))
+
+    def request_rows(self, kjt) -> int:
+        """The most rows of a request key (R in the shared layout; 0 without request keys)."""
+        strides = kjt.stride_per_key()
+        if kjt.keys() == self._key_list:  # keys in the example's order: read by position
+            return max(map(strides.__getitem__, self._request_positions), default=0)
+        rows = dict(zip(kjt.keys(), strides))
+        return max((rows.get(k, 0) for k in self.request), default=0)
+
+    @functools.cached_property
+    def _key_list(self) -> list[str]:
+        return list(self.keys)
+
+    @functools.cached_property
+    def _request_positions(self) -> tuple[int, ...]:
+        return tuple(i for i, key in enumerate(self.keys) if key in self.request)
 
     def pieces(self, kjt, min_width: int = 1) -> dict[str, dict[str, torch.Tensor]]:
         """``{key: {"ids", "lengths"[, "weights"]}}``, the rows of each key padded to its
@@ -310,10 +327,7 @@ class KJTFormat(InputFormat):
         inverse = kjt.inverse_indices_or_none()
         if inverse is None or not isinstance(inverse[1], torch.Tensor) or inverse[1].dim() != 2:
             return None
-        split = self.splits[0]
-        rows = split.rows(kjt)
-        requests = max((rows.get(k, 0) for k in split.request), default=0)
-        return SHARED, inverse[1].shape[1], requests
+        return SHARED, inverse[1].shape[1], self.splits[0].request_rows(kjt)
 
     def program_call(self, args, kwargs, index, replicated):
         bound = bind_inputs(self.signature, args, kwargs)

@@ -632,3 +632,29 @@ def test_a_trusted_shared_kjt_in_a_bucket_that_chose_the_model_runs_it_unchecked
         with pytest.raises(rocs.InputError, match="candidate key"):
             compiled(batch.dense, scrambled)
         torch.testing.assert_close(compiled(batch.dense, batch.shared), want)
+
+
+class _Strides:
+    """What ``KJTSplit.request_rows`` reads of a KJT: its keys and rows per key."""
+
+    def __init__(self, keys, strides):
+        self._keys, self._strides = list(keys), list(strides)
+
+    def keys(self):
+        return self._keys
+
+    def stride_per_key(self):
+        return self._strides
+
+
+def test_request_rows_read_by_position_or_by_name():
+    split = KJTSplit("sparse_features", ("user_id", "history", "item_id"),
+                     frozenset({"user_id", "history"}), False)  # fmt: skip
+    assert split.request_rows(_Strides(["user_id", "history", "item_id"], [3, 2, 8])) == 3
+    assert split.request_rows(_Strides(["item_id", "history", "user_id"], [8, 2, 3])) == 3
+    assert split.request_rows(_Strides(["item_id", "history"], [8, 5])) == 5
+    no_request = KJTSplit("sparse_features", ("item_id",), frozenset(), False)
+    assert no_request.request_rows(_Strides(["item_id"], [8])) == 0
+    shared = zoo.draw([2, 1, 3], seed=0).shared  # TorchRec's own KJT: 3 requests, 6 candidates
+    split = KJTSplit("sparse_features", tuple(shared.keys()), frozenset(zoo.REQUEST_KEYS), False)
+    assert split.request_rows(shared) == 3
