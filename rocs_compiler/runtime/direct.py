@@ -16,7 +16,8 @@ The program binds each op's C++ callable and each weight once, as globals of its
 ATen op through torch's generated Python binding where one is equivalent, ``bindings.py``),
 and runs an elementwise op in place when its operand is a dying temporary (``inplace.py``), and,
 in an inference program, a few ops by a faster kernel where the node's shapes allow it
-(``lowerings.py``).
+(``lowerings.py``). Where a functional wrapper checked its input's size before the op, the program
+makes the same check (``eager_checks.py``).
 
 Profiler labels: the program is generated twice from one body. The plain function runs when no
 profiler is active; when one is, the call takes the *profiled* function, which wraps the
@@ -46,6 +47,7 @@ from rocs_compiler.ir.graph_meta import PLACEMENT
 from rocs_compiler.kernels import ROCS_OPS
 from rocs_compiler.ir.roles import Role
 from rocs_compiler.runtime.bindings import fast_callable
+from rocs_compiler.runtime.eager_checks import eager_check
 from rocs_compiler.runtime.inplace import inplace_plan
 from rocs_compiler.runtime.lowerings import lowering
 
@@ -112,6 +114,9 @@ class DirectProgram:
                 faster = self._bind(lowered.fn, "f")
                 line = f"{faster}({call}) if {lowered.when.format(*args)} else {line}"
             lines = [f"{var} = {line}"]
+            check = eager_check(node)
+            if check is not None:  # the functional wrapper's check, before its op
+                lines.insert(0, f"{self._bind(check, 'f')}({args[0]})")
             # Drop values after their last use, as FX's code does, so temporaries free early.
             dead = [
                 self._names[a] for a in node.all_input_nodes if last_use[a] is node and a.op != "get_attr"
