@@ -145,13 +145,16 @@ class KJTSplit:
         """Each key's number of rows (its batch size; TorchRec's stride per key)."""
         return dict(zip(kjt.keys(), kjt.stride_per_key()))
 
-    def request_rows(self, kjt) -> int:
-        """The most rows of a request key (R in the shared layout; 0 without request keys)."""
+    def request_rows(self, kjt) -> int | None:
+        """The most rows of a request key (R in the shared layout; 0 without request keys), or
+        None when ``kjt`` lacks one of them."""
         strides = kjt.stride_per_key()
         if kjt.keys() == self._key_list:  # keys in the example's order: read by position
             return max(map(strides.__getitem__, self._request_positions), default=0)
         rows = dict(zip(kjt.keys(), strides))
-        return max((rows.get(k, 0) for k in self.request), default=0)
+        if not self.request <= rows.keys():
+            return None
+        return max((rows[k] for k in self.request), default=0)
 
     @functools.cached_property
     def _key_list(self) -> list[str]:
@@ -327,7 +330,8 @@ class KJTFormat(InputFormat):
         inverse = kjt.inverse_indices_or_none()
         if inverse is None or not isinstance(inverse[1], torch.Tensor) or inverse[1].dim() != 2:
             return None
-        return SHARED, inverse[1].shape[1], self.splits[0].request_rows(kjt)
+        requests = self.splits[0].request_rows(kjt)
+        return None if requests is None else (SHARED, inverse[1].shape[1], requests)
 
     def program_call(self, args, kwargs, index, replicated):
         bound = bind_inputs(self.signature, args, kwargs)
@@ -350,15 +354,15 @@ class KJTFormat(InputFormat):
             return OriginalProgram(DROPIN, kjts[0].stride(), 0, lambda: original(*args, **kwargs))
         if not self._pools_only or not all(kjt.variable_stride_per_key() for kjt in kjts):
             return None
+        num_requests = self.splits[0].request_rows(kjts[0])
+        if num_requests is None:
+            return None  # the program call names the missing key
         try:
             inverse = self._inverse_indices(bound)
         except InputError:
             return None  # the program call reports it
         if inverse is None or (index is not None and not torch.equal(index, inverse)):
             return None
-        split = self.splits[0]
-        rows = split.rows(bound[split.argument])
-        num_requests = max((rows[k] for k in split.request), default=0)
 
         def run():
             # The KJTs' request keys are expanded by the model's own lookups (inverse indices);

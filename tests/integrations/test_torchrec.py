@@ -652,7 +652,7 @@ def test_request_rows_read_by_position_or_by_name():
                      frozenset({"user_id", "history"}), False)  # fmt: skip
     assert split.request_rows(_Strides(["user_id", "history", "item_id"], [3, 2, 8])) == 3
     assert split.request_rows(_Strides(["item_id", "history", "user_id"], [8, 2, 3])) == 3
-    assert split.request_rows(_Strides(["item_id", "history"], [8, 5])) == 5
+    assert split.request_rows(_Strides(["item_id", "history"], [8, 5])) is None  # no user_id
     no_request = KJTSplit("sparse_features", ("item_id",), frozenset(), False)
     assert no_request.request_rows(_Strides(["item_id"], [8])) == 0
     shared = zoo.draw([2, 1, 3], seed=0).shared  # TorchRec's own KJT: 3 requests, 6 candidates
