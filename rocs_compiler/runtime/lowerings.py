@@ -46,6 +46,8 @@ def lowering(node: fx.Node) -> Optional[Lowering]:
 
 
 def _one_column_table(node: fx.Node) -> Optional[Lowering]:
+    if len(node.args) < 2:  # the condition reads the ids by position
+        return None
     weight = node.args[0]
     value = weight.meta.get("val") if isinstance(weight, fx.Node) else None
     if not isinstance(value, torch.Tensor) or value.dim() != 2 or value.shape[1] != 1:
