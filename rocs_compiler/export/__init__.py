@@ -47,7 +47,8 @@ from ..errors import CompileError, InputError
 from ..ir.graph_meta import INDEX_NAME, PLACEMENT
 from ..formats.leaves import named_leaves, nest
 from .portable import PortableInterpreter, rocs_ops_in
-from .input_checks import as_input_error, check_shared_call, jagged_pieces
+from ..runtime.eager_checks import eager_check, more_than_one_value_per_channel
+from .input_checks import as_input_error, check_shared_call, check_values_per_channel, jagged_pieces
 from ..ir.roles import Role
 
 __all__ = [
@@ -61,7 +62,7 @@ class _SharedLayoutProgram(nn.Module):
 
     def __init__(self, graph: fx.GraphModule, input_names: list[str], contract, portable: bool):
         super().__init__()
-        self._interpreter = PortableInterpreter if portable else fx.Interpreter
+        self._interpreter = checking(PortableInterpreter if portable else fx.Interpreter)
         self.rewritten = graph  # not "graph": that name is taken on the unlifted GraphModule
         self._input_names = list(input_names)
         self._contract = contract
@@ -83,6 +84,21 @@ class _SharedLayoutProgram(nn.Module):
         with fx_traceback.preserve_node_meta():
             outputs = self._interpreter(self.rewritten).run(*inputs, index)
         return self._contract.outputs(list(outputs))
+
+
+def checking(interpreter: type[fx.Interpreter]) -> type[fx.Interpreter]:
+    """``interpreter`` tracing, before each batch norm with batch statistics that came from
+    ``F.batch_norm``, the check that function makes of its input (``runtime/eager_checks.py``),
+    so that the exported program refuses what the original model refuses."""
+
+    class Checking(interpreter):
+        def run_node(self, n: fx.Node) -> Any:
+            if eager_check(n) is more_than_one_value_per_channel:
+                source = n.args[0]
+                self.env[source] = check_values_per_channel(self.env[source])
+            return super().run_node(n)
+
+    return Checking
 
 
 def _program_module(compiled, portable: bool) -> _SharedLayoutProgram:

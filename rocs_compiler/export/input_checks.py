@@ -11,7 +11,10 @@ guard the index by data flow: the checked index is ``index + zeros(1)[failed]``,
 is out of bounds exactly when a check fails, which every runtime refuses (ONNX Runtime's Gather
 names the node; :func:`~rocs_compiler.export.onnx.to_onnx` names that node after the checks).
 The conditions are tensor ops of sizes, never Python comparisons of the symbolic sizes R and N
-(those would specialize the program to R != N or R == N).
+(those would specialize the program to R != N or R == N). The same holds for the check
+``F.batch_norm`` makes in the original model, before a batch norm with batch statistics
+(``runtime/eager_checks.py``): the exporter traces it before that op (``checking`` in
+``export/__init__.py``), with its own guard of the op's input.
 
 Identities: with ``counts = bincount(idx, minlength=R)``, and every value in range, ``idx`` is a
 permutation of ``[0, N)`` exactly when R = N and no request row has count 0 (the counts sum to N).
@@ -41,6 +44,10 @@ RANGE_MESSAGE = (
 REPLICATED_MESSAGE = (
     f"{PREFIX}request inputs have one row per candidate, but {INDEX_NAME} groups candidates into "
     "fewer requests: the shared layout takes one row per request (pass each request's row once)"
+)
+VALUES_PER_CHANNEL_MESSAGE = (
+    f"{PREFIX}Expected more than 1 value per channel when training: a batch norm normalizes by "
+    "the statistics of the call's rows, and this call has one value per channel"
 )
 LENGTHS_MESSAGE = (
     f"{PREFIX}KeyedJaggedTensor piece {{name}}: lengths must lie in [0, W] (W = columns of its "
@@ -87,6 +94,20 @@ def check_shared_call(
         passed = passed & fits
     failed = (~passed).to(torch.int64).reshape(1)
     return index + torch.zeros(1, dtype=torch.int64, device=index.device).index_select(0, failed)
+
+
+def check_values_per_channel(value: torch.Tensor) -> torch.Tensor:
+    """Trace ``F.batch_norm``'s check of a batch norm's input with batch statistics (more than
+    one value per channel: rows times spatial extent, ``runtime/eager_checks.py``) into the
+    current graph; return ``value`` guarded by it (equal to ``value`` whenever it passes: times a
+    one gathered from ``[1]`` at 0, out of bounds when it fails, for runtimes without asserts).
+    The guard's gather reads an int32 zero, which tells it from the index's (``onnx.py``)."""
+    values = torch.ones_like(value.select(1, 0)).sum()
+    passed = values != 1
+    torch._assert_async(passed, VALUES_PER_CHANNEL_MESSAGE)
+    failed = (~passed).to(torch.int64).reshape(1)
+    zero = torch.zeros(1, dtype=torch.int32, device=value.device).index_select(0, failed)
+    return value * (zero + 1).to(value.dtype)
 
 
 def jagged_pieces(names: Sequence[str]) -> list[str]:

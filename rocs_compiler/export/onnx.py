@@ -2,9 +2,9 @@
 
 ``torch.onnx.export(program, dynamo=True)`` translates a portable program (ATen ops only) into
 an ONNX graph that ONNX Runtime runs with dynamic R and N. ONNX has no assert, so the exporter
-drops the program's ``_assert_async`` checks; the data-flow guard of the index
-(``input_checks.py``: a gather out of bounds exactly when a check fails) stays, and this module
-names its ONNX node after the checks, so ONNX Runtime's refusal reads
+drops the program's ``_assert_async`` checks; the data-flow guards (``input_checks.py``: a
+gather out of bounds exactly when a check fails, of the index and of each batch norm's input)
+stay, and this module names their ONNX nodes after the checks, so ONNX Runtime's refusal reads
 ``... running Gather node. Name:'rocs input check failed: ...'``.
 
 A program that still calls ``rocs::`` ops (exported without ``portable=True``), or an ATen op
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Optional
 
 import torch
 from torch import fx
@@ -29,17 +28,26 @@ CHECK_NODE_NAME = (
 )
 
 
-def _guard_node(program: torch.export.ExportedProgram) -> Optional[fx.Node]:
-    """The index guard's gather ``zeros(1).index_select(0, failed)`` (``input_checks.py``)."""
+VALUES_PER_CHANNEL_NODE_NAME = (
+    "rocs input check failed: a batch norm with batch statistics needs more than 1 value per "
+    "channel"
+)
+
+
+def _guard_nodes(program: torch.export.ExportedProgram) -> dict[fx.Node, str]:
+    """The guards' gathers ``zeros(1).index_select(0, failed)`` (``input_checks.py``), each with
+    the name its ONNX node gets: the index's reads an int64 zero, a batch norm's an int32 one."""
+    names = {torch.int64: CHECK_NODE_NAME, torch.int32: VALUES_PER_CHANNEL_NODE_NAME}
+    guards = {}
     for node in program.graph.nodes:
         if getattr(node.target, "_opname", None) != "index_select":
             continue
         source = node.args[0]
         if isinstance(source, fx.Node) and getattr(source.target, "_opname", None) == "zeros":
             val = source.meta.get("val")
-            if val is not None and tuple(val.shape) == (1,) and val.dtype == torch.int64:
-                return node
-    return None
+            if val is not None and tuple(val.shape) == (1,) and val.dtype in names:
+                guards[node] = names[val.dtype]
+    return guards
 
 
 def _unsupported_ops(message: str) -> list[str]:
@@ -57,7 +65,7 @@ def export_onnx(program: torch.export.ExportedProgram, path: str | os.PathLike) 
             "rocs.export(cm, portable=True) (rocs export --portable), which computes them in "
             "plain torch"
         )
-    guard = _guard_node(program)
+    guards = _guard_nodes(program)
     try:
         onnx_program = torch.onnx.export(program, (), dynamo=True, verbose=False)
     except Exception as err:  # the exporter's own error types vary between torch versions
@@ -66,12 +74,20 @@ def export_onnx(program: torch.export.ExportedProgram, path: str | os.PathLike) 
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CompileError(f"ONNX export failed{named}: {first}") from err
     model = onnx_program.model_proto
-    if guard is not None:
-        marker = f"%{guard.name} :"
-        for node in model.graph.node:
-            fx_node = {p.key: p.value for p in node.metadata_props}.get("pkg.torch.onnx.fx_node")
-            if node.op_type == "Gather" and fx_node is not None and fx_node.startswith(marker):
-                node.name = CHECK_NODE_NAME
+    markers, taken = {}, set()
+    for guard, name in guards.items():  # ONNX node names are unique: number a second check
+        numbered, k = name, 1
+        while numbered in taken:
+            k += 1
+            numbered = f"{name} ({k})"
+        taken.add(numbered)
+        markers[f"%{guard.name} :"] = numbered
+    for node in model.graph.node:
+        fx_node = {p.key: p.value for p in node.metadata_props}.get("pkg.torch.onnx.fx_node")
+        if node.op_type == "Gather" and fx_node is not None:
+            name = markers.get(fx_node.split(" ", 2)[0] + " :")
+            if name is not None:
+                node.name = name
     import onnx
 
     onnx.save(model, os.fspath(path))
