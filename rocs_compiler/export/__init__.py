@@ -47,8 +47,8 @@ from ..errors import CompileError, InputError
 from ..ir.graph_meta import INDEX_NAME, PLACEMENT
 from ..formats.leaves import named_leaves, nest
 from .portable import PortableInterpreter, rocs_ops_in
-from ..runtime.eager_checks import eager_check, more_than_one_value_per_channel
-from .input_checks import as_input_error, check_shared_call, check_values_per_channel, jagged_pieces
+from ..runtime.eager_checks import eager_check
+from .input_checks import TRACED_EAGER_CHECKS, as_input_error, check_shared_call, jagged_pieces
 from ..ir.roles import Role
 
 __all__ = [
@@ -87,15 +87,17 @@ class _SharedLayoutProgram(nn.Module):
 
 
 def checking(interpreter: type[fx.Interpreter]) -> type[fx.Interpreter]:
-    """``interpreter`` tracing, before each batch norm with batch statistics that came from
-    ``F.batch_norm``, the check that function makes of its input (``runtime/eager_checks.py``),
-    so that the exported program refuses what the original model refuses."""
+    """``interpreter`` tracing, before each op whose functional wrapper checks its input in the
+    original model (``runtime/eager_checks.py``; batch norm's, so far), that check
+    (``input_checks.TRACED_EAGER_CHECKS``), so that the exported program refuses what the
+    original model refuses."""
 
     class Checking(interpreter):
         def run_node(self, n: fx.Node) -> Any:
-            if eager_check(n) is more_than_one_value_per_channel:
+            traced = TRACED_EAGER_CHECKS.get(eager_check(n))
+            if traced is not None:
                 source = n.args[0]
-                self.env[source] = check_values_per_channel(self.env[source])
+                self.env[source] = traced(self.env[source])
             return super().run_node(n)
 
     return Checking

@@ -33,6 +33,7 @@ from typing import Mapping, Optional, Sequence
 import torch
 
 from ..errors import InputError
+from ..runtime.eager_checks import more_than_one_value_per_channel
 from ..ir.graph_meta import INDEX_NAME
 
 PREFIX = "rocs: "  # every message starts with it, so a caller can tell them from other failures
@@ -92,8 +93,7 @@ def check_shared_call(
         fits = ((lengths >= 0) & (lengths <= ids.shape[1])).all()
         torch._assert_async(fits, LENGTHS_MESSAGE.format(name=name))
         passed = passed & fits
-    failed = (~passed).to(torch.int64).reshape(1)
-    return index + torch.zeros(1, dtype=torch.int64, device=index.device).index_select(0, failed)
+    return index + _zero_unless_failed(passed, torch.int64, index.device)
 
 
 def check_values_per_channel(value: torch.Tensor) -> torch.Tensor:
@@ -105,9 +105,18 @@ def check_values_per_channel(value: torch.Tensor) -> torch.Tensor:
     values = torch.ones_like(value.select(1, 0)).sum()
     passed = values != 1
     torch._assert_async(passed, VALUES_PER_CHANNEL_MESSAGE)
+    return value * (_zero_unless_failed(passed, torch.int32, value.device) + 1).to(value.dtype)
+
+
+# Each traced check by the runtime's check of the same node (``runtime/eager_checks.py``).
+TRACED_EAGER_CHECKS = {more_than_one_value_per_channel: check_values_per_channel}
+
+
+def _zero_unless_failed(passed: torch.Tensor, dtype: torch.dtype, device) -> torch.Tensor:
+    """``[0]`` of ``dtype``, gathered from ``zeros(1)`` at 0 when ``passed``, else at 1: out of
+    bounds, which every runtime refuses (the data-flow form of a check, for ONNX)."""
     failed = (~passed).to(torch.int64).reshape(1)
-    zero = torch.zeros(1, dtype=torch.int32, device=value.device).index_select(0, failed)
-    return value * (zero + 1).to(value.dtype)
+    return torch.zeros(1, dtype=dtype, device=device).index_select(0, failed)
 
 
 def jagged_pieces(names: Sequence[str]) -> list[str]:

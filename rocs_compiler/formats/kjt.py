@@ -148,10 +148,10 @@ class KJTSplit:
     def request_rows(self, kjt) -> int | None:
         """The most rows of a request key (R in the shared layout; 0 without request keys), or
         None when ``kjt`` lacks one of them."""
-        strides = kjt.stride_per_key()
         if kjt.keys() == self._key_list:  # keys in the example's order: read by position
+            strides = kjt.stride_per_key()
             return max(map(strides.__getitem__, self._request_positions), default=0)
-        rows = dict(zip(kjt.keys(), strides))
+        rows = self.rows(kjt)
         if not self.request <= rows.keys():
             return None
         return max((rows[k] for k in self.request), default=0)
