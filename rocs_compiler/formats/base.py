@@ -105,13 +105,12 @@ class InputFormat:
         in place of the compiled program's plain version; None: the plain program runs."""
         return None
 
-    def original_sizes(self, args: tuple, kwargs: dict, trusted: bool) -> Optional[tuple]:
+    def original_sizes(self, args: tuple, kwargs: dict) -> Optional[tuple]:
         """``(layout, rows, requests)`` of a call without ``candidate_to_request`` that the format
         offers to the original model as called (:meth:`original_program`), read without binding
-        the call: a drop-in call (requests 0), and with ``trusted`` (``rocs.trusted_index()``) a
-        shared call that states its grouping itself (a KJT's inverse indices, not read); None
-        when it cannot say so quickly (:meth:`original_program` then decides, checking the
-        grouping)."""
+        the call: a drop-in call (requests 0), or a shared call that states its grouping itself
+        (a KJT's inverse indices, left to the original model, which reads them); None when it
+        cannot say so quickly (:meth:`original_program` then decides, checking the grouping)."""
         return None
 
     def run_original(

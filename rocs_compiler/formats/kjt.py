@@ -316,7 +316,7 @@ class KJTFormat(InputFormat):
             self._kjt_at = (splits[0].argument, self._order.index(splits[0].argument))
         self._identity: torch.Tensor | None = None  # ``arange(N)`` of the last call, read only
 
-    def original_sizes(self, args, kwargs, trusted):
+    def original_sizes(self, args, kwargs):
         if self._kjt_at is None or len(args) + len(kwargs) != len(self._order):
             return None
         name, position = self._kjt_at
@@ -325,7 +325,7 @@ class KJTFormat(InputFormat):
             return None
         if not kjt.variable_stride_per_key():
             return DROPIN, kjt.stride(), 0
-        if not trusted or not self._pools_only or self.request_names:
+        if not self._pools_only or self.request_names:
             return None  # request leaves beside the KJT are gathered by the checked path
         inverse = kjt.inverse_indices_or_none()
         if inverse is None or not isinstance(inverse[1], torch.Tensor) or inverse[1].dim() != 2:

@@ -427,7 +427,7 @@ class CompiledModel(nn.Module):
         choosing = self._choosing()  # a plain program, so a compiled graph
         offers = choosing and not replicated and input_format.offers_original
         if offers and index is None:
-            sizes = input_format.original_sizes(args, kwargs, index_trusted())
+            sizes = input_format.original_sizes(args, kwargs)
             if sizes is not None and self._choice.decided(
                 bucket(f"{sizes[0]}-original", sizes[1], sizes[2])
             ) == PLAIN:

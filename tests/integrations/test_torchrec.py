@@ -10,6 +10,7 @@ architecture, and the request keys' lookups against the nodes that run per reque
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import warnings
@@ -599,12 +600,13 @@ def test_a_drop_in_bucket_that_chose_the_model_runs_it_as_called():
             compiled(batch.dense, batch.shared)
 
 
-def test_a_trusted_shared_kjt_in_a_bucket_that_chose_the_model_runs_it_unchecked():
-    """Inside ``rocs.trusted_index()`` a shared-layout KJT whose bucket kept the original model
-    runs it as called without reading its inverse indices: on a valid grouping that is the
-    replicated call's answer; on inverse indices the checked call refuses (a candidate key's
-    rows reordered) it is TorchRec's own answer, the model's reading of them. Outside the
-    context, or before the bucket is decided, the same call is checked and refused."""
+def test_a_shared_kjt_in_a_bucket_that_chose_the_model_runs_it_as_called():
+    """A shared-layout KJT whose bucket kept the original model runs it as called without
+    reading its inverse indices, inside ``rocs.trusted_index()`` or not: on a valid grouping
+    that is the replicated call's answer; on inverse indices the shared program refuses (a
+    candidate key's rows reordered) it is TorchRec's own answer, the model's reading of them.
+    Before the bucket is decided the shared program may run, and the same call is checked and
+    refused."""
     from rocs_compiler.runtime.program_choice import PLAIN, bucket
 
     model, request, _ = zoo.build("dlrm")
@@ -620,18 +622,22 @@ def test_a_trusted_shared_kjt_in_a_bucket_that_chose_the_model_runs_it_unchecked
         want = model(batch.dense, batch.kjt)
         reordered = model(batch.dense, scrambled)
         assert not torch.allclose(reordered, want)
-        with rocs.trusted_index(), pytest.raises(rocs.InputError, match="candidate key"):
-            compiled(batch.dense, scrambled)  # undecided: the checked path
-        compiled._choice.settle(bucket("shared-original", 6, 3), PLAIN)
-        with rocs.trusted_index():
-            torch.testing.assert_close(compiled(batch.dense, batch.shared), want)
-            torch.testing.assert_close(
-                compiled(dense_features=batch.dense, sparse_features=batch.shared), want
-            )
-            torch.testing.assert_close(compiled(batch.dense, scrambled), reordered)
         with pytest.raises(rocs.InputError, match="candidate key"):
+            compiled(batch.dense, scrambled)  # undecided: the checked path
+        with rocs.trusted_index(), pytest.raises(rocs.InputError, match="candidate key"):
             compiled(batch.dense, scrambled)
-        torch.testing.assert_close(compiled(batch.dense, batch.shared), want)
+        compiled._choice.settle(bucket("shared-original", 6, 3), PLAIN)
+        for trusted in (False, True):
+            with rocs.trusted_index() if trusted else contextlib.nullcontext():
+                torch.testing.assert_close(compiled(batch.dense, batch.shared), want)
+                torch.testing.assert_close(
+                    compiled(dense_features=batch.dense, sparse_features=batch.shared), want
+                )
+                torch.testing.assert_close(compiled(batch.dense, scrambled), reordered)
+        sharing = _compile(model, request, options={"autotune": False})
+        with pytest.raises(rocs.InputError, match="candidate key"):
+            sharing(batch.dense, scrambled)  # the shared program: checked
+        torch.testing.assert_close(sharing(batch.dense, batch.shared), want)
 
 
 class _Strides:
