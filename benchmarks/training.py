@@ -78,33 +78,10 @@ sys.path.insert(0, str(ROOT))
 
 import rocs_compiler as rocs
 from allocator import retain_freed_memory
-from models_zoo import ZOO
-from rocs_compiler.runtime.program_choice import TRAINING_TRIALS, bucket
+from rocs_compiler.runtime.program_choice import bucket
+from training_models import WARMUP, build, loss_of
 
 DEFAULT_MODELS = ["two_tower", "din", "dlrm", "glm:dcnv2", "dca:bst"]
-WARMUP = 2 * TRAINING_TRIALS + 1  # calls per shape before timing: through the choice's trials
-
-
-def build(name: str):
-    """(model in training mode, zoo entry) for ``name``: a zoo name, or ``glm:NAME`` /
-    ``dca:NAME`` for its GLM / DCA conversion."""
-    kind, _, zoo_name = name.rpartition(":")
-    entry = ZOO[zoo_name]
-    model = entry.build(seed=0)
-    torch.manual_seed(1)
-    example = {"example_kwargs": entry.make_batch([2, 3], seed=1).replicated()}
-    if kind == "glm":
-        model = rocs.apply_glm(model, entry.request_inputs, **example)
-    elif kind == "dca":
-        model = rocs.apply_dca(model, entry.request_inputs, **example)
-    return model.train(), entry
-
-
-def loss_of(out) -> torch.Tensor:
-    leaves = [t for t in torch.utils._pytree.tree_leaves(out) if t.is_floating_point()]
-    return sum((t.float() ** 2).mean() for t in leaves)
-
-
 def saved_bytes(step, weights: set[int]) -> int:
     """Bytes of the distinct storages autograd saves for the backward during ``step()``'s
     forward (the step's backward frees them), the model's own weights (storages ``weights``)

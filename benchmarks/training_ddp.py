@@ -48,7 +48,7 @@ def _rank(rank, port, tmp, name, ks, requests, repeats, block) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import rocs_compiler as rocs
-    from training import WARMUP, build, loss_of
+    from training_models import WARMUP, build, loss_of
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

@@ -9,11 +9,15 @@ analysis never imports kernels, no format imports a door).
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import grimp
 import networkx as nx
 import pytest
 
 PACKAGE = "rocs_compiler"
+ROOT = Path(__file__).resolve().parents[1]
 MAX_ROOMS = 24
 
 # Top to bottom: a room may import only rooms of a lower layer (later in this list), or of
@@ -79,3 +83,75 @@ def test_no_circle_inside_a_folder():
             if module.rsplit(".", 1)[0] == imported.rsplit(".", 1)[0]:
                 modules.add_edge(module, imported)
     assert list(nx.simple_cycles(modules)) == []
+
+
+def _tree_modules() -> dict[str, Path]:
+    """Every Python module of the checkout by the name it is imported under: dotted names inside
+    packages (``rocs_compiler``, ``models_zoo``, ``tests``' packages), the file's stem for a
+    script folder (``benchmarks/``, whose scripts import each other by stem)."""
+    modules = {}
+    for path in ROOT.rglob("*.py"):
+        parts = path.relative_to(ROOT).parts
+        if any(p.startswith(".") or p in ("build", "node_modules") for p in parts):
+            continue
+        package = path.parent
+        names = [path.stem] if path.stem != "__init__" else []
+        while (package / "__init__.py").exists() and package != ROOT:
+            names.insert(0, package.name)
+            package = package.parent
+        scope = "" if package == ROOT else f"{package.relative_to(ROOT)}/"
+        modules[scope + ".".join(names)] = path
+    return modules
+
+
+def _imported_names(path: Path, dotted: str) -> set[str]:
+    """What ``path`` imports anywhere in it (function bodies included), absolute; a literal
+    ``importlib.import_module("...")`` counts as an import."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = dotted if path.stem == "__init__" else dotted.rpartition(".")[0]
+    found = set()
+
+    def absolute(name: str, level: int) -> str:
+        base = package.split(".") if package else []
+        base = base[: len(base) - (level - 1)] if level > 1 else base
+        return ".".join([*base, name] if name else base)
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            module = absolute(node.module or "", node.level) if node.level else node.module
+            found.update(f"{module}.{alias.name}" for alias in node.names)
+            found.add(module)
+        elif (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            name = node.args[0].value
+            level = len(name) - len(name.lstrip("."))
+            found.add(absolute(name.lstrip("."), level) if level else name)
+    return found
+
+
+def test_no_import_circle_anywhere_in_the_tree():
+    """Modules, not rooms: no file of the checkout (package, zoo, benchmarks, tests, examples)
+    reaches itself through imports, function-level and ``importlib.import_module`` ones included.
+    A package's ``__init__`` re-exporting its own modules is not a circle of its modules."""
+    modules = _tree_modules()
+    graph = nx.DiGraph()
+    for key, path in modules.items():
+        scope, _, dotted = key.rpartition("/")
+        for name in _imported_names(path, dotted):
+            target = next((c for c in (f"{scope}/{name}" if scope else None, name) if c in modules),
+                          None)  # fmt: skip
+            if target is None or target == key:
+                continue
+            if modules[target].stem == "__init__" and key.startswith(target + "."):
+                continue  # a module reading its own package's namespace
+            if path.stem == "__init__" and target.startswith(key + "."):
+                continue  # a package's namespace made of its modules
+            graph.add_edge(key, target)
+    assert list(nx.simple_cycles(graph)) == []

@@ -34,8 +34,7 @@ from torch.utils.flop_counter import register_flop_formula
 
 from .common import debug_checks, use_triton
 from .index_contract import check_candidate_to_request
-from .library import SCHEMAS
-from .library import register as register_library
+from .op_schemas import SCHEMAS
 from .request_groups import current_call, reentered
 
 
@@ -78,7 +77,7 @@ class RocsOp:
 
     @property
     def schema(self) -> str:
-        """The op's schema, defined once for every op in ``library.SCHEMAS``."""
+        """The op's schema, defined once for every op in ``op_schemas.SCHEMAS``."""
         return SCHEMAS[self.name]
 
     @property
@@ -131,10 +130,10 @@ def _launcher(spec: str) -> Callable[..., torch.Tensor]:
 
 
 def define(op: RocsOp) -> RocsOp:
-    """``op`` registered: ``torch.ops.rocs.<name>`` (its schema, body ``op.checked_run``, fake
-    kernel and autograd formula, registered by ``library.register`` for every op at once), and
-    its FLOP formula."""
-    register_library()
+    """``op`` with its FLOP formula registered. ``torch.ops.rocs.<name>`` itself (its schema, body
+    ``op.checked_run``, fake kernel and autograd formula) was registered by ``library.register``
+    for every op at once, which ``import rocs_compiler`` runs as soon as torch is imported, so
+    before any record's module (each imports torch) can run."""
     if op.flops is not None:
         register_flop_formula(getattr(torch.ops.rocs, op.name))(op.flops)
     return op
