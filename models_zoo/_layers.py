@@ -46,6 +46,35 @@ def embedding(num: int, dim: int, *, padding_idx: int | None = None) -> nn.Embed
     return table
 
 
+def fan_in_weights(
+    model: nn.Module, seed: int, *, gain: float = 1.0, extra: Sequence[nn.Parameter] = ()
+) -> nn.Module:
+    """Re-draw every linear layer's weight (and each ``extra`` weight laid out ``[in, out]``)
+    from N(0, gain / fan_in) and every embedding table from N(0, 1 / dim), deterministically
+    from ``seed``, in place.
+
+    Embedding rows then have about unit norm and linear layers keep the scale of their input
+    (``gain=2`` makes up for what a ReLU drops), so scores vary across candidates and requests
+    as a trained model's do. Biases, other weights and padding rows (kept at zero) stay.
+    """
+    g = torch.Generator().manual_seed(seed)
+
+    def redraw(weight: torch.Tensor, variance: float) -> None:
+        weight.copy_(torch.randn(weight.shape, generator=g) * math.sqrt(variance))
+
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, nn.Linear):
+                redraw(module.weight, gain / module.in_features)
+            elif isinstance(module, nn.Embedding):
+                redraw(module.weight, 1.0 / module.embedding_dim)
+                if module.padding_idx is not None:
+                    module.weight[module.padding_idx].zero_()
+        for weight in extra:
+            redraw(weight, gain / weight.shape[0])
+    return model
+
+
 def seeded(factory: Callable[[], nn.Module], seed: int) -> nn.Module:
     """Build `factory()` with weights drawn from `seed`, without touching the global RNG."""
     with torch.random.fork_rng(devices=[]):

@@ -5,6 +5,11 @@ Needs the ``deepctr-torch`` package (the ``ecosystem`` extra). :func:`build` ret
 architecture implies (the user columns' share of every first layer that reads the input);
 :func:`draw` packs ragged batches the way DeepCTR models take them: one float tensor ``X`` whose
 column ranges are the features (``model.feature_index``), user columns replicated per candidate.
+
+DeepCTR draws embeddings and DNN weights from a normal of std 1e-4, which leaves every output
+almost the same (a spread of 1e-7 to 1e-5 across candidates, below the tolerance of any
+exactness test). :func:`build` re-draws them at fan-in scale from its seed, so that scores vary
+across candidates and requests as a trained model's do.
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
+
+from ._layers import fan_in_weights
 
 EMBED = 8
 VOCAB = {"user_id": 50, "gender": 3, "item_id": 60, "cate_id": 10}
@@ -41,7 +48,18 @@ def _columns(history: bool = False):
 
 def build(name: str, seed: int = 0):
     """(model, request feature names, request FLOPs per request derived by hand; None for the
-    ``TINY`` models)."""
+    ``TINY`` models). Weights at fan-in scale (see the module's docstring), fixed by ``seed``."""
+    from deepctr_torch.models.basemodel import Linear as LinearPart
+
+    model, user, flops = _build(name, seed)
+    # The linear part keeps its dense features' weight as a bare [in, 1] parameter.
+    dense = [
+        m.weight for m in model.modules() if isinstance(m, LinearPart) and hasattr(m, "weight")
+    ]
+    return fan_in_weights(model, seed, extra=dense), user, flops
+
+
+def _build(name: str, seed: int):
     from deepctr_torch.models import DCN, DIN, MMOE, WDL, DeepFM
 
     torch.manual_seed(seed)

@@ -26,3 +26,8 @@ class OptionsError(ValueError):
 
 class TargetError(ValueError):
     """A ``rocs`` command's TARGET or input specs could not be resolved into a model to compile."""
+
+
+class DependencyError(ImportError):
+    """An optional dependency lacks what the package uses (a release outside the tested range);
+    the message names the release found and the range to install."""

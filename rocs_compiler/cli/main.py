@@ -231,9 +231,10 @@ def _as_text(target: Target, inspection: Inspection, measured, args) -> str:
     head += f"\nweights: {target.weights}"
     text = head + "\n\n" + inspection.report.to_text()
     if measured:
-        points = ", ".join(f"{m.speedup:.2f}x at {m.per_request}" for m in measured)
-        text += f"\nmeasured speedup   : {points} candidates per request, R={args.requests}"
         from ..report.render.html import measured_note
+        from .measure import describe
+
+        text += "\n" + describe(measured, args.requests)
 
         pairs = [(m.num_candidates, m.speedup) for m in measured]
         text += "\n" + textwrap.fill(
@@ -261,7 +262,8 @@ def _as_json(target: Target, inspection: Inspection, measured, args) -> str:
     if measured:
         data["measured_speedup"] = [
             {"candidates_per_request": m.per_request, "num_candidates": m.num_candidates,
-             "speedup": m.speedup}
+             "speedup": m.speedup, "speedup_min": m.low, "speedup_median": m.speedup,
+             "speedup_max": m.high, "trials": m.trials, "settled": m.settled}
             for m in measured
         ]  # fmt: skip
     return json.dumps(data, indent=2)
@@ -510,7 +512,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--measure",
         action="store_true",
         help="also time the original model and the shared-layout call at 16, 64, 256 and 1024 "
-        "candidates per request, up to --candidates",
+        "candidates per request, up to --candidates, repeating each until the trials agree, "
+        "and print their spread (min, median, max)",
     )
 
     export = _target_command(

@@ -24,7 +24,7 @@ import os
 import signal
 import threading
 
-from ..errors import TargetError
+from ..errors import DependencyError, TargetError
 
 
 def add_command(sub, common, positive) -> None:
@@ -108,6 +108,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         from ..serving import launch
         from ..serving.deployment import deployment
+    except DependencyError as err:  # a Ray outside the tested range: the message says which
+        raise TargetError(str(err)) from None
     except ImportError as err:
         raise TargetError(
             f"rocs serve needs Ray Serve ({err}): pip install 'rocs-compiler[serve]'"

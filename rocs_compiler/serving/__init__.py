@@ -6,5 +6,7 @@ each id field must stay in, read from the graph; ``packing.py``: one shared-layo
 many requests and its outputs split back; ``served.py``: a compiled model or saved program as a
 served model; ``protocol.py``: the HTTP JSON protocol); ``deployment.py`` is the Ray Serve
 deployment and ``launch.py`` starts or joins Ray for ``rocs serve``. Ray is imported only by
-those two (the ``serve`` extra: ``pip install 'rocs-compiler[serve]'``). See docs/serving.md.
+those two and ``ray_private.py`` (the private modules of Ray that ``launch`` reaches into, and the
+Ray range they are tested with; the ``serve`` extra: ``pip install 'rocs-compiler[serve]'``). See
+docs/serving.md.
 """

@@ -32,6 +32,10 @@ from typing import Any
 import ray
 from ray import serve
 
+from . import ray_private
+
+ray_private.check()
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nothing listens on now (the caller binds it soon after)."""
@@ -57,8 +61,7 @@ _NO_CLUSTER = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray keeps a loopback n
 def _loopback_node():
     """Ray started inside keeps 127.0.0.1 as its node address (its processes read the variable
     when they start; this process reads the constant when it resolves the address)."""
-    from ray._private import ray_constants
-
+    ray_constants = ray_private.private_module("ray._private.ray_constants")
     saved_env, saved = os.environ.get(_NO_CLUSTER), ray_constants.ENABLE_RAY_CLUSTER
     os.environ[_NO_CLUSTER] = "0"
     ray_constants.ENABLE_RAY_CLUSTER = False
@@ -76,8 +79,7 @@ def loopback_replica() -> None:
     """In a replica on a loopback node: Serve's inter-deployment gRPC server binds 127.0.0.1
     (Serve binds it to ``[::]``, every interface, whatever the node's address). Called when the
     replica's model loads, before Serve starts that server; elsewhere a no-op."""
-    from ray.serve._private import replica
-
+    replica = ray_private.private_module("ray.serve._private.replica")
     bind = replica.add_port_to_grpc_server
     if getattr(bind, "loopback", False) or not ray.is_initialized():
         return
