@@ -19,7 +19,9 @@ from .formats.select import prepare
 from .options import Options
 from .pipeline import compile_graph, plain_graph
 from .runtime import CompiledModel, InputContract
-from .runtime.distributed import refuse_sharded
+from .runtime.autocast import AutocastPrograms, under_autocast
+from .runtime.distributed import refuse_sharded, refuse_wrapped
+from .runtime.eval_mode import EvalMode
 from .runtime.guards import Guards
 from .runtime.mislabel import example_finding
 from .runtime.plain import PlainProgram
@@ -77,7 +79,8 @@ def compile(  # noqa: A001 - mirrors torch.compile
         unbatched_inputs = [unbatched_inputs]
     unbatched = list(unbatched_inputs)
     if torch.distributed.is_available():
-        refuse_sharded(model)  # FSDP2: shard after compiling (``runtime/distributed.py``)
+        refuse_wrapped(model)  # DDP: wrap the compiled model (``runtime/distributed.py``)
+        refuse_sharded(model)  # FSDP2: shard after compiling
     prepared = prepare(model, request_inputs, example_inputs, example_kwargs or {})
 
     def _again(memo: dict) -> CompiledModel:  # ``copy.deepcopy(compiled)``
@@ -124,7 +127,13 @@ def compile(  # noqa: A001 - mirrors torch.compile
             model, request_inputs, example_inputs, example_kwargs or {}, options, unbatched
         ),
         training=_training_program(result, prepared.model, options) if options.training else None,
+        eval_mode=_eval_mode(
+            model, request_inputs, example_inputs, example_kwargs or {}, options, unbatched
+        ),
     )  # fmt: skip
+    object.__setattr__(compiled, "_autocast", _autocast_programs(
+        model, request_inputs, example_inputs, example_kwargs or {}, options, unbatched
+    ))  # fmt: skip
     if request_cache is not None:
         attach_cache(compiled, request_cache)
     compiled.pipeline_result = result  # logical and shared graphs, for inspection tools
@@ -172,6 +181,56 @@ def _recompiler(model, request_inputs, example_inputs, example_kwargs, options, 
             ) from err
 
     return recompile
+
+
+def _autocast_programs(model, request_inputs, example_inputs, example_kwargs, options, unbatched):
+    """For calls under ``torch.autocast`` (``runtime/autocast.py``): ``model`` wrapped in that
+    autocast, compiled on the same example with the same options, on first use."""
+
+    def compile_under(device_type: str, dtype: torch.dtype) -> CompiledModel:
+        return _compile_again(
+            under_autocast(model, device_type, dtype), request_inputs, example_inputs,
+            example_kwargs, options, unbatched,
+            f"a call under torch.autocast({device_type!r}, dtype={dtype}) runs the model "
+            "compiled under that autocast",
+            "; call it outside autocast, or compile the model without rocs",
+        )  # fmt: skip
+
+    first = next(iter(model.parameters()), None)
+    device = first.device if first is not None else torch.device("cpu")
+    return AutocastPrograms(compile_under, device)
+
+
+def _eval_mode(model, request_inputs, example_inputs, example_kwargs, options, unbatched):
+    """For a training compile of a model in training mode, its calls in eval mode
+    (``runtime/eval_mode.py``): ``model`` compiled for inference as it is then, on the same
+    example, with the same options; None otherwise."""
+    if not options.training or not model.training:
+        return None
+    inference = dataclasses.replace(options, training=False)
+
+    def compile_eval() -> CompiledModel:
+        return _compile_again(
+            model, request_inputs, example_inputs, example_kwargs, inference, unbatched,
+            "a training compile in eval mode runs its model compiled for inference in eval "
+            "mode, rocs.compile(model.eval(), ...)",
+        )  # fmt: skip
+
+    return EvalMode(model, compile_eval)
+
+
+def _compile_again(
+    model, request_inputs, example_inputs, example_kwargs, options, unbatched, why, then=""
+) -> CompiledModel:
+    """``model`` compiled on the compile's own example and options, for a call that needs another
+    program of it; a failure is a ``CompileError`` saying ``why`` that program runs."""
+    try:
+        return compile(
+            model, request_inputs, example_inputs, example_kwargs, options=options,
+            unbatched_inputs=unbatched,
+        )  # fmt: skip
+    except (CompileError, ValueError) as err:
+        raise CompileError(f"{why}, which failed: {err}{then}") from err
 
 
 def _training_program(result, model: nn.Module, options: Options) -> TrainingProgram:

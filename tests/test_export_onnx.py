@@ -124,4 +124,78 @@ def test_a_deepctr_model_runs_in_onnx_runtime(tmp_path):
             expected = model(x)
         kwargs = {"X": pieces, "candidate_to_request": index}
         _assert_exact(_run(session, program, kwargs), expected, f"deepctr din {counts}")
+    # the merged column pieces by name: user_id and gender, item_id and cate_id, the history
+    inputs = {i.name: i.shape for i in session.get_inputs()}
+    assert inputs == {"X.0:2": ["R", 2], "X.2:4": ["N", 2], "X.4:13": ["R", 9],
+                      "candidate_to_request": ["N"]}  # fmt: skip
 
+
+
+@pytest.fixture(scope="module")
+def target_attention(tmp_path_factory):
+    return _zoo_session("target_attention", tmp_path_factory.mktemp("onnx"))
+
+
+def test_a_request_whose_history_is_all_padding_scores_as_in_eager(target_attention):
+    """Eager's attention gives zeros to a query that sees no key; ONNX's translation of a masked
+    attention does not (uniform weights, or NaN), so the program spells it out."""
+    entry, model, _, program, session = target_attention
+    for seed, counts in enumerate([[3, 1, 2], [1], [2, 5]]):
+        batch = entry.make_batch(counts, seed=seed)
+        batch.kwargs["hist_item_ids"][0] = 0  # the first request has no history at all
+        kwargs = {**batch.kwargs, "candidate_to_request": batch.candidate_to_request}
+        with torch.no_grad():
+            expected = model(**batch.replicated())
+        _assert_exact(_run(session, program, kwargs), expected, f"all padding {counts}")
+
+
+class _FloatMaskAttention(torch.nn.Module):
+    """The candidate attends over the request's history under a float key mask of -inf."""
+
+    def __init__(self):
+        super().__init__()
+        self.key = torch.nn.Linear(8, 8)
+        self.query = torch.nn.Linear(4, 8)
+
+    def forward(self, history, lengths, item):
+        keys = self.key(history).view(history.shape[0], 1, history.shape[1], 8)
+        query = self.query(item).view(-1, 1, 1, 8)
+        padding = torch.arange(history.shape[1]) >= lengths[:, None]
+        mask = torch.zeros(padding.shape).masked_fill(padding, float("-inf"))[:, None, None, :]
+        out = torch.nn.functional.scaled_dot_product_attention(query, keys, keys, attn_mask=mask)
+        return out.flatten(1).sum(-1) + item.sum(-1)
+
+
+def test_a_float_mask_of_minus_infinity_scores_as_in_eager(tmp_path):
+    torch.manual_seed(0)
+    model = _FloatMaskAttention().eval()
+    index = torch.tensor([0, 0, 1, 2, 2])
+    history, lengths = torch.randn(3, 6, 8) * 3, torch.tensor([4, 0, 6])  # request 1: no key
+    item = torch.randn(5, 4) * 3
+    cm = rocs.compile(
+        model, ["history", "lengths"],
+        example_kwargs={"history": history[index], "lengths": lengths[index], "item": item},
+    )  # fmt: skip
+    program = rocs.export(cm, portable=True)
+    session = _session(program, tmp_path / "float_mask.onnx")
+    kwargs = {"history": history, "lengths": lengths, "item": item, "candidate_to_request": index}
+    with torch.no_grad():
+        expected = model(history[index], lengths[index], item)
+    assert expected.std() > 1.0  # rows differ far beyond the tolerance
+    _assert_exact(_run(session, program, kwargs), expected, "float mask")
+
+
+def test_inputs_and_sizes_have_names(target_attention):
+    """ONNX inputs by their leaf names, dynamic dims R (request rows), N (candidate rows) and
+    L_<input> (a length); ``input_signature`` names the sizes the same way."""
+    from rocs_compiler.export.size_names import size_names
+
+    *_, program, session = target_attention
+    signature = input_signature(program)
+    assert [i.name for i in session.get_inputs()] == list(signature)
+    assert [i.shape for i in session.get_inputs()] == [s["shape"] for s in signature.values()]
+    assert signature["hist_item_ids"]["shape"] == ["R", 64]
+    assert signature["item_id"]["shape"] == signature["candidate_to_request"]["shape"] == ["N"]
+    padded = {"history": {"shape": ["s3", "s7"]}, "item": {"shape": ["s5", 4]},
+              "candidate_to_request": {"shape": ["s5"]}}  # fmt: skip
+    assert size_names(padded) == {"s5": "N", "s3": "R", "s7": "L_history"}

@@ -72,7 +72,7 @@ class CapturedGraph:
     # A training capture's buffer writes (batch norm's running statistics): the graph's last
     # outputs are the new values of these buffers (model FQNs), in order.
     buffer_writes: list[str] = field(default_factory=list)
-    reads: Reads = field(default_factory=dict)  # what forward read beyond tensors (``reads.py``)
+    reads: Reads = field(default_factory=Reads)  # what forward read beyond tensors (``reads.py``)
 
 
 class _FlatForward(nn.Module):
@@ -114,7 +114,7 @@ class ExampleCall:
     batched: dict[str, bool]
     out_spec: pytree.TreeSpec
     out_constants: list[Any]
-    reads: Reads = field(default_factory=dict)  # module -> attributes its forward read
+    reads: Reads = field(default_factory=Reads)  # module -> attributes its forward read
 
     @property
     def constant_inputs(self) -> dict[str, Any]:

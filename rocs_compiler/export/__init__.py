@@ -47,8 +47,15 @@ from ..errors import CompileError, InputError
 from ..ir.graph_meta import INDEX_NAME, PLACEMENT
 from ..formats.leaves import named_leaves, nest
 from .portable import PortableInterpreter, rocs_ops_in
+from .size_names import with_size_names
 from ..runtime.eager_checks import eager_check
-from .input_checks import TRACED_EAGER_CHECKS, as_input_error, check_shared_call, jagged_pieces
+from .input_checks import (
+    TRACED_EAGER_CHECKS,
+    as_input_error,
+    check_loaded_index,
+    check_shared_call,
+    jagged_pieces,
+)
 from ..ir.roles import Role
 
 __all__ = [
@@ -160,7 +167,9 @@ def _flat_example(compiled, example: Any) -> dict:
 
 
 def export(compiled, example: Optional[Any] = None, portable: bool = False) -> ExportedProgram:
-    """A ``torch.export.ExportedProgram`` of ``compiled``'s rewritten graph in shared layout.
+    """A ``torch.export.ExportedProgram`` of ``compiled``'s rewritten graph in shared layout,
+    as the next call would run it: weights changed since the last call are followed, and a model
+    the guards refuse is refused (``CompiledModel.current_graph``).
 
     Args:
         compiled: a :class:`~rocs_compiler.CompiledModel` from ``rocs.compile`` (for request
@@ -177,6 +186,9 @@ def export(compiled, example: Optional[Any] = None, portable: bool = False) -> E
     if getattr(compiled, "graph_module", None) is None:
         reason = getattr(compiled, "fallback_reason", None) or "not a rocs CompiledModel"
         raise CompileError(f"nothing to export: the model runs eagerly ({reason})")
+    # What a call runs first: the guards refuse a changed model, and weights changed since the
+    # last call (an optimizer step, load_state_dict) reach the folded constants.
+    compiled.current_graph()
     flat = _flat_example(compiled, example)
     module = _program_module(compiled, portable)
     requests = set(compiled.contract.request_inputs)
@@ -220,12 +232,15 @@ class _PositionalCall(nn.Module):
     ``ExportedProgram.module()`` of a program exported from keyword arguments takes keywords
     only; this binds positional arguments to the argument names in the model's order, so the
     call ``module(a_R, b_N, idx)`` equals ``module(a=a_R, b=b_N, candidate_to_request=idx)``.
+    The index's dtype and length are checked against ``candidate_leaf`` (a leaf input with one
+    row per candidate) before the program runs (``input_checks.check_loaded_index``).
     """
 
-    def __init__(self, module: nn.Module, names: list[str]):
+    def __init__(self, module: nn.Module, names: list[str], candidate_leaf: Optional[str] = None):
         super().__init__()
         self.program_module = module
         self.argument_names = list(names)
+        self.candidate_leaf = candidate_leaf
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         names = self.argument_names
@@ -236,8 +251,12 @@ class _PositionalCall(nn.Module):
         twice = sorted(set(names[: len(args)]) & set(kwargs))
         if twice:
             raise TypeError(f"argument(s) given by position and by name: {', '.join(twice)}")
+        call = {**dict(zip(names, args)), **kwargs}
+        if INDEX_NAME in call:
+            leaf = self.candidate_leaf
+            check_loaded_index(call[INDEX_NAME], named_leaves(call).get(leaf) if leaf else None)
         try:
-            return self.program_module(**dict(zip(names, args)), **kwargs)
+            return self.program_module(**call)
         except RuntimeError as err:
             refused = as_input_error(err)
             if refused is None:
@@ -264,7 +283,9 @@ class LoadedProgram:
 
     def module(self) -> nn.Module:
         if self._module is None:
-            self._module = _PositionalCall(self.program.module(), self.argument_names)
+            self._module = _PositionalCall(
+                self.program.module(), self.argument_names, _candidate_leaf(self.program)
+            )
         return self._module
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -272,6 +293,17 @@ class LoadedProgram:
 
     def __repr__(self) -> str:
         return f"LoadedProgram({', '.join(self.argument_names)})"
+
+
+def _candidate_leaf(program: ExportedProgram) -> Optional[str]:
+    """A leaf input whose rows are the index's (one per candidate), or None when there is none."""
+    signature = input_signature(program)
+    index = signature.get(INDEX_NAME)
+    rows = index["shape"][0] if index and index["shape"] else None
+    for leaf, spec in signature.items():
+        if leaf != INDEX_NAME and spec and spec["shape"] and spec["shape"][0] == rows:
+            return leaf
+    return None
 
 
 def _keyword_names(program: ExportedProgram) -> list[str]:
@@ -319,6 +351,10 @@ def aoti_package(
     if isinstance(program, LoadedProgram):
         program = program.program
     configs = dict(inductor_configs)
+    # Inductor assumes every dynamic size is at least 2 and, with AOTI_RUNTIME_CHECK_INPUTS=1,
+    # would refuse R = 1 or N = 1 (one request, one candidate) and the empty batch; the program
+    # computes them exactly and checks R and N itself.
+    configs.setdefault("aot_inductor.check_lowerbound", False)
     metadata = dict(configs.pop("aot_inductor.metadata", None) or {})
     metadata[INPUTS_METADATA] = json.dumps(input_signature(program))
     configs["aot_inductor.metadata"] = metadata
@@ -330,8 +366,13 @@ def aoti_package(
 def input_signature(program: ExportedProgram) -> dict[str, Optional[dict]]:
     """Each keyword input of ``program`` by its leaf name (``features.user_age`` inside a dict),
     ``candidate_to_request`` included: ``{"dtype": "float32", "shape": [...]}`` with a dynamic
-    size as the name of its symbol (``"s0"``: sizes that share a symbol are equal), or None for
-    an input that is not a tensor."""
+    size by its name (``"R"``, ``"N"``, ``"L_history"``: ``size_names.py``; sizes that share a
+    name are equal), or None for an input that is not a tensor."""
+    return with_size_names(symbolic_signature(program))
+
+
+def symbolic_signature(program: ExportedProgram) -> dict[str, Optional[dict]]:
+    """:func:`input_signature` with each dynamic size as the name of its symbol (``"s23"``)."""
     kwargs_spec = _keyword_spec(program)
     positions = named_leaves(
         pytree.tree_unflatten(list(range(kwargs_spec.num_leaves)), kwargs_spec)

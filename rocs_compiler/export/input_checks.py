@@ -17,13 +17,16 @@ The conditions are tensor ops of sizes, never Python comparisons of the symbolic
 ``export/__init__.py``), with its own guard of the op's input.
 
 Identities: with ``counts = bincount(idx, minlength=R)``, and every value in range, ``idx`` is a
-permutation of ``[0, N)`` exactly when R = N and no request row has count 0 (the counts sum to N).
+permutation of ``[0, N)`` exactly when R = N and no request row has count 0 (the counts sum to N;
+``(counts > 0).all()``, true of the empty batch, R = N = 0, which eager answers with no scores).
 A KeyedJaggedTensor key's padded piece ``ids [B, W]`` holds row b's ids in its first
 ``lengths[b]`` columns, so ``0 <= lengths[b] <= W`` is what makes ``lengths`` describe ``ids``.
 
 Dtypes and the equality of candidate rows with the index's length are properties of the program's
-signature: ``ExportedProgram.module()`` checks them on every call; AOTInductor checks them when
-the serving process sets ``AOTI_RUNTIME_CHECK_INPUTS=1``.
+signature, which a traced op cannot test (the graph is typed, and both lengths are the one size
+N): a program loaded by ``rocs.load`` checks the index's dtype and length before its graph runs
+(:func:`check_loaded_index`, the compiled model's own messages); AOTInductor checks them when the
+serving process sets ``AOTI_RUNTIME_CHECK_INPUTS=1``.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import Mapping, Optional, Sequence
 import torch
 
 from ..errors import InputError
+from ..kernels.index_contract import check_candidate_to_request
 from ..runtime.eager_checks import more_than_one_value_per_channel
 from ..ir.graph_meta import INDEX_NAME
 
@@ -85,7 +89,8 @@ def check_shared_call(
         safe = index.clamp(0, num_requests - 1)
         counts = torch.zeros(num_requests, dtype=torch.int64, device=index.device)
         counts = counts.index_add(0, safe, ones)
-        grouped = (counts.min() > 0) | (request_count != num_candidates) | (num_candidates <= 1)
+        # ``all`` rather than ``min() > 0``: an empty batch (R = N = 0) passes, as in eager.
+        grouped = (counts > 0).all() | (request_count != num_candidates) | (num_candidates <= 1)
         torch._assert_async(grouped, REPLICATED_MESSAGE)
         passed = passed & grouped
     for name in jagged:
@@ -94,6 +99,15 @@ def check_shared_call(
         torch._assert_async(fits, LENGTHS_MESSAGE.format(name=name))
         passed = passed & fits
     return index + _zero_unless_failed(passed, torch.int64, index.device)
+
+
+def check_loaded_index(index: object, candidate_rows: Optional[torch.Tensor]) -> None:
+    """Before a loaded program's graph runs: ``index`` is an int64 ``[N]`` tensor with one entry
+    per row of ``candidate_rows`` (a candidate input; None for a model without one), else the
+    compiled model's :class:`InputError` naming the dtype or the lengths. The range is checked in
+    the graph."""
+    rows = candidate_rows.shape[0] if isinstance(candidate_rows, torch.Tensor) else None
+    check_candidate_to_request(index, rows, None, check_range=False)
 
 
 def check_values_per_channel(value: torch.Tensor) -> torch.Tensor:

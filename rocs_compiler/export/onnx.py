@@ -7,6 +7,10 @@ gather out of bounds exactly when a check fails, of the index and of each batch 
 stay, and this module names their ONNX nodes after the checks, so ONNX Runtime's refusal reads
 ``... running Gather node. Name:'rocs input check failed: ...'``.
 
+Masked attention is written out in plain ops first (``onnx_attention.py``), so that a query that
+sees no key gets eager's zeros, and the inputs and their dynamic dims are named (``R``, ``N``,
+``L_<input>``: ``size_names.py``).
+
 A program that still calls ``rocs::`` ops (exported without ``portable=True``), or an ATen op
 the ONNX exporter cannot translate, is refused with a :class:`CompileError` naming the ops.
 """
@@ -20,7 +24,10 @@ import torch
 from torch import fx
 
 from ..errors import CompileError
+from . import symbolic_signature
+from .onnx_attention import with_eager_attention
 from .portable import rocs_ops_in
+from .size_names import size_names
 
 CHECK_NODE_NAME = (
     "rocs input check failed: candidate_to_request must lie in [0, R), request inputs must have "
@@ -57,7 +64,9 @@ def _unsupported_ops(message: str) -> list[str]:
 def export_onnx(program: torch.export.ExportedProgram, path: str | os.PathLike) -> str:
     """Write ``program`` (a portable program, ``rocs.export(cm, portable=True)``) as an ONNX model
     at ``path`` with dynamic R and N; return the path. Inputs are the program's flat inputs in
-    call order (the model's arguments by their leaf names, then ``candidate_to_request``)."""
+    call order, named by their leaf names as ``input_signature(program)`` lists them (the model's
+    arguments, ``features.user_age`` inside a dict, ``X.0:2`` for a column piece, then
+    ``candidate_to_request``), their dynamic dims ``R``, ``N`` and ``L_<input>``."""
     fused = rocs_ops_in(program)
     if fused:
         raise CompileError(
@@ -65,14 +74,19 @@ def export_onnx(program: torch.export.ExportedProgram, path: str | os.PathLike) 
             "rocs.export(cm, portable=True) (rocs export --portable), which computes them in "
             "plain torch"
         )
+    program = with_eager_attention(program)
     guards = _guard_nodes(program)
+    signature = symbolic_signature(program)
     try:
-        onnx_program = torch.onnx.export(program, (), dynamo=True, verbose=False)
+        onnx_program = torch.onnx.export(
+            program, (), dynamo=True, verbose=False, input_names=list(signature)
+        )
     except Exception as err:  # the exporter's own error types vary between torch versions
         ops = _unsupported_ops(str(err))
         named = f" (ops: {', '.join(ops)})" if ops else ""
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CompileError(f"ONNX export failed{named}: {first}") from err
+    onnx_program.rename_axes(size_names(signature))
     model = onnx_program.model_proto
     markers, taken = {}, set()
     for guard, name in guards.items():  # ONNX node names are unique: number a second check

@@ -183,7 +183,7 @@ class Prepared:
             # either model: an empty name, which never resolves, keeps it that way.
             names[attr] = paths.get(id(tensor), "") if tensor is not None else ""
         originals = {self.stand_ins.get(module, module): table for module, table in reads.items()}
-        return user_model, originals, names
+        return user_model, reads.with_modules(originals), names
 
 
 def _registered(model: nn.Module, name: str) -> Optional[torch.Tensor]:

@@ -52,8 +52,8 @@ from .program_choice import (
     call_clock,
     now,
 )
-from .distributed import DDPWatch, unshard_fsdp
-from .dtype_move import dtype_move
+from .distributed import DDPWatch, sharded_by_fsdp, unshard_fsdp
+from .dtype_move import dtype_move, keep_integer_dtypes
 from .module_state import share_module_state
 from .guards import NO_GUARDS
 from .request_detection import detect_requests, reduce_rows
@@ -269,6 +269,7 @@ class CompiledModel(nn.Module):
         guards=NO_GUARDS,  # ``runtime/guards.py``: the model is still the one compiled
         recompile: Optional[Callable[[torch.dtype, torch.device], "CompiledModel"]] = None,
         training=None,  # ``runtime/training.py``: calls in grad mode run it under autograd
+        eval_mode=None,  # ``runtime/eval_mode.py``: a training compile's calls in eval mode
     ):
         super().__init__()
         # Not a submodule (``_share_module_state``): its tensors are the program's aliases of the
@@ -320,11 +321,14 @@ class CompiledModel(nn.Module):
         object.__setattr__(self, "_original_is_copy", False)  # a moved copy, after such a move
         object.__setattr__(self, "_training", training)
         object.__setattr__(self, "_module", original)  # the model this one stands for
-        object.__setattr__(self, "_ddp", DDPWatch(original) if training is not None else None)
+        ddp = DDPWatch(original, self) if training is not None else None
+        object.__setattr__(self, "_ddp", ddp)
+        object.__setattr__(self, "_eval_mode", eval_mode)
         if original is not None:
             share_module_state(self, original)  # ``runtime/module_state.py``
 
     _cache = None  # a ``request_cache.CachedGraph`` when a request cache is attached
+    _autocast = None  # ``runtime/autocast.py``: programs for calls under torch.autocast
 
     def __setattr__(self, name: str, value: Any) -> None:
         # The compiled model's own state stays its own; anything else (a parameter or submodule
@@ -336,8 +340,9 @@ class CompiledModel(nn.Module):
 
     def train(self, mode: bool = True) -> "CompiledModel":
         """Switch the original model's mode (``cm.eval()``, a parent's ``.eval()``): the compiled
-        model runs in its original's mode, and a training compile in another mode than it was
-        compiled in is refused by the guards (docs/contract.md, "Autograd")."""
+        model runs in its original's mode. A training compile in eval mode runs an inference
+        compile of its original in eval mode (``runtime/eval_mode.py``); an inference compile
+        switched to training mode is refused by the guards (docs/contract.md, "Autograd")."""
         if not isinstance(mode, bool):
             raise ValueError("training mode is expected to be boolean")
         if self._module is not None:
@@ -371,6 +376,12 @@ class CompiledModel(nn.Module):
         return None if self._cache is None else self._cache.stats()
 
     def forward(self, *args, candidate_to_request: Optional[torch.Tensor] = None, **kwargs):
+        eval_mode = self._eval_mode
+        if eval_mode is not None and eval_mode.applies():  # a training compile in eval mode
+            return eval_mode.call(self, args, kwargs, candidate_to_request)
+        autocast = self._autocast
+        if autocast is not None and autocast.active():  # ``runtime/autocast.py``
+            return autocast.call("forward", args, kwargs, candidate_to_request)
         originals = self._originals
         if (
             originals is not None
@@ -510,13 +521,15 @@ class CompiledModel(nn.Module):
 
     def _chooses_training(self) -> bool:
         """True when a training call (``_trains``) runs the program its bucket chose (``_train``):
-        a training compile with the choice on, no converting input format, not being traced."""
+        a training compile with the choice on, no converting input format, not being traced, not
+        sharded by FSDP2 (whose ranks must run the same collectives: ``sharded_by_fsdp``)."""
         training = self._training
         return (
             training is not None
             and training.choice is not None
             and not self.input_format.converts
             and not torch.compiler.is_compiling()
+            and not sharded_by_fsdp(self)
         )
 
     def _trains_as_original(self, leaves: dict) -> bool:
@@ -697,10 +710,17 @@ class CompiledModel(nn.Module):
     def program_choices(self) -> dict[tuple, str]:
         """Per call bucket ``(layout, rows bits, requests bits)``, the program it runs, ``"shared"``
         or ``"plain"``, for the buckets decided so far (training calls: layouts ``train-*``,
-        ``"plain"`` being the original model)."""
+        ``"plain"`` being the original model; a training compile's calls in eval mode: layouts
+        ``eval-*``, decided by its eval-mode program)."""
         choices = {} if self._choice is None else self._choice.decisions()
         training = self._training.choice if self._training is not None else None
-        return choices if training is None else {**choices, **training.decisions()}
+        if training is not None:
+            choices = {**choices, **training.decisions()}
+        evaluating = self._eval_mode.program if self._eval_mode is not None else None
+        if evaluating is not None:  # a training compile's eval-mode program: layouts ``eval-*``
+            for (layout, *sizes), program in evaluating.program_choices().items():
+                choices[(f"eval-{layout}", *sizes)] = program
+        return choices
 
     def plain_runs(self) -> dict[tuple, str]:
         """Per bucket settled on the plain program (``program_choices``), what its calls run once
@@ -712,6 +732,12 @@ class CompiledModel(nn.Module):
         """The original call (request inputs replicated, one row per candidate) with the
         grouping given: ``candidate_to_request[n]`` is candidate n's request. Raises
         :class:`InputError` when a request input varies within a request."""
+        eval_mode = self._eval_mode
+        if eval_mode is not None and eval_mode.applies():
+            return eval_mode.call_replicated(self, args, kwargs, candidate_to_request)
+        autocast = self._autocast
+        if autocast is not None and autocast.active():
+            return autocast.call("call_replicated", args, kwargs, candidate_to_request)
         self._guards.check()
         if self.input_format.converts:
             return self._forward_format(args, kwargs, candidate_to_request, replicated=True)
@@ -792,7 +818,7 @@ class CompiledModel(nn.Module):
             return self.contract.outputs(self._clone_constants(outputs))
 
         choice = training.choice
-        if choice is None or self.input_format.converts or torch.compiler.is_compiling():
+        if not self._chooses_training():
             return program()
         shared = requests is leaves
         first = self.contract.request_inputs[0] if self.contract.request_inputs else None
@@ -890,6 +916,16 @@ class CompiledModel(nn.Module):
         if self._weights is not None:
             self._weights.refresh(force=True)
 
+    def current_graph(self) -> Optional[nn.Module]:
+        """The rewritten graph as the next call would run it, for readers of the graph itself
+        (``rocs.export``): the guards' check that the original is still the model compiled
+        (``runtime/guards.py``), then its weights and folded constants brought up to date."""
+        self._guards.check()
+        weights = self._weights
+        if weights is not None and not weights.current():
+            weights.refresh()
+        return self.graph_module
+
     def _graph_runner(self) -> Callable:
         """The graph with its ops called directly: ``index`` was range-checked above."""
         if torch.compiler.is_compiling():
@@ -910,6 +946,11 @@ class CompiledModel(nn.Module):
         return self._runner
 
     def _apply(self, fn, recurse=True):
+        fn = keep_integer_dtypes(fn)  # ``cm.type(dtype)`` moves floating tensors only
+        if self._eval_mode is not None:
+            self._eval_mode.moved(fn)
+        if self._autocast is not None:
+            self._autocast.moved(fn)
         if self._recompile is not None:
             held = self._weights.held() if self._weights is not None else []
             inputs = self._input_specs.empty_tensors() if self._input_specs is not None else []
@@ -966,6 +1007,11 @@ class CompiledModel(nn.Module):
         return first
 
     def _group(self, leaves: dict):
+        if torch.compiler.is_compiling():  # ``torch.compile(cm)``: dynamo stops at the grouping
+            return _group_untraced(self, leaves)
+        return self._group_rows(leaves)
+
+    def _group_rows(self, leaves: dict):
         contract = self.contract
         rows = self._batch_rows(leaves, contract.batched_inputs)
         if not self._request_work:
@@ -1085,9 +1131,16 @@ class CompiledModel(nn.Module):
         return self._original(*call_args, **call_kwargs)
 
 
+# Outside dynamo's trace: the grouping reads rows as bytes through dtype views, whose aliases
+# AOTAutograd regenerates with the wrong itemsize, and its Python counts would guard (and
+# recompile) on every batch's request sizes. Eager calls skip the wrapper's cost (about 1 us).
+_group_untraced = torch.compiler.disable(CompiledModel._group_rows)
+
 # What ``_adopt`` leaves as it is: nn.Module's own state, and what watches the original.
 _MODULE_STATE = frozenset(vars(nn.Module()))
-_KEPT_ON_MOVE = frozenset({"_guards", "_weights_from", "_recompile", "_module"})
+_KEPT_ON_MOVE = frozenset(
+    {"_guards", "_weights_from", "_recompile", "_module", "_eval_mode", "_autocast"}
+)
 
 
 def _has_request_work(graph_module: Optional[nn.Module]) -> bool:

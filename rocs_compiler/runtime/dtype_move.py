@@ -11,6 +11,11 @@ would do: it compiles a copy of the original model moved the same way, on the co
 moved the same way, and the compiled model takes that program over, still following (as a cast
 copy) and guarding the original model. A move of device alone keeps the graph, moved.
 
+``cm.type(dtype)`` is the one move nn.Module applies to every tensor, integer ones included; a
+compiled model moves only its floating (and complex) tensors and input specs, as ``.to(dtype)``
+does: integer ids, index tables and masks keep their dtype and follow a device change alone
+(:func:`keep_integer_dtypes`).
+
 Identity relied on: a module's ``_apply(fn)`` maps every floating tensor of one dtype to one
 dtype and device, so ``fn`` applied to an empty tensor of each floating dtype the compiled model
 holds tells the move (``InputSpecs.moved`` reads input dtypes the same way).
@@ -38,3 +43,18 @@ def dtype_move(
         if probe.dtype != tensor.dtype:
             return probe.dtype, probe.device
     return None
+
+
+def keep_integer_dtypes(
+    fn: Callable[[torch.Tensor], torch.Tensor],
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``fn`` for floating and complex tensors; for any other tensor, only the device ``fn``
+    moves it to (``nn.Module.type`` casts every tensor, ids included)."""
+
+    def move(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.is_floating_point() or tensor.is_complex():
+            return fn(tensor)
+        probe = fn(torch.empty(0, dtype=tensor.dtype, device=tensor.device))
+        return fn(tensor) if probe.dtype == tensor.dtype else tensor.to(probe.device)
+
+    return move

@@ -29,18 +29,14 @@ forward are also compared by value on every call (in-place edits); other objects
 tensors held as plain attributes, config objects) by identity, except that a dataclass read again
 equal field by field (a replaced module's config) passes the rebuild.
 
-Not seen: in-place changes inside objects held by identity (``self.cfg.scale = 2``), class
-attributes other than ``forward`` changed on the class, and forward hooks registered after
-compiling (their effect is not part of the graph).
+Globals the model's code reads, the attributes of objects its modules hold (``self.cfg.scale``),
+class attributes read, and the forward hooks of the modules called are guarded the same way by
+``runtime/read_guards.py``; an attribute the call itself assigns before reading it (the weight
+that ``torch.nn.utils.weight_norm``'s pre-hook computes) is the graph's own value, not guarded.
 """
 
 from __future__ import annotations
 
-import copy
-import dataclasses
-import enum
-import functools
-import math
 import operator
 import threading
 from dataclasses import dataclass, field
@@ -48,15 +44,20 @@ from typing import Any, Mapping
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
-from ..capture.reads import ABSENT, FROM_CLASS, Reads
-from ..errors import CompileError
+from ..capture.reads import ABSENT, FROM_CLASS, WRITTEN, Reads
+from .guard_values import MISSING
+from .guard_values import is_plain as _is_plain
+from .guard_values import refuse as _refuse
+from .guard_values import same_data as _same_data
+from .guard_values import show as _show
+from .guard_values import snapshot as _snapshot
+from .read_guards import HookWatch, ReadSpec, read_spec, resolve_reads
 from .weights import note_reassignment, registrations
 
-MISSING = type("MISSING", (), {"__repr__": lambda self: "MISSING"})()
 _FORWARD = operator.attrgetter("forward")
 _LOCK = threading.RLock()
-_PLAIN = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device, enum.Enum)
 
 
 @dataclass
@@ -68,6 +69,7 @@ class _Spec:
     forwards: dict[str, Any] = field(default_factory=dict)  # called path -> class's forward
     attrs: dict[tuple[str, str], Any] = field(default_factory=dict)  # (path, name) -> value read
     weights: list[tuple[tuple[str, str, str], ...]] = field(default_factory=list)  # tied groups
+    reads: ReadSpec = field(default_factory=ReadSpec)  # globals, held objects, hooks
 
 
 @dataclass
@@ -91,6 +93,7 @@ class _Fast:
     called: list = field(default_factory=list)  # classes whose forward was traced
     contents: list = field(default_factory=list)  # containers read, compared by value
     snapshots: list = field(default_factory=list)
+    hooks: HookWatch = field(default_factory=HookWatch)  # forward hooks of the called modules
     tables: dict = field(default_factory=dict)  # id -> (table, {key: value}, {absent keys})
 
     def entry(self, table: dict, key: str, value: Any, by_identity: bool = False) -> None:
@@ -131,20 +134,25 @@ class _Fast:
         # compared by value here), an equal value of another type (``typed``), or a change.
         if self.registrations != registrations():
             return False
+        # Tables are dicts, or a class's ``mappingproxy`` (``read_guards.py``): ``getitem``.
         try:
             if list(map(operator.call, self.getters, self.args)) != self.expected:
                 return False
+            if self.types and (
+                list(map(type, map(operator.getitem, self.typed_dicts, self.typed_keys)))
+                != self.types
+            ):
+                return False
+            if self.same and not all(
+                map(operator.is_, map(operator.getitem, self.same_dicts, self.same_keys), self.same)
+            ):
+                return False
         except Exception:  # noqa: BLE001 - a key gone, or an ``__eq__`` that cannot say
             return False
-        if self.types and (
-            list(map(type, map(dict.get, self.typed_dicts, self.typed_keys))) != self.types
-        ):
+        if self.contents and self.contents != self.snapshots:
             return False
-        if self.same and not all(
-            map(operator.is_, map(dict.get, self.same_dicts, self.same_keys), self.same)
-        ):
-            return False
-        return not self.contents or self.contents == self.snapshots
+        hooks = self.hooks
+        return (hooks.counter == RemovableHandle.next_id and not hooks.held) or hooks.holds()
 
 
 class Guards:
@@ -212,6 +220,8 @@ def _spec_of(model: nn.Module, reads: Reads, weight_names: Mapping[str, str]) ->
         path = module_paths[0]
         own = object.__getattribute__(module, "__dict__")
         for name, value in table.items():
+            if value is WRITTEN:
+                continue  # assigned by the call before it read it: computed in the graph
             # As the model is now, after capture (export swaps parameters in and out, and a
             # module may update caches of its own then: an RNN's ``_flat_weight_refs``).
             if value is not FROM_CLASS and value is not ABSENT:
@@ -240,73 +250,23 @@ def _spec_of(model: nn.Module, reads: Reads, weight_names: Mapping[str, str]) ->
         spec.weights.append(group)
         for owner, _, _ in group:
             guard(paths[id(model.get_submodule(owner))])
+    modules = {}
     for path in sorted(guarded, key=lambda p: (p.count(".") + bool(p), p)):
-        spec.classes[path] = type(model.get_submodule(path))
+        modules[path] = model.get_submodule(path)
+        spec.classes[path] = type(modules[path])
+    spec.reads = read_spec(reads, modules, spec.attrs, list(spec.forwards))
     return spec
 
 
-def _snapshot(value: Any) -> Any:
-    """What a read value is compared with later: plain data as a copy, anything else itself."""
-    if isinstance(value, (list, dict, set)) and _is_plain(value):
-        return copy.deepcopy(value)
-    return value
-
-
-def _is_plain(value: Any) -> bool:
-    if isinstance(value, _PLAIN):
-        return True
-    if isinstance(value, (tuple, list, set, frozenset)):
-        return all(map(_is_plain, value))
-    if isinstance(value, dict):
-        return all(map(_is_plain, value.keys())) and all(map(_is_plain, value.values()))
-    return False
-
-
-def _same_value(a: Any, b: Any) -> bool:
-    """Equal as the graph saw it: the same object, or plain data of one type and value."""
-    if a is b:
-        return True
-    if type(a) is not type(b) or not _is_plain(a) or not _is_plain(b):
-        return False
-    if isinstance(a, (tuple, list)):
-        return len(a) == len(b) and all(map(_same_value, a, b))
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_same_value(v, b[k]) for k, v in a.items())
-    if isinstance(a, float) and math.isnan(a):
-        return math.isnan(b)
-    return bool(a == b)
-
-
-def _same_data(a: Any, b: Any) -> bool:
-    """:func:`_same_value`, or objects of one type whose dataclass fields (items, for lists and
-    dicts; function and arguments, for a ``functools.partial``) are so: a config built again
-    with equal values reads as the graph read it (a replaced TorchRec collection's table
-    configs). Such an object is then compared by identity per call, as every object that is not
-    plain data."""
-    if _same_value(a, b):
-        return True
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(map(_same_data, a, b))
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_same_data(v, b[k]) for k, v in a.items())
-    if dataclasses.is_dataclass(a) and not isinstance(a, type):
-        return all(
-            _same_data(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a)
-        )
-    if isinstance(a, functools.partial):  # a config's initializer, made per config
-        return a.func is b.func and _same_data((a.args, a.keywords), (b.args, b.keywords))
-    return False
-
-
 # A compiled model runs in the mode it was compiled in (``CompiledModel.train`` switches the
-# original, so ``cm.eval()`` and a parent's ``.eval()`` land here).
+# original, so ``cm.train()`` and a parent's ``.train()`` land here). A training compile whose
+# whole model is in eval mode runs its eval-mode program (``runtime/eval_mode.py``): what lands
+# here is a submodule switched alone.
 _MODE_HINTS = {
     True: " (call model.eval() or cm.eval())",
     False: (
-        " (compiled in training mode: call cm.train() to train on; evaluate with the original "
-        "model or an inference compile, rocs.compile(model.eval(), ...))"
+        " (compiled in training mode: switch the whole model, cm.eval() to evaluate or "
+        "cm.train() to train on)"
     ),
 }
 
@@ -316,18 +276,6 @@ _MODE_HINTS = {
 
 def _where(path: str, name: str = "") -> str:
     return ".".join(filter(None, ("model", path, name)))
-
-
-def _show(value: Any) -> str:
-    if value is MISSING or value is ABSENT:
-        return "nothing"
-    text = repr(value)
-    text = text if len(text) <= 40 else text[:37] + "..."
-    return f"{type(value).__name__} {text}" if _is_plain(value) else text
-
-
-def _refuse(what: str) -> CompileError:
-    return CompileError(f"{what}; the compiled graph depends on it: compile the model again")
 
 
 def _sharded(cls: type, compiled: type) -> bool:
@@ -405,4 +353,5 @@ def _resolve(model: nn.Module, spec: _Spec) -> _Fast:
             first = _where(group[0][0], group[0][2])
             what = f"{_where(*untied[0])} is no longer tied to {first}"
             raise _refuse(f"{what} (one tensor at compile time)")
+    resolve_reads(spec.reads, modules, fast)
     return fast.seal()

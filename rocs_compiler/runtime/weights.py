@@ -15,9 +15,11 @@ with no work at all. Three things do not follow by themselves:
 
 Identity: a folded constant (or a copy) equals its recipe evaluated on the weights as long as no
 weight it reads was written since. Every in-place write bumps a tensor's ``_version`` counter
-(autograd's own staleness check relies on it), every assignment of a parameter, buffer or
+(autograd's own staleness check relies on it; a fused optimizer step, whose kernel does not, is
+made to by ``runtime/optimizer_writes.py``), every assignment of a parameter, buffer or
 submodule goes through ``nn.Module``'s registration hooks, which here count into one
-process-wide number, and an assignment to ``.data`` gives the tensor another storage. So before
+process-wide number (except inside ``torch.compile``d code, where ``runtime/guards.py`` finds
+reassignments), and an assignment to ``.data`` gives the tensor another storage. So before
 each call :meth:`WeightRefresh.current` compares that number, the version counters and the data
 pointers of the model's weights with those of the last refresh (two C reads per weight, a few
 us for 40 weights); when any moved, :meth:`WeightRefresh.refresh`
@@ -38,9 +40,10 @@ Other in-place writes to inference tensors (``p.copy_(w)`` under inference mode)
 Refused (``CompileError``, "compile again"): a weight that is no longer a parameter or buffer
 under its name, or whose new tensor has another shape, dtype or device. Not seen: in-place
 writes through ``.data`` (``p.data.copy_(x)``) and by kernels that bump no version counter
-(batch norm's running statistics in a train-mode forward), which by PyTorch's definition bypass
-version tracking: the aliases see them, folded constants and copies do not;
-``CompiledModel.refresh_weights()`` re-reads everything after such writes. (The request cache
+(batch norm's running statistics in a train-mode forward, a fused optimizer step inside
+``torch.compile``d code), which by PyTorch's definition bypass version tracking: the aliases
+see them, folded constants and copies do not; ``CompiledModel.refresh_weights()`` re-reads
+everything after such writes. (The request cache
 compares the buffers it depends on by content, ``runtime/content_watch.py``.)
 """
 
@@ -59,6 +62,7 @@ from torch.nn.modules import module as _module
 from ..errors import CompileError
 from ..ir.folded import Fold
 from ..ir.graph_meta import FOLD
+from . import optimizer_writes
 
 
 class _Registrations:
@@ -68,6 +72,13 @@ class _Registrations:
 
 
 def _count_registration(*_args) -> None:
+    # Dynamo traces the hooks of modules made inside a compiled forward (``self.seq[:2]`` makes
+    # a new ``nn.Sequential`` per call): counting there would guard every other model's compiled
+    # code on this number, recompiling it on every call. Registrations inside compiled code are
+    # not counted: the guards still find a compiled model's reassigned weights (``guards.py``
+    # compares the module tables themselves and calls ``note_reassignment``).
+    if torch.compiler.is_compiling():
+        return
     _Registrations.count += 1
 
 
@@ -181,6 +192,7 @@ class WeightRefresh:
             owned = not any(_shares_storage(buffer, getattr(gm, s)) for s in fold.sources)
             folds.append(_Folded(node.target, fold, fold.sources, owned))
         self._weights, self._folds = weights, folds
+        optimizer_writes.follow(w.source for w in weights)
         self._watched = [w.source for w in weights if _trackable(w.source)]
         self._versions: Optional[list[int]] = None  # the next call refreshes everything once
         self._pointed = [w.source for w in weights if _has_pointer(w.source)]
@@ -245,6 +257,8 @@ class WeightRefresh:
                 changed.add(w.attr)
             for w, source in zip(self._weights, sources):
                 w.source, w.version, w.pointer = source, tensor_version(source), _pointer(source)
+            if look_up:
+                optimizer_writes.follow(sources)
             for f in self._folds:
                 if f.sources & rebound or (f.owned and (everything or f.sources & changed)):
                     value = f.fold.evaluate(gm)

@@ -49,7 +49,9 @@ def fsdp_against_eager(rank: int, world: int, layouts: list, options: dict) -> l
             fully_shard(layer, mesh=mesh)
         fully_shard(cm, mesh=mesh)
         _train(cm, layout, True, rank)
-        results.append({"eager": _full(eager), "compiled": _full(model)})
+        results.append(
+            {"eager": _full(eager), "compiled": _full(model), "choices": cm.program_choices()}
+        )
     return results
 
 

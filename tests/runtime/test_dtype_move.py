@@ -128,3 +128,20 @@ def test_a_model_that_cannot_be_copied_is_refused_with_how_to_move_it():
     with torch.no_grad():  # still the float32 model, unmoved
         got = cm(u=u, c=c, candidate_to_request=index)
         torch.testing.assert_close(got, model(u[index], c))
+
+
+def test_type_keeps_integer_inputs_and_moves_floating_ones():
+    """``nn.Module.type`` casts every tensor; a compiled model's ``.type(torch.float64)`` after
+    ``.to(torch.float64)`` (no floating dtype changes, so no recompile) used to cast its input
+    specs too and refuse the int64 ids as "compiled for torch.float64"."""
+    from models_for_tests import USER_ITEM_MLP, check_both_conventions
+
+    model = USER_ITEM_MLP.build()
+    cm = USER_ITEM_MLP.compile(model).to(torch.float64).type(torch.float64)
+    model.double()
+    batch = USER_ITEM_MLP.batch([3, 1, 2], seed=5, shuffle=True)
+    batch.kwargs = {k: v.double() if v.is_floating_point() else v for k, v in batch.kwargs.items()}
+    assert batch.kwargs["user_ids"].dtype == torch.int64
+    with torch.no_grad():
+        for _ in range(CALLS):  # past the program choice's trials: both programs
+            check_both_conventions(cm, model, batch, "float64 after .type")

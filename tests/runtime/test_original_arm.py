@@ -51,13 +51,20 @@ def _batch(counts, seed=0):
     return torch.randn(len(counts), 8, generator=g), torch.randn(sum(counts), 8, generator=g), index
 
 
-def _compiled(fmt: str):
+def _compiled(fmt: str, forwards: list | None = None):
+    """(model, its compile, input wrapper); with ``forwards``, a forward pre-hook registered
+    before compiling (so the guards hold it) appends to it on each call of the original."""
     cls, request, wrap = FORMATS[fmt]
     torch.manual_seed(0)
     model = cls().eval()
+    if forwards is not None:
+        model.register_forward_pre_hook(lambda *_: forwards.append(1))
     user, item, index = _batch([3, 2], seed=1)
     args, kwargs = wrap(user[index], item)
-    return model, rocs.compile(model, [request], example_inputs=args, example_kwargs=kwargs), wrap
+    cm = rocs.compile(model, [request], example_inputs=args, example_kwargs=kwargs)
+    if forwards is not None:
+        forwards.clear()  # the compile's own calls
+    return model, cm, wrap
 
 
 def _settle_plain(cm, counts):
@@ -66,9 +73,9 @@ def _settle_plain(cm, counts):
     cm._choice.settle(bucket("shared", rows, len(counts)), PLAIN)
 
 
-def _kept(arm: str):
+def _kept(arm: str, forwards: list | None = None):
     """(model, its tensors compile, counts): the buckets of calls of ``counts`` kept ``arm``."""
-    model, cm, _ = _compiled("tensors")
+    model, cm, _ = _compiled("tensors", forwards)
     counts = [3, 2, 6]
     _settle_plain(cm, counts)
     for key in _arm_keys(counts):
@@ -137,9 +144,8 @@ def test_the_faster_arm_is_kept(monkeypatch, slow, kept):
 
 
 def test_a_kept_plain_program_never_calls_the_original():
-    model, cm, counts = _kept(PROGRAM)
     forwards = []
-    model.register_forward_pre_hook(lambda *_: forwards.append(1))
+    model, cm, counts = _kept(PROGRAM, forwards)
     user, item, index = _batch(counts)
     with torch.no_grad():
         cm(user=user[index], item=item)
@@ -162,10 +168,9 @@ def test_a_kept_original_runs_the_call_as_made_and_follows_a_changed_model():
 
 
 def test_a_kept_original_is_not_taken_in_grad_mode_nor_for_a_bad_index():
-    model, cm, counts = _kept(ORIGINAL)
-    user, item, index = _batch(counts)
     forwards = []
-    model.register_forward_pre_hook(lambda *_: forwards.append(1))
+    model, cm, counts = _kept(ORIGINAL, forwards)
+    user, item, index = _batch(counts)
     out = cm(user=user[index], item=item)  # grad mode: outside the program choice
     assert out.requires_grad and not forwards
     with torch.no_grad():

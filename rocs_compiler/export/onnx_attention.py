@@ -1,0 +1,72 @@
+"""Masked attention for ONNX, with eager's answer for a query that sees no key.
+
+Eager's ``scaled_dot_product_attention`` (its math and fused CPU kernels alike) returns zeros for
+a query whose every key is masked out: its softmax of a row of ``-inf`` only is 0, not NaN. The
+ONNX exporter's translation does not: a boolean mask becomes an additive mask of the dtype's
+lowest finite value, so such a row attends uniformly to every key (the mean of the values); a
+float mask of ``-inf`` gives NaN. A request whose history is all padding then scores otherwise in
+ONNX Runtime than in eager.
+
+:func:`with_eager_attention` replaces each masked ``scaled_dot_product_attention`` of a program by
+its plain ops (``matmul``, ``softmax``, ``matmul``), the weights of a row of ``-inf`` only set to
+zero, which every ONNX runtime computes as eager does. Attention without a mask keeps the
+exporter's translation (a query sees every key, or, causal, at least the first).
+
+Identity: for ``scores = q @ k^T * scale + additive(mask)``,
+``sdpa(q, k, v, mask) == where(all(scores == -inf, -1), 0, softmax(scores, -1)) @ v``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+aten = torch.ops.aten
+
+
+def _eager_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+):
+    """``aten.scaled_dot_product_attention`` with a mask, in plain ops (NotImplemented, which
+    keeps the op, for attention without a mask or with dropout)."""
+    if attn_mask is None or dropout_p != 0.0:
+        return NotImplemented
+    if enable_gqa and key.shape[-3] != query.shape[-3]:
+        groups = query.shape[-3] // key.shape[-3]
+        key = key.repeat_interleave(groups, dim=-3)
+        value = value.repeat_interleave(groups, dim=-3)
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    scores = (query @ key.transpose(-2, -1)) * scale
+    if attn_mask.dtype == torch.bool:
+        scores = scores.masked_fill(attn_mask.logical_not(), float("-inf"))
+    else:
+        scores = scores + attn_mask
+    closed = (scores == float("-inf")).all(-1, keepdim=True)
+    weights = torch.softmax(scores, -1).masked_fill(closed, 0.0)
+    return weights @ value
+
+
+def has_masked_attention(program: torch.export.ExportedProgram) -> bool:
+    """True when ``program`` calls ``scaled_dot_product_attention`` with a mask."""
+    for node in program.graph.nodes:
+        if node.op == "call_function" and node.target is aten.scaled_dot_product_attention.default:
+            mask = node.args[3] if len(node.args) > 3 else node.kwargs.get("attn_mask")
+            if mask is not None:
+                return True
+    return False
+
+
+def with_eager_attention(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """``program`` with each masked attention in plain ops (see the module's docstring);
+    ``program`` itself when it has none."""
+    if not has_masked_attention(program):
+        return program
+    return program.run_decompositions({aten.scaled_dot_product_attention.default: _eager_attention})
