@@ -17,15 +17,21 @@ from rocs_compiler.export import input_signature
 from rocs_compiler.export.onnx import CHECK_NODE_NAME
 
 ort = pytest.importorskip("onnxruntime")
+onnx = pytest.importorskip("onnx")
 
 # ragged batches: R > 1 with 1, 3 and 17 candidates, R = 1, and R = N (one candidate each)
 BATCHES = [([3, 1, 17], True), ([1], False), ([5], False), ([1, 1, 1], True)]
 
 
 def _session(program, path) -> "ort.InferenceSession":
+    """An ONNX Runtime session of ``program``, whose ONNX graph holds no ``Loop`` (an op
+    translated as a loop over its rows, as the exporter does embedding bags, runs node by node)."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
-    return ort.InferenceSession(rocs.export_onnx(program, path), options)
+    path = rocs.export_onnx(program, path)
+    ops = {node.op_type for node in onnx.load(path).graph.node}
+    assert "Loop" not in ops, sorted(ops)
+    return ort.InferenceSession(path, options)
 
 
 def _run(session, program, kwargs: dict) -> list[np.ndarray]:

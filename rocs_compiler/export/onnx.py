@@ -8,7 +8,9 @@ stay, and this module names their ONNX nodes after the checks, so ONNX Runtime's
 ``... running Gather node. Name:'rocs input check failed: ...'``.
 
 Masked attention is written out in plain ops first (``onnx_attention.py``), so that a query that
-sees no key gets eager's zeros, and the inputs and their dynamic dims are named (``R``, ``N``,
+sees no key gets eager's zeros; embedding bags as a gather and a scatter-add, which ONNX Runtime
+runs as kernels where the exporter's translation is a ``Loop`` over the bags (``onnx_bags.py``);
+and the inputs and their dynamic dims are named (``R``, ``N``,
 ``L_<input>``: ``size_names.py``).
 
 A program that still calls ``rocs::`` ops (exported without ``portable=True``), or an ATen op
@@ -26,6 +28,7 @@ from torch import fx
 from ..errors import CompileError
 from . import symbolic_signature
 from .onnx_attention import with_eager_attention
+from .onnx_bags import with_gathered_bags
 from .portable import rocs_ops_in
 from .size_names import size_names
 
@@ -74,7 +77,7 @@ def export_onnx(program: torch.export.ExportedProgram, path: str | os.PathLike) 
             "rocs.export(cm, portable=True) (rocs export --portable), which computes them in "
             "plain torch"
         )
-    program = with_eager_attention(program)
+    program = with_gathered_bags(with_eager_attention(program))
     guards = _guard_nodes(program)
     signature = symbolic_signature(program)
     try:

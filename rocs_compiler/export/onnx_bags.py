@@ -1,0 +1,92 @@
+"""Embedding bags for ONNX as a gather and a scatter-add, never a ``Loop``.
+
+The ONNX exporter translates ``embedding_bag`` into a ``Loop`` over the bags, one iteration per
+bag, which ONNX Runtime interprets node by node: a DLRM's bags then cost many times their
+lookups. :func:`with_gathered_bags` writes each bag of a program in ops ONNX Runtime runs as
+kernels: the rows gathered at once (``index_select``), each id's bag numbered from the offsets
+(a cumulative sum of the bag starts), and the rows summed into their bags by one ``scatter_add``
+(``amax`` by ``scatter_reduce`` for max bags), mean bags divided by their sizes.
+
+Identity: for ids ``i`` with bag numbers ``b`` (``b[j]`` the bag of position ``j``),
+``embedding_bag(W, i, offsets, sum)[k] == sum over j with b[j] = k of W[i[j]] * w[j]`` (``w`` the
+per-sample weights, 1 without), ids equal to ``padding_idx`` left out (and out of a mean's
+count), an empty bag 0 in every mode.
+"""
+
+from __future__ import annotations
+
+import torch
+
+aten = torch.ops.aten
+_SUM, _MEAN, _MAX = 0, 1, 2
+BAG_OPS = (aten.embedding_bag.default, aten.embedding_bag.padding_idx)
+
+
+def _bag_numbers(indices, offsets, include_last_offset: bool):
+    """(the bag of each id, number of bags) of 1-D ids and their bags' offsets (the op's form:
+    ``F.embedding_bag`` flattens 2-D ids and makes their offsets)."""
+    starts = offsets[:-1] if include_last_offset else offsets
+    count = indices.shape[0]
+    # A bag starts at each offset; empty bags share a start, so their marks add up there and the
+    # cumulative sum steps over them. A start at ``count`` (a trailing empty bag) falls past it.
+    marks = torch.zeros(count + 1, dtype=torch.int64, device=indices.device)
+    marks = marks.scatter_add(0, starts, torch.ones_like(starts))
+    return marks[:count].cumsum(0) - 1, starts.shape[0]
+
+
+def _gathered_bag(
+    weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+    per_sample_weights=None, include_last_offset=False, padding_idx=None,
+):  # fmt: skip
+    """``aten.embedding_bag`` by a gather and a scatter-add; its other three outputs (the
+    backward's) as the op gives them for the output alone: the bag of each id, bag sizes, and
+    zeros for the max's arg."""
+    ids = indices
+    numbers, bags = _bag_numbers(indices, offsets, include_last_offset)
+    rows = weight.index_select(0, ids)
+    width = weight.shape[1]
+    kept = None
+    if padding_idx is not None:  # a negative one counts from the end, as the op reads it
+        kept = ids != (padding_idx + weight.shape[0] if padding_idx < 0 else padding_idx)
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights.reshape(-1, 1).to(rows.dtype)
+    target = numbers.unsqueeze(1).expand(-1, width)
+    ones = torch.ones_like(ids, dtype=weight.dtype) if kept is None else kept.to(weight.dtype)
+    sizes = torch.zeros(bags, dtype=weight.dtype, device=weight.device).scatter_add(
+        0, numbers, ones
+    )
+    if mode == _MAX:
+        if kept is not None:
+            rows = rows.masked_fill(kept.logical_not().unsqueeze(1), float("-inf"))
+        out = torch.full((bags, width), float("-inf"), dtype=weight.dtype, device=weight.device)
+        out = out.scatter_reduce(0, target, rows, "amax", include_self=True)
+        out = out.masked_fill((sizes == 0).unsqueeze(1), 0.0)
+    else:
+        if kept is not None:
+            rows = rows.masked_fill(kept.logical_not().unsqueeze(1), 0.0)
+        out = torch.zeros(bags, width, dtype=weight.dtype, device=weight.device)
+        out = out.scatter_add(0, target, rows)
+        if mode == _MEAN:
+            out = out / sizes.clamp(min=1).unsqueeze(1)
+    max_args = torch.zeros((bags, width) if mode == _MAX else (0,), dtype=torch.int64,
+                           device=weight.device)  # fmt: skip
+    return out, numbers, sizes.to(torch.int64), max_args
+
+
+def _pooled_only(program: torch.export.ExportedProgram) -> bool:
+    """True when ``program`` has a bag and reads only the pooled output of each (an inference
+    program); the backward's outputs stay the exporter's to translate."""
+    bags = [n for n in program.graph.nodes if n.op == "call_function" and n.target in BAG_OPS]
+    return bool(bags) and all(
+        user.target.__name__ == "getitem" and (user.args[1] == 0 or not user.users)
+        for bag in bags
+        for user in bag.users
+    )
+
+
+def with_gathered_bags(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """``program`` with each embedding bag as a gather and a scatter-add (the module's
+    docstring); ``program`` itself when it has none, or reads more of a bag than its output."""
+    if not _pooled_only(program):
+        return program
+    return program.run_decompositions(dict.fromkeys(BAG_OPS, _gathered_bag))
