@@ -921,9 +921,8 @@ class CompiledModel(nn.Module):
         (``rocs.export``): the guards' check that the original is still the model compiled
         (``runtime/guards.py``), then its weights and folded constants brought up to date."""
         self._guards.check()
-        weights = self._weights
-        if weights is not None and not weights.current():
-            weights.refresh()
+        if self._weights is not None:
+            self._weights.refresh()  # returns at once when no weight moved
         return self.graph_module
 
     def _graph_runner(self) -> Callable:
