@@ -8,7 +8,7 @@ round-robin, with one torch thread and the thread's CPU time as the clock (media
 - ``shared``: ``cm(**batch.kwargs, candidate_to_request=idx)``;
 - ``drop-in``: ``cm(**batch.replicated())``;
 - ``guards``: the per-call check that the model is still the one compiled
-  (``runtime/guards.py``), alone, with the number of C-level reads it makes (one per table, class and ``forward``).
+  (``runtime/follow/guards.py``), alone, with the number of C-level reads it makes (one per table, class and ``forward``).
 
 ``shared - program`` is the runtime's fixed cost in the shared layout (input and index checks,
 weight version check, guards, output tree); ``drop-in - program`` adds finding the requests.
@@ -25,7 +25,7 @@ serving loop that builds its own index enters it once). Differences are
 medians over rounds of one round's difference, each round starting from the next call in turn, so
 that a drift of the machine's speed over the run moves both sides alike. Each case is called
 ``WARM_UP`` times first, past its buckets' trials of the plain program against the original model
-(``runtime/original_arm.py``); the last column says which one its buckets kept.
+(``runtime/call/original_arm.py``); the last column says which one its buckets kept.
 
 Usage::
 

@@ -65,15 +65,15 @@ from models_zoo.batch import Batch, request_index
 from allocator import retain_freed_memory
 from regression_models import MODELS, make_inputs
 import torchfm_models
-from rocs_compiler.runtime.original_arm import ARM_TRIALS
-from rocs_compiler.runtime.program_choice import TRIALS
+from rocs_compiler.runtime.call.original_arm import ARM_TRIALS
+from rocs_compiler.runtime.choice.program_choice import TRIALS
 
 CELLS = ((1, 16), (1, 128), (1, 1024), (4, 16), (4, 128), (4, 1024))
 QUICK_CELLS = ((1, 8), (2, 8))
 LAYOUTS = ("shared", "dropin")
 RTOL = ATOL = 1e-4
 # Enough for every bucket to decide (option autotune), and for a bucket settled on the plain
-# program to keep it or the original model (``runtime/original_arm.py``).
+# program to keep it or the original model (``runtime/call/original_arm.py``).
 WARMUP_CALLS = 2 * TRIALS + 2 * ARM_TRIALS + 2
 
 

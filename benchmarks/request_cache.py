@@ -18,7 +18,7 @@ one torch thread. Also per model:
   Zipf-distributed (skew ``--skew``) over ``--users`` users, simulated with the entry size;
 - ``state checks us``: what a call spends finding out that nothing it reads moved (the weight
   refresh's version counters and data pointers, and the byte comparison of the buffers the
-  request program reads, ``runtime/content_watch.py``), with the number of those buffers.
+  request program reads, ``runtime/follow/content_watch.py``), with the number of those buffers.
 
 Usage::
 
@@ -40,8 +40,8 @@ import torch
 import rocs_compiler as rocs
 from models_zoo import ZOO
 from models_zoo.batch import get_leaf, set_leaf
-from rocs_compiler.runtime import request_cache
-from rocs_compiler.runtime.request_cache import trimmed_mean
+from rocs_compiler.runtime.cache import request_cache
+from rocs_compiler.runtime.cache.request_cache import trimmed_mean
 
 MODELS = ["two_tower", "din", "target_attention", "hstu"]
 

@@ -34,7 +34,7 @@ machine (a two-core machine's Ray proxy alone costs tens of milliseconds a reque
 
 The compiled model is built with ``autotune`` off (``--autotune`` keeps it): with it on, the first
 calls of every power-of-two bucket of (candidates, requests) alternate the shared and the plain
-program (``runtime/program_choice.py``), and a packed server sees many buckets, so a run of
+program (``runtime/choice/program_choice.py``), and a packed server sees many buckets, so a run of
 seconds would measure mostly those trials rather than the steady state.
 
 Every loop is bounded in count (``--max-requests``) and time. Usage::

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 import rocs_compiler as rocs
-from rocs_compiler.runtime.program_choice import PLAIN, bucket
+from rocs_compiler.runtime.choice.program_choice import PLAIN, bucket
 
 USERS, ITEMS, DIM = 1000, 5000, 16
 

@@ -78,7 +78,7 @@ sys.path.insert(0, str(ROOT))
 
 import rocs_compiler as rocs
 from allocator import retain_freed_memory
-from rocs_compiler.runtime.program_choice import bucket
+from rocs_compiler.runtime.choice.program_choice import bucket
 from training_models import WARMUP, build, loss_of
 
 DEFAULT_MODELS = ["two_tower", "din", "dlrm", "glm:dcnv2", "dca:bst"]

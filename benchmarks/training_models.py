@@ -7,7 +7,7 @@ import torch
 
 import rocs_compiler as rocs
 from models_zoo import ZOO
-from rocs_compiler.runtime.program_choice import TRAINING_TRIALS
+from rocs_compiler.runtime.choice.program_choice import TRAINING_TRIALS
 
 WARMUP = 2 * TRAINING_TRIALS + 1  # calls per shape before timing: through the choice's trials
 

@@ -39,7 +39,7 @@ _LAZY = {
     "LoadedProgram": ".export",
     "trusted_index": ".kernels.index_contract",
     "CompiledModel": ".runtime",
-    "RequestCache": ".runtime.request_cache",
+    "RequestCache": ".runtime.cache.request_cache",
     "apply_glm": ".transforms",
     "apply_dca": ".transforms",
     "glm_from_zero_blocks": ".transforms",

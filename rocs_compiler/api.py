@@ -19,15 +19,16 @@ from .formats.select import prepare
 from .options import Options
 from .pipeline import compile_graph, plain_graph
 from .runtime import CompiledModel, InputContract
-from .runtime.autocast import AutocastPrograms, under_autocast
-from .runtime.distributed import refuse_sharded, refuse_wrapped
-from .runtime.eval_mode import EvalMode
-from .runtime.guards import Guards
-from .runtime.mislabel import example_finding
-from .runtime.plain import PlainProgram
-from .runtime.training import TrainingProgram, draws_per_request, warn_random_fallbacks
-from .runtime.request_cache import RequestCache
-from .runtime.request_cache import attach as attach_cache
+from .runtime.modes.autocast import AutocastPrograms, under_autocast
+from .runtime.training.distributed import refuse_sharded, refuse_wrapped
+from .runtime.modes.eval_mode import EvalMode
+from .runtime.follow.guards import Guards
+from .runtime.follow.mislabel import example_finding
+from .runtime.follow.nesting import NestingParameters
+from .runtime.call.plain import PlainProgram
+from .runtime.training.program import TrainingProgram, draws_per_request, warn_random_fallbacks
+from .runtime.cache.request_cache import RequestCache
+from .runtime.cache.request_cache import attach as attach_cache
 
 
 def compile(  # noqa: A001 - mirrors torch.compile
@@ -79,7 +80,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
         unbatched_inputs = [unbatched_inputs]
     unbatched = list(unbatched_inputs)
     if torch.distributed.is_available():
-        refuse_wrapped(model)  # DDP: wrap the compiled model (``runtime/distributed.py``)
+        refuse_wrapped(model)  # DDP: wrap the compiled model (``runtime/training/distributed.py``)
         refuse_sharded(model)  # FSDP2: shard after compiling
     prepared = prepare(model, request_inputs, example_inputs, example_kwargs or {})
 
@@ -130,6 +131,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
         eval_mode=_eval_mode(
             model, request_inputs, example_inputs, example_kwargs or {}, options, unbatched
         ),
+        nesting=_nesting(prepared.model, captured.nested_fast_path_params),
     )  # fmt: skip
     object.__setattr__(compiled, "_autocast", _autocast_programs(
         model, request_inputs, example_inputs, example_kwargs or {}, options, unbatched
@@ -152,7 +154,7 @@ def _copyable(compiled: CompiledModel, again) -> CompiledModel:
 def _recompiler(model, request_inputs, example_inputs, example_kwargs, options, unbatched):
     """``recompile(dtype, device)``: ``model`` compiled again as moved there, on the example moved
     the same way, with the same options; what a compiled model's move to another floating dtype
-    runs (``runtime/dtype_move.py``)."""
+    runs (``runtime/follow/dtype_move.py``)."""
 
     def recompile(dtype: torch.dtype, device: torch.device) -> CompiledModel:
         how = f"compile the model in that dtype yourself: rocs.compile(model.to({dtype}), ...)"
@@ -184,7 +186,7 @@ def _recompiler(model, request_inputs, example_inputs, example_kwargs, options, 
 
 
 def _autocast_programs(model, request_inputs, example_inputs, example_kwargs, options, unbatched):
-    """For calls under ``torch.autocast`` (``runtime/autocast.py``): ``model`` wrapped in that
+    """For calls under ``torch.autocast`` (``runtime/modes/autocast.py``): ``model`` wrapped in that
     autocast, compiled on the same example with the same options, on first use."""
 
     def compile_under(device_type: str, dtype: torch.dtype) -> CompiledModel:
@@ -203,7 +205,7 @@ def _autocast_programs(model, request_inputs, example_inputs, example_kwargs, op
 
 def _eval_mode(model, request_inputs, example_inputs, example_kwargs, options, unbatched):
     """For a training compile of a model in training mode, its calls in eval mode
-    (``runtime/eval_mode.py``): ``model`` compiled for inference as it is then, on the same
+    (``runtime/modes/eval_mode.py``): ``model`` compiled for inference as it is then, on the same
     example, with the same options; None otherwise."""
     if not options.training or not model.training:
         return None
@@ -242,6 +244,13 @@ def _training_program(result, model: nn.Module, options: Options) -> TrainingPro
     return TrainingProgram(
         result.shared_graph, model, captured.param_names, captured.buffer_writes, choose
     )
+
+
+
+def _nesting(model: nn.Module, names: list[str]) -> Optional[NestingParameters]:
+    """What a call reads to decide an encoder's nested fast path (``kernels/nested_padding.py``);
+    None for a model none of whose encoders nests, whose calls then skip the decision."""
+    return NestingParameters(model, names) if names else None
 
 
 def _contract(described) -> InputContract:

@@ -83,7 +83,7 @@ def _snapshot(gm: fx.GraphModule) -> fx.GraphModule:
 def plain_graph(result: PipelineResult) -> fx.GraphModule:
     """The captured graph, unshared, cleaned up as the shared graph is: every node that reads an
     input placed per candidate (on replicated inputs each candidate is its own request), every
-    other one constant (``runtime/plain.py`` runs it)."""
+    other one constant (``runtime/call/plain.py`` runs it)."""
     from .ir.graph_meta import PLACEMENT
     from .passes.cleanup import cleanup
 

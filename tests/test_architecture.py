@@ -155,3 +155,47 @@ def test_no_import_circle_anywhere_in_the_tree():
                 continue  # a package's namespace made of its modules
             graph.add_edge(key, target)
     assert list(nx.simple_cycles(graph)) == []
+
+
+# Inside ``runtime/``, top to bottom (docs/architecture.md, "Module map"): the call path uses
+# every other room, and nothing below imports it back.
+RUNTIME_LAYERS = [
+    {"compiled_model"},  # the public face
+    {"call"},  # one call's path: contract, checks, choice, lanes
+    {"modes", "cache", "training"},
+    {"follow", "program"},
+    {"choice", "rows"},
+]
+MAX_FACE_LINES = 300
+MAX_FILE_LINES = 500
+
+
+def test_runtime_rooms_point_down():
+    graph = grimp.build_graph(PACKAGE)
+    layer = {room: i for i, rooms_of in enumerate(RUNTIME_LAYERS) for room in rooms_of}
+    prefix = f"{PACKAGE}.runtime."
+    upward, unplaced = [], set()
+    for module in graph.modules:
+        if not module.startswith(prefix):
+            continue
+        a = module[len(prefix):].split(".")[0]
+        for imported in graph.find_modules_directly_imported_by(module):
+            if not imported.startswith(prefix):
+                continue
+            b = imported[len(prefix):].split(".")[0]
+            unplaced |= {r for r in (a, b) if r not in layer}
+            if a != b and a in layer and b in layer and layer[b] <= layer[a]:
+                upward.append(f"{module} -> {imported}")
+    assert not unplaced, f"runtime rooms without a layer: {sorted(unplaced)}"
+    assert upward == []
+
+
+def test_the_compiled_model_is_a_face_and_no_package_file_is_long():
+    face = ROOT / PACKAGE / "runtime" / "compiled_model.py"
+    assert len(face.read_text().splitlines()) <= MAX_FACE_LINES
+    long = {
+        str(path.relative_to(ROOT)): n
+        for path in (ROOT / PACKAGE).rglob("*.py")
+        if (n := len(path.read_text().splitlines())) > MAX_FILE_LINES
+    }
+    assert long == {}

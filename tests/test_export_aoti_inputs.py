@@ -1,6 +1,7 @@
 """An AOTInductor package of ``rocs.export`` with the calls a server makes: one request with one
-candidate, no candidates at all, a strided view of a packed input, and with the package's own
-input checks on (``AOTI_RUNTIME_CHECK_INPUTS=1``, read by the loaded package in its process).
+candidate, no candidates at all, a strided view of a packed input; the package's own input checks
+run by default and are turned off by ``AOTI_RUNTIME_CHECK_INPUTS=0`` (read by the loaded package
+in its process).
 
 One package, built once for the module (about a minute on two cores), from a model whose weights
 changed in place after its last call: the package computes with the new weights. Oracle: the
@@ -98,8 +99,28 @@ _CHECKED_RUN = textwrap.dedent(
 )
 
 
-def test_with_input_checks_on_the_package_takes_any_sizes_and_refuses_a_strided_view(package):
-    """``AOTI_RUNTIME_CHECK_INPUTS=1``: R = 1, N = 1 and N = 0 run (Inductor assumes sizes of at
+def _run_in_a_server_process(path, where, calls: dict, check_inputs) -> dict:
+    """The package's answers to ``calls`` (or the message it raised), in a fresh process whose
+    ``AOTI_RUNTIME_CHECK_INPUTS`` is ``check_inputs`` (None: unset)."""
+    torch.save(calls, where / "calls.pt")
+    env = {k: v for k, v in os.environ.items() if k != "AOTI_RUNTIME_CHECK_INPUTS"}
+    if check_inputs is not None:
+        env["AOTI_RUNTIME_CHECK_INPUTS"] = check_inputs
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHECKED_RUN, path, str(where / "calls.pt"), str(where / "out.pt")],
+        check=False, capture_output=True, text=True, timeout=300,
+        env={**env, "PYTHONWARNINGS": "ignore"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return torch.load(where / "out.pt")
+
+
+@pytest.mark.parametrize("check_inputs", [None, "1"], ids=["by-default", "asked-for"])
+def test_the_package_checks_its_inputs_takes_any_sizes_and_refuses_a_strided_view(
+    package, check_inputs
+):
+    """The package's input checks run unless the serving process turns them off
+    (``export/aoti_checks.py``): R = 1, N = 1 and N = 0 run (Inductor assumes sizes of at
     least 2 unless told otherwise, ``rocs.aoti_package``); the view ``packed[:, 3:11]``, which the
     compiled code would read with the contiguous strides it was compiled for, is refused."""
     model, path, where = package
@@ -108,16 +129,22 @@ def test_with_input_checks_on_the_package_takes_any_sizes_and_refuses_a_strided_
         user, item, index = _batch(counts, seed=7)
         calls[f"{counts}"] = (user, _packed_copy(item), index)
     calls["strided"] = _batch([2, 3], seed=8)
-    torch.save(calls, where / "calls.pt")
-    proc = subprocess.run(
-        [sys.executable, "-c", _CHECKED_RUN, path, str(where / "calls.pt"), str(where / "out.pt")],
-        check=False, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "AOTI_RUNTIME_CHECK_INPUTS": "1", "PYTHONWARNINGS": "ignore"},
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    answers = torch.load(where / "out.pt")
+    answers = _run_in_a_server_process(path, where, calls, check_inputs)
     strided = answers.pop("strided")
     assert isinstance(strided, str) and "stride" in strided, strided
     for name, got in answers.items():
         assert isinstance(got, torch.Tensor), f"{name}: {got}"
         torch.testing.assert_close(got, _expected(model, *calls[name]), rtol=1e-5, atol=1e-5)
+
+
+def test_a_server_that_copies_its_inputs_may_turn_the_checks_off(package):
+    """``AOTI_RUNTIME_CHECK_INPUTS=0``: no check, so the strided view the default check refuses
+    runs (read with the compiled strides: right or wrong depends on the kernels Inductor chose),
+    and the caller's copy of it is exact."""
+    model, path, where = package
+    user, view, index = _batch([2, 3], seed=9)
+    calls = {"strided": (user, view, index), "copied": (user, _packed_copy(view), index)}
+    answers = _run_in_a_server_process(path, where, calls, "0")
+    want = _expected(model, user, view, index)
+    assert isinstance(answers["strided"], torch.Tensor), answers["strided"]  # not refused
+    torch.testing.assert_close(answers["copied"], want, rtol=1e-5, atol=1e-5)

@@ -1,6 +1,6 @@
 """An exported program refuses a call with one value per channel of a batch norm that uses batch
 statistics, as ``F.batch_norm`` refuses it in the original model (``export/input_checks.py``,
-``runtime/eager_checks.py``): the loaded program with eager's ``ValueError`` message, ONNX Runtime
+``runtime/program/eager_checks.py``): the loaded program with eager's ``ValueError`` message, ONNX Runtime
 at the check's named node; calls with more rows get the original model's scores."""
 
 from __future__ import annotations

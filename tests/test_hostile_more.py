@@ -1061,7 +1061,7 @@ def _scaled_head(s, u, c):
 
 
 # Changes of the model after compiling, each applied to a fresh model: the compiled model must
-# then equal eager or refuse with a CompileError (runtime/guards.py); the old graph never runs.
+# then equal eager or refuse with a CompileError (runtime/follow/guards.py); the old graph never runs.
 MODEL_CHANGES = {
     "activation_class": lambda m: setattr(m, "act", nn.Tanh()),
     "same_class_module": lambda m: setattr(m, "h", nn.Linear(2 * D, 3)),

@@ -1,7 +1,7 @@
 """ATen op families: what the compiler knows about an op as a member of a family, said once.
 
 The role rules (``role_rules.py``), defer's distribution over concatenations
-(``passes/defer.py``), in-place planning in the runtime (``runtime/inplace.py``) and the
+(``passes/defer.py``), in-place planning in the runtime (``runtime/program/inplace.py``) and the
 pointwise program language (``kernels/pointwise_program.py``) all ask the questions below; none
 keeps its own list of ops. Adding an op to a family here adds it everywhere at once.
 

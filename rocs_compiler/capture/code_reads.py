@@ -6,7 +6,7 @@ Export bakes into the graph every value the traced Python code reads: a module-l
 Python frame the call enters; for each frame of the model's own code (not torch's, the standard
 library's or this package's) it notes the globals dictionary and the names the code loads from it
 (``LOAD_GLOBAL``), and the attribute names the code reads (``LOAD_ATTR``/``LOAD_METHOD``, and
-string constants, for ``getattr(obj, "name")``). ``runtime/read_guards.py`` turns the record into
+string constants, for ``getattr(obj, "name")``). ``runtime/follow/read_guards.py`` turns the record into
 per-call checks: a global's value, and the attributes of those names on the objects forward holds.
 
 Identity relied on: the example call runs the same Python code export traces. The names are read

@@ -7,7 +7,7 @@ The compiled graph is ATen ops, not module calls, so those nodes do not exist in
 that rescales or records gradients would be skipped without a word. So a training compile of a
 model with such a hook is refused. Hooks on tensors are followed: a hook on a parameter
 (``p.register_hook``, ``register_post_accumulate_grad_hook``) belongs to the parameter, which the
-training program reads itself (``runtime/training.py``). Forward hooks are traced into the graph.
+training program reads itself (``runtime/training/program.py``). Forward hooks are traced into the graph.
 """
 
 from __future__ import annotations

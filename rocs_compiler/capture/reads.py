@@ -5,7 +5,7 @@ path and its class and ``forward`` (their code was traced), and every plain Pyth
 forward read (``self.temperature``, a flag choosing a branch), which export bakes into the graph
 as a constant. :func:`recording` runs a call with ``nn.Module.__getattribute__`` replaced by a
 recorder, so every attribute read of every module of the model is seen, through ``forward``,
-helper methods and properties alike; ``runtime/guards.py`` turns the record into per-call checks.
+helper methods and properties alike; ``runtime/follow/guards.py`` turns the record into per-call checks.
 
 Identity relied on: the example call runs the same Python code export traces, so it reads the
 same attributes. Reads that resolve through ``nn.Module.__getattr__`` (parameters, buffers,

@@ -26,6 +26,7 @@ from ..errors import CompileError, InputError
 from .failure import capture_error, torch_output_silenced
 from .grad_regions import inline_grad_regions
 from .hooks import reject_backward_hooks
+from .nested_fast_path import blocking_parameters, following_nested_path
 from ..formats.leaves import (
     GRAPH_OUTPUT,
     bind_inputs,
@@ -73,6 +74,9 @@ class CapturedGraph:
     # outputs are the new values of these buffers (model FQNs), in order.
     buffer_writes: list[str] = field(default_factory=list)
     reads: Reads = field(default_factory=Reads)  # what forward read beyond tensors (``reads.py``)
+    # Model names of the parameters whose ``requires_grad`` decides, with grad mode, whether
+    # eager's encoders nest (``nested_fast_path.blocking_parameters``); empty when none does.
+    nested_fast_path_params: list[str] = field(default_factory=list)
 
 
 class _FlatForward(nn.Module):
@@ -234,9 +238,10 @@ def capture(
             # regions of the graph (``grad_regions.py``); an inference one computes without grad.
             with torch.set_grad_enabled(training), warnings.catch_warnings(), torch_output_silenced():
                 warnings.simplefilter("ignore")
-                program = torch.export.export(
-                    wrapper, (example,), dynamic_shapes=dynamic, strict=strict
-                )
+                with following_nested_path():
+                    program = torch.export.export(
+                        wrapper, (example,), dynamic_shapes=dynamic, strict=strict
+                    )
                 inline_grad_regions(program.graph_module)
                 if _has_mutation(program.graph_module) or _has_region(program.graph_module):
                     # Functionalize (no decompositions): in-place ops and writes through views
@@ -251,6 +256,7 @@ def capture(
         raise capture_error(failures)
 
     gm, placeholder_of, param_names, buffer_writes = _lift_to_attrs(program, tensor_names, training)
+    nested_params = blocking_parameters(gm, param_names, model)
     symbol = _batch_symbol(gm, placeholder_of, batched)
     return CapturedGraph(
         graph_module=gm,
@@ -267,6 +273,7 @@ def capture(
         param_names=param_names,
         reads=call.reads,
         buffer_writes=buffer_writes,
+        nested_fast_path_params=nested_params,
     )
 
 

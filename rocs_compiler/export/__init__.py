@@ -46,9 +46,10 @@ from ..kernels.library import register as _register_rocs_ops
 from ..errors import CompileError, InputError
 from ..ir.graph_meta import INDEX_NAME, PLACEMENT
 from ..formats.leaves import named_leaves, nest
+from .aoti_checks import input_checks_by_default
 from .portable import PortableInterpreter, rocs_ops_in
 from .size_names import with_size_names
-from ..runtime.eager_checks import eager_check
+from ..runtime.program.eager_checks import eager_check
 from .input_checks import (
     TRACED_EAGER_CHECKS,
     as_input_error,
@@ -95,7 +96,7 @@ class _SharedLayoutProgram(nn.Module):
 
 def checking(interpreter: type[fx.Interpreter]) -> type[fx.Interpreter]:
     """``interpreter`` tracing, before each op whose functional wrapper checks its input in the
-    original model (``runtime/eager_checks.py``; batch norm's, so far), that check
+    original model (``runtime/program/eager_checks.py``; batch norm's, so far), that check
     (``input_checks.TRACED_EAGER_CHECKS``), so that the exported program refuses what the
     original model refuses."""
 
@@ -347,20 +348,26 @@ def aoti_package(
     kernels through the dispatcher when the graph contains them). The package's metadata
     (``runner.get_metadata()[INPUTS_METADATA]``) describes its inputs (:func:`input_signature`),
     which is how ``rocs serve`` serves it.
+
+    The package checks each input's dtype, sizes and strides against the program's and refuses
+    one that differs, a strided view included, which it would otherwise read with the compiled
+    strides and score wrongly (``export/aoti_checks.py``; docs/deploy.md). A server that copies
+    its inputs itself may turn the check off with ``AOTI_RUNTIME_CHECK_INPUTS=0``.
     """
     if isinstance(program, LoadedProgram):
         program = program.program
     configs = dict(inductor_configs)
-    # Inductor assumes every dynamic size is at least 2 and, with AOTI_RUNTIME_CHECK_INPUTS=1,
-    # would refuse R = 1 or N = 1 (one request, one candidate) and the empty batch; the program
+    # Inductor assumes every dynamic size is at least 2 and, with its input checks on, would
+    # refuse R = 1 or N = 1 (one request, one candidate) and the empty batch; the program
     # computes them exactly and checks R and N itself.
     configs.setdefault("aot_inductor.check_lowerbound", False)
     metadata = dict(configs.pop("aot_inductor.metadata", None) or {})
     metadata[INPUTS_METADATA] = json.dumps(input_signature(program))
     configs["aot_inductor.metadata"] = metadata
-    return torch._inductor.aoti_compile_and_package(
-        program, package_path=os.fspath(path), inductor_configs=configs
-    )
+    with input_checks_by_default():  # ``export/aoti_checks.py``: a strided view is refused
+        return torch._inductor.aoti_compile_and_package(
+            program, package_path=os.fspath(path), inductor_configs=configs
+        )
 
 
 def input_signature(program: ExportedProgram) -> dict[str, Optional[dict]]:

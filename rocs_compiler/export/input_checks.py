@@ -13,7 +13,7 @@ names the node; :func:`~rocs_compiler.export.onnx.to_onnx` names that node after
 The conditions are tensor ops of sizes, never Python comparisons of the symbolic sizes R and N
 (those would specialize the program to R != N or R == N). The same holds for the check
 ``F.batch_norm`` makes in the original model, before a batch norm with batch statistics
-(``runtime/eager_checks.py``): the exporter traces it before that op (``checking`` in
+(``runtime/program/eager_checks.py``): the exporter traces it before that op (``checking`` in
 ``export/__init__.py``), with its own guard of the op's input.
 
 Identities: with ``counts = bincount(idx, minlength=R)``, and every value in range, ``idx`` is a
@@ -25,8 +25,9 @@ A KeyedJaggedTensor key's padded piece ``ids [B, W]`` holds row b's ids in its f
 Dtypes and the equality of candidate rows with the index's length are properties of the program's
 signature, which a traced op cannot test (the graph is typed, and both lengths are the one size
 N): a program loaded by ``rocs.load`` checks the index's dtype and length before its graph runs
-(:func:`check_loaded_index`, the compiled model's own messages); AOTInductor checks them when the
-serving process sets ``AOTI_RUNTIME_CHECK_INPUTS=1``.
+(:func:`check_loaded_index`, the compiled model's own messages); an AOTInductor package checks
+them by its own input checks (``aoti_checks.py``), on unless the serving process sets
+``AOTI_RUNTIME_CHECK_INPUTS=0``.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import torch
 
 from ..errors import InputError
 from ..kernels.index_contract import check_candidate_to_request
-from ..runtime.eager_checks import more_than_one_value_per_channel
+from ..runtime.program.eager_checks import more_than_one_value_per_channel
 from ..ir.graph_meta import INDEX_NAME
 
 PREFIX = "rocs: "  # every message starts with it, so a caller can tell them from other failures
@@ -112,7 +113,7 @@ def check_loaded_index(index: object, candidate_rows: Optional[torch.Tensor]) ->
 
 def check_values_per_channel(value: torch.Tensor) -> torch.Tensor:
     """Trace ``F.batch_norm``'s check of a batch norm's input with batch statistics (more than
-    one value per channel: rows times spatial extent, ``runtime/eager_checks.py``) into the
+    one value per channel: rows times spatial extent, ``runtime/program/eager_checks.py``) into the
     current graph; return ``value`` guarded by it (equal to ``value`` whenever it passes: times a
     one gathered from ``[1]`` at 0, out of bounds when it fails, for runtimes without asserts).
     The guard's gather reads an int32 zero, which tells it from the index's (``onnx.py``)."""
@@ -122,7 +123,7 @@ def check_values_per_channel(value: torch.Tensor) -> torch.Tensor:
     return value * (_zero_unless_failed(passed, torch.int32, value.device) + 1).to(value.dtype)
 
 
-# Each traced check by the runtime's check of the same node (``runtime/eager_checks.py``).
+# Each traced check by the runtime's check of the same node (``runtime/program/eager_checks.py``).
 TRACED_EAGER_CHECKS = {more_than_one_value_per_channel: check_values_per_channel}
 
 

@@ -2,7 +2,7 @@
 
 A model compiled with column ranges (``columns.py``) is captured as a wrapper that takes each
 packed argument ``X`` as its column pieces and concatenates them back; its plain graph (the
-program a call runs where sharing does not pay, ``runtime/plain.py``) inherits that, so a call
+program a call runs where sharing does not pay, ``runtime/call/plain.py``) inherits that, so a call
 would split ``X`` into views and copy them together again before the model's own ops.
 :func:`packed_plain_graph` gives the plain graph ``X`` itself instead: each piece placeholder
 becomes a slice of a placeholder for ``X``, and a concatenation of those slices in order along

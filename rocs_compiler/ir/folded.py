@@ -6,7 +6,7 @@ graph module. The buffer is a copy: when the weights change, it must be evaluate
 ``get_attr`` node that reads it records, under ``graph_meta.FOLD``, a :class:`Fold`: the subgraph
 as a small ``fx.Graph`` whose leaves are ``get_attr`` nodes naming the graph module's own
 attributes (weights and constants, never another fold: a fold of folds inlines their recipes).
-The runtime (``runtime/weights.py``) evaluates it on the graph module's current attributes.
+The runtime (``runtime/follow/weights.py``) evaluates it on the graph module's current attributes.
 
 Identity: ``Fold.of(node).evaluate(gm)`` equals the value ``node`` computes in ``gm``, for every
 value of ``gm``'s weights (it runs the same ops on the same attributes).

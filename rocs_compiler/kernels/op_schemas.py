@@ -14,4 +14,6 @@ SCHEMAS: dict[str, str] = {
     "broadcast_pointwise": "(str program, Tensor[] candidate_inputs, Tensor[] request_inputs, "
     "Tensor candidate_to_request) -> Tensor",
     "embedding_bag_rows": "(Tensor weight, Tensor indices, int mode, int? padding_idx) -> Tensor",
+    "nested_padding": "(Tensor states, Tensor padding_mask, Tensor? candidate_to_request=None) "
+    "-> Tensor",
 }

@@ -12,6 +12,7 @@ op                                 computes (``u[idx]`` never materialized)
 ``broadcast_interaction``          ``cs[n] @ rs[idx[n]].T``                      -> [N, Fc, Fu]
 ``broadcast_pointwise``            elementwise ``program`` over c* and r*[idx]   -> [N, *S]
 ``embedding_bag_rows``             ``embedding_bag`` pooling each row of [B, L] ids (no index)
+``nested_padding``                 ``where(nested, masked_fill(states, pad, 0), states)``
 =================================  ==========================================================
 
 Each op is one :class:`~rocs_compiler.kernels.rocs_op.RocsOp` record in its module (schema,
@@ -33,6 +34,7 @@ from rocs_compiler.kernels.attention import BROADCAST_ATTENTION
 from rocs_compiler.kernels.embedding_bag_rows import EMBEDDING_BAG_ROWS
 from rocs_compiler.kernels.interaction import BROADCAST_INTERACTION
 from rocs_compiler.kernels.linear import BROADCAST_LINEAR, BROADCAST_LINEAR_COMPRESSION
+from rocs_compiler.kernels.nested_padding import NESTED_PADDING
 from rocs_compiler.kernels.pointwise import BROADCAST_POINTWISE
 from rocs_compiler.kernels.pointwise_program import (
     ProgramError,
@@ -51,6 +53,7 @@ ROCS_OPS: dict[str, RocsOp] = {
         BROADCAST_INTERACTION,
         BROADCAST_POINTWISE,
         EMBEDDING_BAG_ROWS,
+        NESTED_PADDING,
     )
 }
 

@@ -23,6 +23,7 @@ torch form: the same identity, differentiated twice.
 
 from __future__ import annotations
 
+import contextvars
 import importlib
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -93,7 +94,7 @@ class RocsOp:
     def run_with_backward(self, *args: Any) -> torch.Tensor:
         """:meth:`run` recorded by autograd with the op's registered backward, without the
         dispatcher: what a call of the op under grad computes and saves, for callers whose
-        arguments are already checked (the training program, ``runtime/training.py``)."""
+        arguments are already checked (the training program, ``runtime/training/program.py``)."""
         if not any(isinstance(a, (list, tuple)) for a in args):
             return _DirectAutograd.apply(self, None, *args)
         flat, spec = pytree.tree_flatten(args)
@@ -147,6 +148,7 @@ def save_arguments(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
     None too, so a parameter only that output reads keeps ``grad is None``, as in eager."""
     ctx.set_materialize_grads(False)
     ctx.rocs_scope = current_call()
+    ctx.rocs_context = contextvars.copy_context()  # what the forward read, for its backward
     if not any(isinstance(v, (list, tuple)) for v in inputs):  # flat arguments: no pytree
         positions = [i for i, v in enumerate(inputs) if isinstance(v, torch.Tensor)]
         ctx.save_for_backward(*[inputs[i] for i in positions])
@@ -177,6 +179,12 @@ def gradients(op: RocsOp, ctx: Any, needs: tuple, grad: torch.Tensor) -> tuple:
     if grad is None:
         return tuple([None] * len(n) if isinstance(n, (list, tuple)) else None for n in needs)
     args = _saved_arguments(ctx)
+    # In the forward's context, whenever and on whichever thread autograd runs the backward: a
+    # formula reading a context variable (``nested_padding``'s call state) sees the forward's.
+    return ctx.rocs_context.copy().run(_gradients, op, ctx, args, needs, grad)
+
+
+def _gradients(op: RocsOp, ctx: Any, args: tuple, needs: tuple, grad: torch.Tensor) -> tuple:
     with reentered(ctx.rocs_scope):
         if torch.is_grad_enabled():  # a ``create_graph`` backward: its gradients are differentiated
             # SDPA's fused CPU kernels have a first-order backward only; its math form has all.

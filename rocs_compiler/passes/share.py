@@ -8,7 +8,10 @@ from a REQUEST value into a CANDIDATE consumer and on REQUEST graph outputs:
 batch with other dims (``[R*H, L, d]`` is split to ``[R, H, L, d]``, gathered, and merged back).
 CANDIDATE nodes compute exactly what the original graph computed, on N rows, so every node of
 the new graph equals the original node gathered by ``idx`` (REQUEST) or equals it outright
-(CANDIDATE, CONST).
+(CANDIDATE, CONST). An op whose rows depend on which requests the candidates reference
+(``rocs::nested_padding``: whether every referenced row is left aligned) is row-wise only with
+the index given: its REQUEST copy takes ``candidate_to_request`` in the argument its role rule
+names (``role_rules.request_index_argument``), and ``op(x[idx]) == op(x, idx)[idx]``.
 
 Each node of the shared graph records its placement (``graph_meta.PLACEMENT``), a role: CONST
 nodes are computed once, REQUEST nodes at R rows, CANDIDATE nodes (and broadcasts) at N rows.
@@ -27,6 +30,7 @@ import torch
 from torch import fx
 
 from ..analysis.batch_axis import BatchAxis, row_dim, split_shape
+from ..analysis.role_rules import request_index_argument
 from ..errors import CompileError
 from ..ir.graph_meta import BATCH_AXIS, BROADCAST, INDEX_NAME, PLACEMENT, ROLE
 from ..ir.roles import Role
@@ -132,6 +136,21 @@ def _size_arg(size: Any) -> Any:
     return size if isinstance(size, fx.Node) else int(size)
 
 
+def _pass_index(node: fx.Node, index: fx.Node) -> None:
+    """A request-placed op that reads which requests the call's candidates reference
+    (``role_rules.request_index_argument``) gets ``candidate_to_request`` in that argument,
+    positionally (the runtime calls ``rocs::`` ops with positional arguments)."""
+    name = request_index_argument(node.target)
+    if name is None:
+        return
+    schema = node.target._schema.arguments
+    names = [a.name for a in schema]
+    bound = {**dict(zip(names, node.args)), **node.kwargs, name: index}
+    count = max(len(node.args), names.index(name) + 1)
+    node.args = tuple(bound.get(a.name, a.default_value) for a in schema[:count])
+    node.kwargs = {k: v for k, v in node.kwargs.items() if names.index(k) >= count}
+
+
 def is_scalar_node(node: fx.Node) -> bool:
     """A node whose value is a number (a batch size, say) rather than tensors."""
     return not isinstance(node.meta.get("val"), (torch.Tensor, list, tuple))
@@ -161,6 +180,8 @@ def share(gm: fx.GraphModule, symbol: sympy.Symbol) -> fx.GraphModule:
             continue  # batch sizes are emitted per consumer placement
         new = graph.node_copy(node, lambda a, r=role: emit.get(a, r))
         new.meta[PLACEMENT] = role
+        if role == Role.REQUEST:
+            _pass_index(new, emit.index)
         emit.env[role][node] = new
     output = nodes[-1]
     graph.output(fx.map_arg(output.args[0], lambda a: emit.get(a, Role.CANDIDATE)))

@@ -6,6 +6,7 @@ import torch
 from torch import fx
 
 from ..errors import CompileError
+from ..analysis.role_rules import request_index_argument
 from ..kernels import reference_for
 from ..ir.graph_meta import BROADCAST, INDEX_NAME, PLACEMENT, ROLE
 from .share import is_scalar_node
@@ -34,8 +35,9 @@ def verify_roles(gm: fx.GraphModule) -> None:
 
 def verify_shared(gm: fx.GraphModule) -> None:
     """In the shared graph: no node reads a value placed higher than itself (REQUEST nodes never
-    read CANDIDATE values), every edge from a REQUEST value into a CANDIDATE node passes through
-    a broadcast or a fused op that takes the index, and every fused op has a reference."""
+    read CANDIDATE values, but for the index in the argument their rule names), every edge from
+    a REQUEST value into a CANDIDATE node passes through a broadcast or a fused op that takes the
+    index, and every fused op has a reference."""
     for node in gm.graph.nodes:
         if node.op == "output":
             continue
@@ -44,7 +46,7 @@ def verify_shared(gm: fx.GraphModule) -> None:
             raise CompileError(f"node {node.name} has no placement after sharing")
         for arg in node.all_input_nodes:
             arg_placement = arg.meta[PLACEMENT]
-            if arg_placement > placement:
+            if arg_placement > placement and not _reads_index_on_requests(node, arg):
                 raise CompileError(
                     f"{placement.name} node {node.name} reads {arg_placement.name} node {arg.name}"
                 )
@@ -56,6 +58,16 @@ def verify_shared(gm: fx.GraphModule) -> None:
     names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     if names[-1] != INDEX_NAME:
         raise CompileError(f"the shared graph's last input must be {INDEX_NAME}")
+
+
+def _reads_index_on_requests(node: fx.Node, arg: fx.Node) -> bool:
+    """``node`` is placed on request rows and reads the index in the argument its role rule
+    names (``passes/share.py``: which requests the candidates reference)."""
+    return (
+        arg.op == "placeholder"
+        and arg.name == INDEX_NAME
+        and request_index_argument(node.target) is not None
+    )
 
 
 def _is_fused(node: fx.Node) -> bool:

@@ -1,8 +1,8 @@
-"""Running compiled graphs: the ``CompiledModel`` a user calls (one class for every input format
-of ``formats/``), the straight-line program it runs (``direct.py``, with in-place planning in
-``inplace.py``), the plain program and the choice between the two (``plain.py``,
-``program_choice.py``), the request detection of drop-in calls (``request_detection.py``), input
-checks, weight refresh and refused backward."""
+"""Running compiled graphs: the ``CompiledModel`` a user calls (``compiled_model.py``, the face),
+one call's path (``call/``: contract, checks, choice, lanes), the measured program choice
+(``choice/``), request detection (``rows/``), the straight-line program (``program/``), following
+the original model (``follow/``), training (``training/``), the request cache (``cache/``) and
+the programs of other modes (``modes/``)."""
 
 from .compiled_model import CompiledModel, InputContract
 

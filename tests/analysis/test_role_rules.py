@@ -46,7 +46,7 @@ from rocs_compiler.capture.trace import capture
 from rocs_compiler.analysis.op_groups import is_mutating, is_random
 from rocs_compiler.analysis.role_rules import lookup
 from rocs_compiler.ir.roles import Role
-from rocs_compiler.runtime import program_choice
+from rocs_compiler.runtime.choice import program_choice
 
 aten = torch.ops.aten
 
@@ -444,7 +444,7 @@ def test_batch_mixing_exact(mixing_compiled, batch_name):
 
 def test_a_single_row_batch_norm_call_is_refused_as_the_original_refuses():
     """The captured op answers one value per channel; ``F.batch_norm`` refuses it, and so does
-    every program of the compiled model (``runtime/eager_checks.py``), in every layout, while
+    every program of the compiled model (``runtime/program/eager_checks.py``), in every layout, while
     its buckets measure and once they have settled."""
     model = BATCH_NORM_NO_STATS.build()
     cm = BATCH_NORM_NO_STATS.compile(model)

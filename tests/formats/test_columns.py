@@ -117,7 +117,7 @@ def test_column_major_x_above_the_numpy_rows(request_columns):
 def test_a_bucket_that_runs_the_plain_program_takes_the_packed_input_as_given():
     """Plain-program buckets neither reduce nor check the request columns: the answer is the
     original model's on the packed input, including one whose user columns vary in a request."""
-    from rocs_compiler.runtime.program_choice import PLAIN, SHARED, bucket
+    from rocs_compiler.runtime.choice.program_choice import PLAIN, SHARED, bucket
 
     model, compiled = _compiled()
     x = _rows(3, INDEX, seed=2)

@@ -17,7 +17,7 @@ from torch import nn
 import rocs_compiler as rocs
 from rocs_compiler.errors import CompileError, InputError
 from rocs_compiler.kernels.index_contract import IndexRangeError
-from rocs_compiler.runtime.program_choice import TRIALS
+from rocs_compiler.runtime.choice.program_choice import TRIALS
 
 CALLS = 2 * TRIALS + 2
 

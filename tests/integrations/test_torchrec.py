@@ -27,7 +27,7 @@ pytest.importorskip(
 from models_zoo import torchrec_models as zoo
 from rocs_compiler.integrations import torchrec as rocs_torchrec
 from rocs_compiler.formats.kjt import KJTSplit
-from rocs_compiler.runtime.request_detection import detect_requests
+from rocs_compiler.runtime.rows.request_detection import detect_requests
 
 
 def _compile(model, request=zoo.REQUEST, weighted=False, **kwargs):
@@ -389,8 +389,9 @@ def test_a_saved_program_refuses_lengths_that_do_not_fit_the_ids(tmp_path, bad):
 def test_drop_in_calls_keep_the_faster_of_the_pieces_program_and_the_model(monkeypatch, fast):
     """Drop-in calls alternate between the pieces program and the original model until each
     has run TRIALS times, then keep the one measured faster (here by a fake clock)."""
-    from rocs_compiler.runtime import compiled_model, program_choice
-    from rocs_compiler.runtime.program_choice import TRIALS, bucket
+    from rocs_compiler.runtime.call import choosing, path
+    from rocs_compiler.runtime.choice import program_choice
+    from rocs_compiler.runtime.choice.program_choice import TRIALS, bucket
 
     model, request, _ = zoo.build("dlrm")
     compiled = _compile(model, request)
@@ -403,7 +404,7 @@ def test_drop_in_calls_keep_the_faster_of_the_pieces_program_and_the_model(monke
         clock[0] += 1.0 if fast == "plain" else 2.0
         return original(*args, **kwargs)
 
-    real_program = compiled._program_call
+    real_program = path.program_call
 
     def program_call(*args):
         ran.append("shared")
@@ -411,9 +412,9 @@ def test_drop_in_calls_keep_the_faster_of_the_pieces_program_and_the_model(monke
         return real_program(*args)
 
     monkeypatch.setattr(program_choice, "now", lambda: clock[0])
-    monkeypatch.setattr(compiled_model, "call_clock", lambda on_cpu=True: lambda: clock[0])
+    monkeypatch.setattr(choosing, "call_clock", lambda on_cpu=True: lambda: clock[0])
     object.__setattr__(compiled, "_original", model_call)
-    monkeypatch.setattr(compiled, "_program_call", program_call)
+    monkeypatch.setattr(path, "program_call", program_call)
     with torch.no_grad():
         want = model(batch.dense, batch.kjt)
         for _ in range(2 * TRIALS + 2):
@@ -426,7 +427,7 @@ def test_drop_in_calls_keep_the_faster_of_the_pieces_program_and_the_model(monke
 def test_shared_calls_with_inverse_indices_may_run_the_original_model():
     """A shared-layout KJT with TorchRec's inverse indices is read by the original model too
     (its EmbeddingBagCollection expands them): after the trials, every call is still exact."""
-    from rocs_compiler.runtime.program_choice import TRIALS
+    from rocs_compiler.runtime.choice.program_choice import TRIALS
 
     model, request, _ = zoo.build("dlrm_dcn")
     compiled = _compile(model, request)
@@ -451,7 +452,7 @@ def test_shared_calls_with_inverse_indices_may_run_the_original_model():
 def _replaced_is_followed(model, compiled, replace) -> None:
     """After ``replace(model)``, every layout (past the program choice's trials) equals the
     changed eager model, which differs from the model compiled."""
-    from rocs_compiler.runtime.program_choice import TRIALS
+    from rocs_compiler.runtime.choice.program_choice import TRIALS
 
     batch = zoo.draw([3, 1, 2], seed=11, histories=[2, 0, 4])
     with torch.no_grad():
@@ -583,7 +584,7 @@ def test_a_drop_in_bucket_that_chose_the_model_runs_it_as_called():
     made, positional or keyword, without the guards: the model as it is now (an over-arch of
     another class, which the guards refuse for a compiled program, is what it runs). A KJT with
     a batch size per key (the shared layout) does not take that lane."""
-    from rocs_compiler.runtime.program_choice import PLAIN, bucket
+    from rocs_compiler.runtime.choice.program_choice import PLAIN, bucket
 
     model, request, _ = zoo.build("dlrm")
     compiled = _compile(model, request)
@@ -607,7 +608,7 @@ def test_a_shared_kjt_in_a_bucket_that_chose_the_model_runs_it_as_called():
     candidate key's rows reordered) it is TorchRec's own answer, the model's reading of them.
     Before the bucket is decided the shared program may run, and the same call is checked and
     refused."""
-    from rocs_compiler.runtime.program_choice import PLAIN, bucket
+    from rocs_compiler.runtime.choice.program_choice import PLAIN, bucket
 
     model, request, _ = zoo.build("dlrm")
     compiled = _compile(model, request)

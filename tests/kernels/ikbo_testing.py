@@ -87,6 +87,9 @@ def autograd_cases(index_name: str, dtype=torch.float64) -> list:
     fully_masked = mask.clone()
     fully_masked[0] = False
     weights = torch.randn(4, 3, dtype=DT, generator=torch.Generator().manual_seed(2))
+    right_padded = torch.arange(4) >= torch.tensor([4, 2, 0, 3, 1])[:r].unsqueeze(1)
+    holed = right_padded.clone()
+    holed[-1, 0] = True  # the last request is padded on the left: nothing nests
     return [
         (
             "broadcast_linear",
@@ -198,6 +201,9 @@ def autograd_cases(index_name: str, dtype=torch.float64) -> list:
             "embedding_bag_rows",
             (weights.clone().requires_grad_(), torch.tensor([[0, 1], [2, 2], [3, 0]]), 2, None),
         ),
+        ("nested_padding", (_leaf(r, 4, 3, seed=19), right_padded, idx)),
+        ("nested_padding", (_leaf(r, 4, 3, seed=19), holed, idx)),
+        ("nested_padding", (_leaf(r, 4, 3, seed=19), right_padded)),
     ]
 
 

@@ -71,7 +71,7 @@ def test_export_with_dynamic_candidates_and_requests():
         ep = torch.export.export(model, _inputs([2, 3, 1]), dynamic_shapes=shapes)
     targets = {n.target for n in ep.graph.nodes if n.op == "call_function"}
     for name in cg.ROCS_OPS:
-        if name != "embedding_bag_rows":
+        if name not in ("embedding_bag_rows", "nested_padding"):  # no broadcast to fuse
             assert getattr(torch.ops.rocs, name).default in targets
     # Output sizes are symbolic in N, not the example's 6.
     out_sizes = [

@@ -6,7 +6,7 @@ import torch
 from models_for_tests import zoo_compiled
 
 from models_zoo import ZOO
-from rocs_compiler.runtime.direct import DirectProgram
+from rocs_compiler.runtime.program.direct import DirectProgram
 
 
 def _call(name: str):

@@ -1,4 +1,4 @@
-"""Calls under ``torch.autocast`` compute eager's autocast numerics (``runtime/autocast.py``).
+"""Calls under ``torch.autocast`` compute eager's autocast numerics (``runtime/modes/autocast.py``).
 
 The fused linear's CPU kernel used to meet a bfloat16 request partial (autocast's ``linear``)
 and float32 weights: "mat1 and mat2 must have the same dtype". A call under autocast now runs

@@ -7,7 +7,7 @@ import operator
 import pytest
 import torch
 
-from rocs_compiler.runtime.bindings import fast_callable
+from rocs_compiler.runtime.program.bindings import fast_callable
 
 aten = torch.ops.aten
 g = torch.Generator().manual_seed(0)

@@ -3,7 +3,7 @@
 ``cm.to(torch.bfloat16)`` on a float32-compiled model ran the float32 graph's split partials in
 bfloat16 (three roundings; 69 of 240 elements off, up to 0.0078, where compiling the bfloat16
 model gives none); a bfloat16 graph moved to float32 kept its cast back to bfloat16. A move that
-changes a floating dtype now compiles the moved model again (``runtime/dtype_move.py``), still
+changes a floating dtype now compiles the moved model again (``runtime/follow/dtype_move.py``), still
 following and guarding the original. Oracle: the eager original, copied and moved, and the
 moved original compiled directly.
 """

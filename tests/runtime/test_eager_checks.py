@@ -1,5 +1,5 @@
 """A compiled model refuses what ``torch.nn.functional``'s wrappers refuse before their ATen op
-(``runtime/eager_checks.py``): one value per channel for batch statistics, in inference and in
+(``runtime/program/eager_checks.py``): one value per channel for batch statistics, in inference and in
 training, and one spatial element for an instance norm's input statistics; a model that calls the
 ATen-level function itself gets eager's answer, unchecked."""
 
@@ -11,8 +11,8 @@ from torch import fx, nn
 
 import rocs_compiler as rocs
 from models_zoo import Batch, request_index
-from rocs_compiler.runtime.direct import DirectProgram
-from rocs_compiler.runtime.eager_checks import eager_check
+from rocs_compiler.runtime.program.direct import DirectProgram
+from rocs_compiler.runtime.program.eager_checks import eager_check
 
 aten = torch.ops.aten
 D = 6

@@ -1,4 +1,4 @@
-"""In-place reuse of dying temporaries in the direct program (runtime/inplace.py)."""
+"""In-place reuse of dying temporaries in the direct program (runtime/program/inplace.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from rocs_compiler.runtime.direct import DirectProgram
-from rocs_compiler.runtime.inplace import inplace_plan, select_scatter_into, slice_scatter_into
+from rocs_compiler.runtime.program.direct import DirectProgram
+from rocs_compiler.runtime.program.inplace import inplace_plan, select_scatter_into, slice_scatter_into
 
 aten = torch.ops.aten
 

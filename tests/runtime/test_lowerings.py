@@ -1,4 +1,4 @@
-"""The inference program's faster equivalents of ATen ops (``runtime/lowerings.py``) compute
+"""The inference program's faster equivalents of ATen ops (``runtime/program/lowerings.py``) compute
 exactly what the op does, are chosen only where the node's shapes allow them, and never in a
 training program."""
 
@@ -9,8 +9,8 @@ import torch
 from torch import fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from rocs_compiler.runtime.direct import DirectProgram
-from rocs_compiler.runtime.lowerings import embedding_one_column
+from rocs_compiler.runtime.program.direct import DirectProgram
+from rocs_compiler.runtime.program.lowerings import embedding_one_column
 
 aten = torch.ops.aten
 g = torch.Generator().manual_seed(0)

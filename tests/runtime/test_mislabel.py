@@ -1,5 +1,5 @@
 """A candidate feature declared request-side is named: once per compiled model at the first
-degenerate drop-in call, in the report, and by ``rocs inspect`` (``runtime/mislabel.py``)."""
+degenerate drop-in call, in the report, and by ``rocs inspect`` (``runtime/follow/mislabel.py``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from models_for_tests import assert_outputs_match
 import rocs_compiler as rocs
 from models_zoo import ZOO
 from rocs_compiler.cli import main as cli
-from rocs_compiler.runtime.mislabel import MIN_ROWS, varying_inputs
+from rocs_compiler.runtime.follow.mislabel import MIN_ROWS, varying_inputs
 
 TWO_TOWER = ZOO["two_tower"]
 MISLABELLED = [*TWO_TOWER.request_inputs, "item_id"]

@@ -1,4 +1,4 @@
-"""The compiled model is its original model as an ``nn.Module`` (``runtime/module_state.py``).
+"""The compiled model is its original model as an ``nn.Module`` (``runtime/follow/module_state.py``).
 
 Before: ``cm.parameters()`` was empty (an optimizer over a wrapper's parameters trained only the
 wrapper's own layers, ``DDP(cm)`` refused to start), the program's weight aliases were

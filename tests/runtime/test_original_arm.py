@@ -1,5 +1,5 @@
 """A bucket settled on the plain program measures it against the original model and keeps the
-faster (``runtime/original_arm.py``): every arm answers what the original answers, a kept original
+faster (``runtime/call/original_arm.py``): every arm answers what the original answers, a kept original
 runs the call as made before the guards (so it follows a changed model), and a kept plain program
 never calls the original."""
 
@@ -14,9 +14,10 @@ from torch import nn
 import rocs_compiler as rocs
 from models_for_tests import NothingShared
 from rocs_compiler.errors import CompileError
-from rocs_compiler.runtime import compiled_model, original_arm, plain
-from rocs_compiler.runtime.original_arm import ARM_TRIALS, ORIGINAL, PROGRAM
-from rocs_compiler.runtime.program_choice import PLAIN, bucket
+from rocs_compiler.runtime import compiled_model
+from rocs_compiler.runtime.call import original_arm, plain
+from rocs_compiler.runtime.call.original_arm import ARM_TRIALS, ORIGINAL, PROGRAM
+from rocs_compiler.runtime.choice.program_choice import PLAIN, bucket
 
 CALLS = 2 * ARM_TRIALS + 4  # past both arms' trials
 

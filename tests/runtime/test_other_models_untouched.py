@@ -1,7 +1,7 @@
 """What the runtime installs process-wide leaves models it did not compile as they were.
 
 The weight refresh counts module and parameter registrations with process-wide hooks, and follows
-optimizer steps with a process-wide hook (``runtime/weights.py``, ``runtime/optimizer_writes.py``).
+optimizer steps with a process-wide hook (``runtime/follow/weights.py``, ``runtime/follow/optimizer_writes.py``).
 ``torch.compile`` traces such hooks when a compiled forward makes a module (``self.seq[:2]``
 makes a new ``nn.Sequential`` per call): they must add no guard that fails on the next call, and
 no graph break.

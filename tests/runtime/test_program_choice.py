@@ -9,9 +9,11 @@ from torch import nn
 
 import rocs_compiler as rocs
 from models_zoo.registry import ZOO
-from rocs_compiler.runtime import compiled_model, program_choice, settled_plain
-from rocs_compiler.runtime.program_choice import PLAIN, SHARED, TRIALS, ProgramChoice, bucket
-from rocs_compiler.runtime.original_arm import PROGRAM
+from rocs_compiler.runtime.call import choosing, lanes, path, prior
+from rocs_compiler.runtime.call import settled_plain
+from rocs_compiler.runtime.choice import program_choice
+from rocs_compiler.runtime.choice.program_choice import PLAIN, SHARED, TRIALS, ProgramChoice, bucket
+from rocs_compiler.runtime.call.original_arm import PROGRAM
 
 
 def test_trials_alternate_shared_first_and_the_lower_minimum_wins():
@@ -102,7 +104,7 @@ def test_a_bucket_keeps_the_program_its_calls_measured_faster(monkeypatch, fast)
     cm = USER_ITEM_MLP.compile(model)
     batch = USER_ITEM_MLP.batch([3, 1, 2], seed=4, shuffle=True)
     ran = []
-    real_plain, real_run = cm._run_plain, cm._run
+    real_plain, real_run = lanes.run_plain, lanes.run
     clock_value = [0.0]
 
     def fake_now():
@@ -118,21 +120,21 @@ def test_a_bucket_keeps_the_program_its_calls_measured_faster(monkeypatch, fast)
         clock_value[0] += 1.0 if fast == SHARED else 2.0
         return real_run(*args)
 
-    def settled(*args):  # a bucket settled on the plain program: ``runtime/settled_plain.py``
+    def settled(*args):  # a bucket settled on the plain program: ``runtime/call/settled_plain.py``
         result = real_settled(*args)
         if result is not settled_plain.NOT_TAKEN:
             ran.append(PLAIN)
         return result
 
-    real_settled = compiled_model.run_settled_plain
+    real_settled = path.run_settled_plain
     # The settled plain bucket's own measurement against the original model is not this test's
     # (tests/runtime/test_original_arm.py): it keeps the plain program.
     cm._originals.settle(bucket("shared", 6, 3), PROGRAM)
     monkeypatch.setattr(program_choice, "now", fake_now)
-    monkeypatch.setattr(compiled_model, "call_clock", lambda on_cpu=True: fake_now)
-    monkeypatch.setattr(cm, "_run_plain", plain)
-    monkeypatch.setattr(cm, "_run", shared)
-    monkeypatch.setattr(compiled_model, "run_settled_plain", settled)
+    monkeypatch.setattr(choosing, "call_clock", lambda on_cpu=True: fake_now)
+    monkeypatch.setattr(choosing, "run_plain", plain)
+    monkeypatch.setattr(choosing, "run", shared)
+    monkeypatch.setattr(path, "run_settled_plain", settled)
     with torch.no_grad():
         want = model(**batch.replicated())
         for _ in range(2 * TRIALS + 3):
@@ -157,7 +159,7 @@ def test_both_programs_are_exact_on_ragged_batches(name):
         for _ in range(2 * TRIALS):  # both programs run in each layout's bucket
             check_both_conventions(cm, model, batch, name)
         leaves = cm.contract.leaves((), batch.replicated())
-        plain = cm._run_plain(leaves, None)
+        plain = lanes.run_plain(cm, leaves, None)
     expected = model(**batch.replicated())
     torch.testing.assert_close(plain, expected, rtol=0, atol=0)  # the model's own ops
 
@@ -180,13 +182,13 @@ def test_the_plain_program_follows_weights_and_moves():
     with torch.no_grad():
         model.user.weight.mul_(3.0)  # in place
         model.item.bias = nn.Parameter(torch.randn(4))  # reassigned
-        got, scale = cm._run_plain(dict(leaves), None)
+        got, scale = lanes.run_plain(cm, dict(leaves), None)
         want, want_scale = model(user, item)
         torch.testing.assert_close(got, want, rtol=0, atol=0)
         assert torch.equal(scale, want_scale) and scale is not model.scale  # a copy, not ours
         cm.to(torch.float64)
         model.to(torch.float64)
-        got, _ = cm._run_plain({"user": user.double(), "item": item.double()}, None)
+        got, _ = lanes.run_plain(cm, {"user": user.double(), "item": item.double()}, None)
         torch.testing.assert_close(got, model(user.double(), item.double())[0])
 
 
@@ -245,7 +247,7 @@ def test_a_bucket_with_a_clear_flop_gain_is_settled_without_trials(monkeypatch):
     cm = rocs.compile(
         model, list(entry.request_inputs), example_kwargs=entry.make_batch([3, 2]).replicated()
     )
-    monkeypatch.setattr(cm, "_run_plain", lambda *a: pytest.fail("the plain program ran"))
+    monkeypatch.setattr(choosing, "run_plain", lambda *a: pytest.fail("the plain program ran"))
     batch = entry.make_batch([300, 200], seed=1)  # grouped: drop-in finds the 2 requests
     with torch.no_grad():
         for _ in range(3):
@@ -278,6 +280,6 @@ def test_a_bucket_with_nothing_to_share_keeps_the_plain_program_unless_shared_cl
     u, c = torch.randn(2, 8), torch.randn(5, 8)
     index = torch.tensor([0, 0, 0, 1, 1])
     cm = rocs.compile(NoShare().eval(), ["u"], example_kwargs=dict(u=u[index], c=c))
-    assert cm._margin(5, 2) == program_choice.LOW_GAIN_MARGIN
-    assert cm._margin(5, 2, program_choice.DROPIN_MARGIN) == program_choice.DROPIN_MARGIN
-    assert USER_ITEM_MLP.compile(USER_ITEM_MLP.build())._margin(16, 1) == 0.0
+    assert prior.margin(cm, 5, 2) == program_choice.LOW_GAIN_MARGIN
+    assert prior.margin(cm, 5, 2, program_choice.DROPIN_MARGIN) == program_choice.DROPIN_MARGIN
+    assert prior.margin(USER_ITEM_MLP.compile(USER_ITEM_MLP.build()), 16, 1) == 0.0

@@ -13,9 +13,10 @@ from models_zoo.batch import Batch, get_leaf, set_leaf
 from models_zoo.registry import ZOO
 from rocs_compiler.ir.graph_meta import BATCH_AXIS, PLACEMENT
 from rocs_compiler.ir.roles import Role
-from rocs_compiler.runtime import program_choice, request_cache
-from rocs_compiler.runtime.request_cache import CacheChoice, RequestCache, row_keys
-from rocs_compiler.runtime.request_split import split_request_region
+from rocs_compiler.runtime.choice import program_choice
+from rocs_compiler.runtime.cache import request_cache
+from rocs_compiler.runtime.cache.request_cache import CacheChoice, RequestCache, row_keys
+from rocs_compiler.runtime.cache.request_split import split_request_region
 
 MODELS = ["two_tower", "din", "target_attention", "hstu", "wukong", "bst"]
 NO_CHOICE = {"autotune": False}  # these tests are about the cache, not the program choice

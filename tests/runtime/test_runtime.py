@@ -24,7 +24,7 @@ from torch import nn
 
 import rocs_compiler as rocs
 from models_zoo import Batch, request_index
-from rocs_compiler.runtime.request_detection import group_requests, rows_consistent
+from rocs_compiler.runtime.rows.request_detection import group_requests, rows_consistent
 
 SHAPES = {
     "one": ([1], False),
@@ -345,7 +345,7 @@ def test_runner_calls_the_ops_directly_on_the_same_weights():
     """The runtime runs the graph as straight-line code whose rocs ops skip the dispatcher and
     their checks; it must read the compiled graph's own tensors, not copies of them."""
     from rocs_compiler.kernels import ROCS_OPS
-    from rocs_compiler.runtime.direct import DirectProgram
+    from rocs_compiler.runtime.program.direct import DirectProgram
 
     model = USER_ITEM_MLP.build()
     cm = USER_ITEM_MLP.compile(model)
@@ -364,7 +364,7 @@ def test_runner_calls_the_ops_directly_on_the_same_weights():
 def test_graphs_with_module_calls_stay_fx_graphs():
     from torch import fx
 
-    from rocs_compiler.runtime.direct import DirectProgram, direct_program
+    from rocs_compiler.runtime.program.direct import DirectProgram, direct_program
 
     gm = fx.symbolic_trace(nn.Sequential(nn.Linear(3, 2), nn.ReLU()))
     assert direct_program(gm) is gm
@@ -506,7 +506,7 @@ def test_rows_consistent():
 
 
 def test_request_detection_gives_request_sizes():
-    from rocs_compiler.runtime.request_detection import detect_requests
+    from rocs_compiler.runtime.rows.request_detection import detect_requests
 
     users = torch.tensor([[1.0, 2.0], [1.0, 2.0], [3.0, 4.0], [3.0, 4.0], [3.0, 4.0]])
     flags = torch.tensor([True, True, True, True, False])  # bool and float leaves compared at once
@@ -537,7 +537,7 @@ _LEAF_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, tor
 def test_numpy_and_torch_scans_find_the_same_requests(counts, dtypes, width, transpose, seed):
     """Small CPU batches are scanned through numpy, the rest with torch ops: both find the
     requests a batch was built from (bitwise, so NaN, -0.0, bf16, complex, bool, views)."""
-    from rocs_compiler.runtime import request_detection as rd
+    from rocs_compiler.runtime.rows import request_detection as rd
 
     g = torch.Generator().manual_seed(seed)
     index = request_index(counts)
@@ -571,7 +571,7 @@ def test_numpy_and_torch_scans_find_the_same_requests(counts, dtypes, width, tra
 def test_column_major_leaves_are_scanned_above_the_numpy_rows(width):
     """A ``[N, 1]`` column-major leaf (strides ``(1, N)``) counts as contiguous, so the torch scan
     (batches above ``NUMPY_ROWS``) viewed it as bytes with a last stride of N and crashed."""
-    from rocs_compiler.runtime import request_detection as rd
+    from rocs_compiler.runtime.rows import request_detection as rd
 
     counts = [300, 1, 350]
     index = request_index(counts)
@@ -613,7 +613,7 @@ def test_a_column_major_one_column_input_runs_drop_in_above_the_numpy_rows():
 
 def test_uniform_groupings_are_ordinary_tensors_made_once():
     """The cached grouping of equal-sized requests serves inference-mode and autograd calls."""
-    from rocs_compiler.runtime.request_detection import detect_requests
+    from rocs_compiler.runtime.rows.request_detection import detect_requests
 
     users = torch.arange(3.0).repeat_interleave(5).unsqueeze(1)
     with torch.inference_mode():
@@ -650,7 +650,7 @@ class _NothingPerRequest(nn.Module):
 
 
 def test_dropin_without_request_work_skips_request_detection(monkeypatch):
-    from rocs_compiler.runtime import compiled_model
+    from rocs_compiler.runtime.call import grouping
 
     model = _NothingPerRequest().eval()
     u, c = torch.randn(3, 4), torch.randn(7, 4)
@@ -660,7 +660,7 @@ def test_dropin_without_request_work_skips_request_detection(monkeypatch):
     def refuse(*args):
         raise AssertionError("request detection ran")
 
-    monkeypatch.setattr(compiled_model, "detect_requests", refuse)
+    monkeypatch.setattr(grouping, "detect_requests", refuse)
     with torch.no_grad():
         expected = model(u[index], c)
         torch.testing.assert_close(cm(u=u[index], c=c), expected, rtol=0, atol=0)

@@ -16,8 +16,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import rocs_compiler as rocs
 from rocs_compiler.kernels.index_contract import IndexRangeError, IndexTypeError
-from rocs_compiler.runtime import compiled_model, program_choice
-from rocs_compiler.runtime.program_choice import PLAIN, SHARED, bucket
+from rocs_compiler.runtime.call import choosing, contract, path, settled_plain
+from rocs_compiler.runtime.choice import program_choice
+from rocs_compiler.runtime.choice.program_choice import PLAIN, SHARED, bucket
 
 FIELDS = (10, 5, 20, 30)  # two user fields, two item fields
 ATEN = torch.ops.aten
@@ -113,7 +114,7 @@ def test_a_settled_plain_bucket_runs_the_packed_input_as_given(layout):
     torch.testing.assert_close(got, want)
 
 
-# The last: 2,400 ids, which the plain program looks up by a 1-D gather (``runtime/lowerings.py``).
+# The last: 2,400 ids, which the plain program looks up by a 1-D gather (``runtime/program/lowerings.py``).
 @pytest.mark.parametrize("counts", [[1], [3], [17], [1, 3, 17], [17, 1, 3, 1], [200, 1, 99, 300]])
 def test_every_layout_returns_the_original_models_answer_while_choosing_and_once_settled(counts):
     model, cm = _compiled()
@@ -169,7 +170,7 @@ def test_a_settled_bucket_refuses_what_the_general_path_refuses(monkeypatch, cas
         cm(**make(x, index))
     # The same call on the general path (the settled lane off) is refused as well.
     monkeypatch.setattr(
-        compiled_model, "run_settled_as_called", lambda *a: compiled_model.NOT_TAKEN, raising=False
+        path, "run_settled_as_called", lambda *a: settled_plain.NOT_TAKEN
     )
     with torch.no_grad(), pytest.raises(error):
         cm(**make(x, index))
@@ -190,9 +191,8 @@ def test_reducing_the_request_columns_counts_toward_the_shared_program(monkeypat
     program 1 and the plain one 2, the bucket chooses the plain program."""
     _, cm = _compiled()
     clock = [0.0]
-    monkeypatch.setattr(compiled_model, "now", lambda: clock[0])
     monkeypatch.setattr(program_choice, "now", lambda: clock[0])
-    monkeypatch.setattr(compiled_model, "call_clock", lambda on_cpu=True: lambda: clock[0])
+    monkeypatch.setattr(choosing, "call_clock", lambda on_cpu=True: lambda: clock[0])
 
     def costing(method, seconds):
         def run(*args, **kwargs):
@@ -201,9 +201,9 @@ def test_reducing_the_request_columns_counts_toward_the_shared_program(monkeypat
 
         return run
 
-    object.__setattr__(cm, "_reduce_leaves", costing(cm._reduce_leaves, 10.0))
-    object.__setattr__(cm, "_run", costing(cm._run, 1.0))
-    object.__setattr__(cm, "_shared_plain", costing(cm._shared_plain, 2.0))
+    monkeypatch.setattr(path, "reduce_leaves", costing(path.reduce_leaves, 10.0))
+    monkeypatch.setattr(choosing, "run", costing(choosing.run, 1.0))
+    monkeypatch.setattr(choosing, "shared_plain", costing(choosing.shared_plain, 2.0))
     counts = [4, 4]
     x, index, _ = _draw(counts)
     with torch.no_grad():
@@ -240,7 +240,7 @@ def test_a_batch_object_is_named_without_binding(monkeypatch):
     def refused(*args, **kwargs):
         raise AssertionError("bound the call")
 
-    monkeypatch.setattr(compiled_model, "bind_inputs", refused)
+    monkeypatch.setattr(contract, "bind_inputs", refused)
     with torch.no_grad():
         want = model(Features(user[index], item))
         torch.testing.assert_close(cm(batch=Features(user[index], item)), want)

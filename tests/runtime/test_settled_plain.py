@@ -1,5 +1,5 @@
 """A shared-layout call of a bucket settled on the plain program (an inference call) or on the
-original model (a training call) runs in one pass (``runtime/settled_plain.py``): the same answer
+original model (a training call) runs in one pass (``runtime/call/settled_plain.py``): the same answer
 and gradients as the general path, the same errors, and every call it does not recognize left to
 the general path."""
 
@@ -13,8 +13,9 @@ import rocs_compiler as rocs
 from models_for_tests import NothingShared
 from rocs_compiler.errors import InputError
 from rocs_compiler.kernels.index_contract import IndexRangeError, IndexTypeError
-from rocs_compiler.runtime import compiled_model, settled_plain
-from rocs_compiler.runtime.program_choice import PLAIN, SHARED, bucket
+from rocs_compiler.runtime.call import path
+from rocs_compiler.runtime.call import settled_plain
+from rocs_compiler.runtime.choice.program_choice import PLAIN, SHARED, bucket
 
 
 def _compiled():
@@ -32,16 +33,16 @@ def _batch(counts, seed=0):
 
 
 def _record_lane(monkeypatch, lane: str) -> list[bool]:
-    """Whether each call the lane ``lane`` (a function of ``compiled_model``) saw was taken."""
+    """Whether each call the lane ``lane`` (a function the call path calls, ``runtime/call/path.py``) saw was taken."""
     calls = []
-    real = getattr(compiled_model, lane)
+    real = getattr(path, lane)
 
     def recording(*args):
         result = real(*args)
         calls.append(result is not settled_plain.NOT_TAKEN)
         return result
 
-    monkeypatch.setattr(compiled_model, lane, recording)
+    monkeypatch.setattr(path, lane, recording)
     return calls
 
 
@@ -196,7 +197,7 @@ def test_a_settled_bucket_raises_what_the_general_path_raises(monkeypatch, lane,
     grad = torch.enable_grad() if training else torch.no_grad()
     with grad, pytest.raises(error) as settled:
         cm(**_broken(case))
-    monkeypatch.setattr(compiled_model, lane, lambda *a: settled_plain.NOT_TAKEN)
+    monkeypatch.setattr(path, lane, lambda *a: settled_plain.NOT_TAKEN)
     with grad, pytest.raises(error) as general:
         cm(**_broken(case))
     assert str(settled.value) == str(general.value)

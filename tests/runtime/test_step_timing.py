@@ -1,4 +1,4 @@
-"""Training trials are timed to the end of their backward (``runtime/step_timing.py``).
+"""Training trials are timed to the end of their backward (``runtime/training/step_timing.py``).
 
 A fake clock makes one program's forward fast and its backward slow: a choice that timed forwards
 only would keep it; timed steps keep the other. The outputs and gradients through the clock are
@@ -13,9 +13,11 @@ import pytest
 import torch
 from torch import nn
 
-from rocs_compiler.runtime import program_choice, step_timing
-from rocs_compiler.runtime.program_choice import PLAIN, SHARED, TRIALS, ProgramChoice
-from rocs_compiler.runtime.step_timing import StepTrials
+from rocs_compiler.runtime.choice import program_choice
+
+from rocs_compiler.runtime.training import step_timing
+from rocs_compiler.runtime.choice.program_choice import PLAIN, SHARED, TRIALS, ProgramChoice
+from rocs_compiler.runtime.training.step_timing import StepTrials
 
 KEY = ("train-shared", 4, 2)
 

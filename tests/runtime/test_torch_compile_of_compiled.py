@@ -3,7 +3,7 @@
 Dynamo used to trace the drop-in request detection, whose bitwise row comparison views each
 request input as bytes (``view(torch.uint8)``); AOTAutograd regenerates such an output alias
 with the base's dtype, and the first drop-in call failed with ``setStorage: ... out of
-bounds``. The grouping now runs outside dynamo's trace (``CompiledModel._group``); the shared
+bounds``. The grouping now runs outside dynamo's trace (``runtime/call/grouping.group``); the shared
 program is still traced. Oracle: the original model on the replicated batch.
 """
 

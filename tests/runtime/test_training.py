@@ -496,9 +496,9 @@ def _shared_table_batch(counts, seed=0, shuffle=False) -> Batch:
 
 def test_a_table_read_by_several_lookups_gets_one_gradient_buffer():
     """The training program reads the table's three lookups in one node whose backward adds
-    every lookup's rows into one zero buffer (``runtime/table_gradients.py``): the gradients
+    every lookup's rows into one zero buffer (``runtime/training/table_gradients.py``): the gradients
     are eager's (padded history entries add nothing; the tied projection keeps its own)."""
-    from rocs_compiler.runtime.table_gradients import TableLookups
+    from rocs_compiler.runtime.training.table_gradients import TableLookups
 
     torch.manual_seed(0)
     model = _train_mode(_SharedTable())

@@ -20,14 +20,15 @@ from training_testing import assert_gradients_match, gradients
 
 import rocs_compiler as rocs
 from models_zoo import ZOO, Batch, request_index
-from rocs_compiler.runtime.program_choice import (
+from rocs_compiler.runtime.choice.program_choice import (
     PLAIN,
     SHARED,
     TRAINING_TRIALS,
     ProgramChoice,
     bucket,
 )
-from rocs_compiler.runtime.training import TrainingProgram
+from rocs_compiler.runtime.call import prior
+from rocs_compiler.runtime.training.program import TrainingProgram
 
 CALLS = 2 * TRAINING_TRIALS + 1  # through a bucket's trials and once decided
 
@@ -106,13 +107,13 @@ def test_a_row_count_run_by_the_original_everywhere_skips_finding_requests(monke
     no pass over the rows to find requests (which only the training program needs), the
     gradients still eager's. Once a bucket of that row count shares, every call finds its
     requests again."""
-    from rocs_compiler.runtime import compiled_model
+    from rocs_compiler.runtime.call import grouping
 
     entry, model, cm = _dlrm()
     monkeypatch.setattr(cm._training, "choice", ProgramChoice())
     finds = []
-    detect = compiled_model.detect_requests
-    monkeypatch.setattr(compiled_model, "detect_requests", lambda *a: finds.append(1) or detect(*a))
+    detect = grouping.detect_requests
+    monkeypatch.setattr(grouping, "detect_requests", lambda *a: finds.append(1) or detect(*a))
     batch = entry.make_batch([3, 3, 2], seed=50)
     other = entry.make_batch([2, 2, 2, 2], seed=51)  # the same 8 rows, another bucket
     cm._training.choice.settle(_key(batch, "dropin"), PLAIN)
@@ -133,7 +134,7 @@ def test_a_row_count_run_by_the_original_everywhere_skips_finding_requests(monke
 
 @pytest.mark.parametrize("layout", ["shared", "dropin"])
 def test_guards_are_checked_where_the_training_program_runs(layout, monkeypatch):
-    """The guards (``runtime/guards.py``) protect the compiled program; a training call that
+    """The guards (``runtime/follow/guards.py``) protect the compiled program; a training call that
     runs the original model itself does not check them, one that runs the program does, and so
     does every inference call."""
     entry, model, cm = _dlrm()
@@ -157,13 +158,13 @@ def test_a_training_bucket_is_timed_even_where_its_flops_would_settle_it(program
     """An inference bucket whose FLOP ideal is at least CLEAR_GAIN with CLEAR_SAVING to save is
     settled on sharing without trials; a training bucket is always timed (its program's fixed
     costs per op are not in the count)."""
-    from rocs_compiler.runtime.program_choice import CLEAR_GAIN, CLEAR_SAVING
+    from rocs_compiler.runtime.choice.program_choice import CLEAR_GAIN, CLEAR_SAVING
 
     entry = ZOO["two_tower"]
     model = entry.build(seed=0).train()
     cm = _compile(model, entry.request_inputs, entry.make_batch)
     batch = entry.make_batch([64] * 16, seed=60)
-    shared, plain = cm._flops(batch.candidate_to_request.shape[0], batch.num_requests)
+    shared, plain = prior.flops(cm, batch.candidate_to_request.shape[0], batch.num_requests)
     assert plain >= CLEAR_GAIN * shared and plain - shared >= CLEAR_SAVING  # would settle
     for _ in range(2):
         gradients(model, _calls(cm, batch, "shared"))
@@ -175,7 +176,8 @@ def test_a_training_bucket_is_timed_even_where_its_flops_would_settle_it(program
 def test_cpu_trials_are_timed_by_the_calling_threads_cpu_time(threads, monkeypatch):
     """With one torch thread a CPU trial's whole step runs on the calling thread: its CPU time
     leaves out time spent preempted by other processes; with more, wall time."""
-    from rocs_compiler.runtime import program_choice, step_timing
+    from rocs_compiler.runtime.choice import program_choice
+    from rocs_compiler.runtime.training import step_timing
 
     clocks = []
     run = step_timing.StepTrials.run

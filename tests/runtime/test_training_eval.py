@@ -1,7 +1,7 @@
 """Evaluating a training compile: ``cm.train()``, steps, ``cm.eval()``, validate, ``cm.train()``.
 
 In eval mode a training compile runs its original compiled for inference in eval mode, compiled
-once on first use (``runtime/eval_mode.py``), reading the original's own weights: dropout off,
+once on first use (``runtime/modes/eval_mode.py``), reading the original's own weights: dropout off,
 batch norm on the running statistics the training calls updated, the optimizer's steps seen.
 
 Before: the first call after ``cm.eval()`` raised ``CompileError ... call cm.train() to train on;

@@ -1,0 +1,190 @@
+"""One dynamo graph as the backend hands it back: :class:`Subgraph`, callable with the graph's
+arguments, and the state of a shared-layout call (:data:`SHARED_CALL`) it reads.
+
+A subgraph compiles itself with ``rocs.compile`` at its first call (one variant per set of
+non-batch shapes), recompiles when module state or a baked scalar changed since, and runs
+plainly (Inductor or the graph itself) when the rewrite fails or shares nothing. Inside
+``shared_call`` a subgraph that receives the request inputs untouched runs on their R-row
+tensors with ``candidate_to_request``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+from torch import fx
+
+from .dynamo_graph import Slot, dotted, graph_model
+from .fast_paths import decompose_fast_paths
+from ..errors import CompileError
+from ..formats.leaves import nest
+from ..options import BackendOptions
+from ..runtime import CompiledModel
+from ..runtime.training import no_backward
+from ..runtime.follow.weights import tensor_version
+from .lowering import Lowered
+from .unshared import unshared_reason
+
+
+@dataclass
+class SharedCall:
+    index: torch.Tensor
+    shared: dict[str, torch.Tensor]  # request leaf name -> R-row tensor
+    replicated: dict[str, torch.Tensor]  # request leaf name -> the N-row tensor handed to dynamo
+    graphs_shared: int = 0
+
+
+SHARED_CALL: contextvars.ContextVar[Optional[SharedCall]] = contextvars.ContextVar(
+    "rocs_shared_call", default=None
+)
+
+
+# -- one compiled dynamo graph --------------------------------------------------------------------
+
+
+@dataclass
+class _Variant:
+    """The rocs compilation of one dynamo graph for one set of non-batch shapes."""
+
+    model: Any  # the rocs CompiledModel (runs the FX graph)
+    runner: Callable  # the same contract, running the lowered graph
+
+
+@dataclass
+class Subgraph:
+    """What the backend returns to dynamo for one graph: callable with the graph's arguments."""
+
+    gm: fx.GraphModule
+    slots: list[Slot]
+    request_inputs: list[str]
+    options: BackendOptions
+    consts: list[tuple[int, torch.Tensor, int]] = field(default_factory=list)
+    values: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # baked, compared
+    variants: dict = field(default_factory=dict)
+    plain: Optional[Callable] = None  # set when rocs does not rewrite this graph
+    # Called when the rewrite shares nothing: True when dynamo will trace the frame again
+    # (``UnsharedGraphs.retrace``), whose graph the backend then lowers with Inductor at once.
+    retrace: Optional[Callable[[str], bool]] = None
+    fallback_reason: Optional[str] = None
+    static_rows: Optional[int] = None  # the batch size of a graph dynamo traced with static shapes
+
+    @property
+    def compiled_model(self):
+        """The rocs ``CompiledModel`` of the most recent variant (None if not rewritten)."""
+        return next(reversed(self.variants.values())).model if self.variants else None
+
+    def __call__(self, *args):
+        if self.plain is not None:
+            return self.plain(*args)
+        if self._state_changed(args):
+            self.variants.clear()  # weights or scalars changed since compile time: rewrite again
+        leaves = {s.path: args[i] for i, s in enumerate(self.slots) if s.kind == "input"}
+        variant = self.variants.get(self._key(leaves)) or self._compile(args)
+        if variant is None:
+            return self.plain(*args)
+        state = SHARED_CALL.get()
+        if state is not None and self._takes_shared(state, leaves):
+            state.graphs_shared += 1
+            for path in leaves:
+                name = dotted(path)
+                if name in state.shared:
+                    leaves[path] = state.shared[name]
+            out = variant.runner(**nest(leaves), candidate_to_request=state.index)
+        else:
+            out = variant.runner(**nest(leaves))
+        return self._refuse_backward(list(out))
+
+    def _refuse_backward(self, out: list) -> list:
+        """In grad mode, with module state requiring grad (a model trained through
+        ``torch.compile``), outputs get a ``grad_fn`` whose backward raises, naming the training
+        compile, instead of coming back detached (``runtime/training/no_backward.py``)."""
+        if not torch.is_grad_enabled():
+            return out
+        anchor = no_backward.first_requiring_grad(value for _, value, _ in self.consts)
+        if anchor is None:
+            return out
+        return no_backward.attach(out, [True] * len(out), anchor)
+
+    def _state_changed(self, args: tuple) -> bool:
+        return any(
+            args[i] is not value or tensor_version(value) != version
+            for i, value, version in self.consts
+        ) or any(not _same_value(args[i], value) for i, value in self.values)
+
+    def _takes_shared(self, state: SharedCall, leaves: dict) -> bool:
+        requests = [p for p in leaves if dotted(p) in self._request_leaves()]
+        return bool(requests) and all(
+            state.replicated.get(dotted(p)) is leaves[p] for p in requests
+        )
+
+    def _request_leaves(self) -> set[str]:
+        model = self.compiled_model
+        return set(model.contract.request_inputs) if model is not None else set()
+
+    def _key(self, leaves: dict) -> tuple:
+        return tuple((tuple(t.shape[1:]), t.dim(), t.dtype, t.device) for t in leaves.values())
+
+    def _compile(self, args: tuple) -> Optional[_Variant]:
+        from .. import api
+
+        self.consts = [
+            (i, args[i], tensor_version(args[i]))
+            for i, s in enumerate(self.slots)
+            if s.kind == "const"
+        ]
+        self.values = [
+            (i, args[i].detach().clone()) for i, s in enumerate(self.slots) if s.kind == "value"
+        ]
+        # Aliases, not the caller's tensors: export marks its example inputs dynamic, and dynamo's
+        # guards on the frame being compiled must not see that.
+        leaves = {s.path: args[i].detach() for i, s in enumerate(self.slots) if s.kind == "input"}
+        model = graph_model(decompose_fast_paths(self.gm), self.slots, list(args))
+        try:
+            compiled = api.compile(
+                model,
+                self.request_inputs,
+                example_kwargs=nest(leaves),
+                options=self.options,
+            )
+        except CompileError as err:
+            hint = ""
+            if self.static_rows is not None:
+                hint = (
+                    f" (dynamo traced it with a static batch of {self.static_rows} rows; "
+                    "torch.compile(..., dynamic=True) gives rocs a dynamic batch)"
+                )
+            message = "\n".join(str(err).splitlines()[:4])
+            warnings.warn(
+                f"rocs: could not rewrite a dynamo graph, it runs without sharing{hint}: {message}",
+                stacklevel=2,
+            )
+            self.fallback_reason = str(err)
+            # Dynamo's compile of this frame is over: ``compile_fx`` would trace the graph
+            # outside dynamo's context (and fail on a baked scalar's ``.item()``), so the graph
+            # is compiled as a frame of its own at its first call instead.
+            self.plain = Lowered(self.gm, self.options.inductor, functional=False)
+            return None
+        unshared = unshared_reason(compiled)
+        if unshared is not None:
+            self.fallback_reason = unshared
+            if not self.options.inductor or (self.retrace is not None and self.retrace(unshared)):
+                self.plain = self.gm.forward  # until dynamo traces the frame again (next call)
+            else:
+                self.plain = Lowered(self.gm, True, functional=False)
+            return None
+        # Without Inductor the compiled model runs its graph itself (as a direct program).
+        runner = compiled
+        if self.options.inductor and isinstance(compiled, CompiledModel):  # not column lanes
+            runner = compiled.with_graph(Lowered(compiled.graph_module, True))
+        variant = _Variant(compiled, runner)
+        self.variants[self._key(leaves)] = variant
+        return variant
+
+
+def _same_value(now: torch.Tensor, baked: torch.Tensor) -> bool:
+    """Whether a scalar or NumPy array dynamo passed as a tensor still holds the baked value."""
+    return now.shape == baked.shape and now.dtype == baked.dtype and torch.equal(now, baked)

@@ -1,0 +1,126 @@
+"""What each tensor input of a compiled graph was compiled for: dtype, device, non-batch sizes.
+
+The compiled graph is specialized to them (only the batch dim is symbolic), so a call with
+another dtype, device or feature width would fail deep inside an op ("mat1 and mat2 must have
+the same dtype") or, worse, compute something eager would not. :meth:`InputSpecs.check` refuses
+such a call before any compute with an ``InputError`` naming the input, what it got and what the
+model was compiled for. A compiled model moved with ``.to(device or dtype)`` expects its inputs
+moved the same way (:meth:`InputSpecs.moved`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable, Mapping, Optional
+
+import torch
+from torch import fx
+
+from ...errors import InputError
+
+
+@dataclass(frozen=True)
+class _Spec:
+    dtype: torch.dtype
+    device: torch.device
+    sizes: tuple  # every dim but the batch dim (batched) or every dim; None where symbolic
+    batched: bool
+
+
+class InputSpecs:
+    def __init__(self, specs: Mapping[str, _Spec]):
+        self._specs = dict(specs)
+        # What a call that fits exactly compares: (name, dtype, device, sizes, batched).
+        self._exact = [(n, s.dtype, s.device, s.sizes, s.batched) for n, s in self._specs.items()]
+
+    @classmethod
+    def of_graph(
+        cls, gm: object, placeholder_of: Mapping[str, str], batched: Mapping[str, bool]
+    ) -> Optional["InputSpecs"]:
+        """The specs of ``gm``'s placeholders; None when ``gm`` is no FX graph module."""
+        if not isinstance(gm, fx.GraphModule):
+            return None
+        vals = {n.name: n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"}
+        specs = {}
+        for name, placeholder in placeholder_of.items():
+            val = vals.get(placeholder)
+            if not isinstance(val, torch.Tensor):
+                continue
+            is_batched = bool(batched.get(name, False)) and val.dim() > 0
+            dims = val.shape[1:] if is_batched else val.shape
+            sizes = tuple(s if isinstance(s, int) else None for s in dims)
+            specs[name] = _Spec(val.dtype, val.device, sizes, is_batched)
+        return cls(specs)
+
+    def empty_tensors(self) -> list[torch.Tensor]:
+        """An empty tensor of each input's dtype and device (what a move is probed with)."""
+        return [torch.empty(0, dtype=s.dtype, device=s.device) for s in self._specs.values()]
+
+    def moved(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "InputSpecs":
+        """The specs after ``module._apply(fn)``: floating inputs follow a dtype change as the
+        weights do, every input follows a device change."""
+        specs = {}
+        for name, spec in self._specs.items():
+            probe = fn(torch.empty(0, dtype=spec.dtype, device=spec.device))
+            specs[name] = replace(spec, dtype=probe.dtype, device=probe.device)
+        return InputSpecs(specs)
+
+    def check(self, leaves: Mapping[str, object]) -> None:
+        """Raise ``InputError`` for the first tensor input that does not fit its spec."""
+        for name, dtype, device, sizes, batched in self._exact:
+            value = leaves.get(name)
+            if isinstance(value, torch.Tensor) and (
+                value.dtype != dtype
+                or value.device != device
+                or (value.shape[1:] if batched and value.dim() else value.shape) != sizes
+            ):
+                self._check_one(name, self._specs[name], value)  # symbolic sizes, or an error
+
+    def _check_one(self, name: str, spec: _Spec, value: torch.Tensor) -> None:
+        if value.dtype != spec.dtype:
+            raise InputError(
+                f"input {name!r} has dtype {value.dtype}, but the model was compiled for "
+                f"{spec.dtype}: convert the input, or compile the model again for {value.dtype}"
+            )
+        if value.device != spec.device:
+            raise InputError(
+                f"input {name!r} is on {value.device}, but the compiled model is on "
+                f"{spec.device}: move the input, or the compiled model with .to()"
+            )
+        dims = value.shape[1:] if spec.batched else value.shape
+        if dims != spec.sizes and (spec.batched and value.dim() == 0 or not _fits(dims, spec.sizes)):
+            expected = ", ".join("?" if s is None else str(s) for s in spec.sizes)
+            expected = f"(rows, {expected})" if spec.batched else f"({expected})"
+            raise InputError(
+                f"input {name!r} has shape {tuple(value.shape)}, but the model was compiled "
+                f"for {expected}; only the number of rows may change between calls"
+            )
+
+
+def _fits(dims: tuple, sizes: tuple) -> bool:
+    return len(dims) == len(sizes) and all(s is None or d == s for d, s in zip(dims, sizes))
+
+
+def row_count_error(rows: Mapping[str, Optional[int]], request_inputs: frozenset) -> InputError:
+    """The error for a call without ``candidate_to_request`` whose batched inputs ``rows``
+    (name -> row count, None without a dim) disagree. Request inputs agreeing on R rows and
+    candidate inputs on N > R rows are a shared-layout call without its index; anything else is
+    an input taken as batched that is not (its rows equalled the example's batch size)."""
+    detail = ", ".join(f"{n}: {r}" for n, r in rows.items())
+    request = {r for n, r in rows.items() if n in request_inputs}
+    candidate = {r for n, r in rows.items() if n not in request_inputs}
+    if len(request) == len(candidate) == 1 and None not in request | candidate:
+        (num_requests,), (num_candidates,) = request, candidate
+        if 0 < num_requests < num_candidates:
+            return InputError(
+                f"request inputs have {num_requests} rows and candidate inputs "
+                f"{num_candidates} ({detail}): a shared-layout call, whose candidate_to_request "
+                f"is missing: pass cm(..., candidate_to_request=idx), idx an int64 "
+                f"[{num_candidates}] tensor holding each candidate's request in "
+                f"[0, {num_requests}); or give every input {num_candidates} rows (drop-in)"
+            )
+    return InputError(
+        f"batched inputs disagree on the number of rows ({detail}); an input without a "
+        "batch dim whose rows equalled the example's batch size is taken as batched: "
+        "name it in rocs.compile(..., unbatched_inputs=[...])"
+    )

@@ -1,0 +1,243 @@
+"""The call path of a compiled model, in order: the input format turns the call into a program
+call (``formats/``), the contract names its leaves (``contract.py``) and the checks validate them
+(``checks.py``), the choice picks a lane (``choosing.py``; kept originals and settled buckets in
+``original_arm.py`` and ``settled_plain.py``), and the lane runs (``lanes.py``, ``train_lane.py``).
+
+Every function takes the compiled model whose state it reads (``runtime/compiled_model.py``);
+none keeps per-call state, so concurrent calls stay safe.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ...formats.base import REPLICATED, ProgramCall
+from ...kernels.nested_padding import fast_path_state
+from ...kernels.index_contract import index_trusted
+from ..follow.moves import refresh_copy
+from .checks import check_replicated, check_shared, index_in_range, reduce_leaves
+from .choosing import dropin_choosing, runs_as_given, shared_choosing, trial_clock
+from .grouping import group
+from .choosing import settle_if_clear
+from .prior import margin
+from .lanes import run, run_original, run_plain
+from ..choice.program_choice import PLAIN, bucket
+from .settled_plain import (
+    NOT_TAKEN,
+    run_as_original,
+    run_kept_original,
+    run_settled_as_called,
+    run_settled_original,
+    run_settled_plain,
+)
+from .train_lane import chooses_training, trains, trains_as_original
+
+
+def forward(cm, *args, candidate_to_request: Optional[torch.Tensor] = None, **kwargs):
+    """``CompiledModel.forward`` itself (the face binds it as its method: no call in between)."""
+    eval_mode = cm._eval_mode
+    if eval_mode is not None and eval_mode.applies():  # a training compile in eval mode
+        return eval_mode.call(cm, args, kwargs, candidate_to_request)
+    autocast = cm._autocast
+    if autocast is not None and autocast.active():  # ``runtime/modes/autocast.py``
+        return autocast.call("forward", args, kwargs, candidate_to_request)
+    nesting = cm._nesting  # ``runtime/follow/nesting.py``: None unless an encoder of it nests
+    if nesting is not None:
+        with fast_path_state(nesting):  # eager's decision for this call's grad and autocast state
+            return route(cm, args, kwargs, candidate_to_request)
+    return route(cm, args, kwargs, candidate_to_request)
+
+
+def route(cm, args: tuple, kwargs: dict, candidate_to_request: Optional[torch.Tensor]):
+    """A call past the delegations to other modes: a kept original, the input format, or the
+    compiled programs through the checks, the choice and a lane."""
+    originals = cm._originals
+    if (
+        originals is not None
+        and originals.active
+        and not torch.is_grad_enabled()
+        and not torch.compiler.is_compiling()
+    ):
+        # Buckets that kept the original model (``runtime/call/original_arm.py``), before the
+        # guards: a drop-in row class, or a shared-layout bucket of a call as made.
+        if candidate_to_request is None:
+            rows = cm.contract.first_rows(args, kwargs)
+            if rows is not None and rows.bit_length() in originals.dropin_originals:
+                return cm._call_original(args, kwargs)
+        elif originals.shared_originals and not cm.input_format.converts:
+            result = run_kept_original(cm, args, kwargs, candidate_to_request)
+            if result is not NOT_TAKEN:
+                return result
+    if cm.input_format.converts:
+        return forward_format(cm, args, kwargs, candidate_to_request, replicated=False)
+    if originals is not None and originals.measuring_any() and is_choosing(cm):
+        result = run_as_original(cm, args, kwargs, candidate_to_request)
+        if result is not NOT_TAKEN:  # a trial: the plain program or the original model
+            return result
+    check_model(cm)
+    return forward_leaves(cm, args, kwargs, candidate_to_request, is_choosing(cm))
+
+
+def check_model(cm) -> None:
+    """Before a call that runs a compiled program: the original model is still the one
+    compiled (``runtime/follow/guards.py``) and not wrapped by DDP since."""
+    training = cm._training  # ``train_lane.trains``, inlined: a served call makes no call for it
+    if training is None or not (torch.is_grad_enabled() or training.writes_buffers):
+        cm._guards.check()  # a training call checks them where its program runs (``train``)
+    elif cm._ddp is not None:
+        cm._ddp.check()  # not past a DDP around the original (``training/distributed.py``)
+
+
+def is_choosing(cm) -> bool:
+    """True when this call runs under the program choice (outside autograd and tracing)."""
+    return (
+        cm._choice is not None
+        and not torch.is_grad_enabled()
+        and not torch.compiler.is_compiling()
+    )
+
+
+def forward_format(cm, args: tuple, kwargs: dict, index, replicated: bool):
+    """A call through a converting input format (``formats/``): the original model, when the
+    format offers it and this call's bucket chose it, else the program on the converted
+    call."""
+    input_format = cm.input_format
+    choosing = is_choosing(cm)  # a plain program, so a compiled graph
+    offers = choosing and not replicated and input_format.offers_original
+    if offers and index is None:
+        sizes = input_format.original_sizes(args, kwargs)
+        if sizes is not None and cm._choice.decided(
+            bucket(f"{sizes[0]}-original", sizes[1], sizes[2])
+        ) == PLAIN:
+            return cm._call_original(args, kwargs)  # the call as made: no guards needed
+    original = None
+    if offers and cm.graph_module is not None:
+        original = input_format.original_program(cm._original, args, kwargs, index)
+        if original is not None:
+            if original.index is not None and not index_trusted():
+                index_in_range(original.index, original.requests)
+            key = bucket(f"{original.layout}-original", original.rows, original.requests)
+            if cm._choice.decided(key) == PLAIN:  # the original model: no guards needed
+                refresh_copy(cm)
+                return original.run()
+    if choosing and not replicated:
+        # A bucket settled on the plain program, as called: the original model or, after
+        # the guards, the plain program on the call's tensors.
+        result = run_settled_as_called(cm, args, kwargs, index)
+        if result is not NOT_TAKEN:
+            return result
+    if not replicated:  # ``call_replicated`` checked them
+        check_model(cm)
+    if cm.graph_module is None:
+        return run_original(cm, args, kwargs, None if replicated else index)
+    if original is not None:
+        refresh_copy(cm)
+        return cm._choice.run(
+            key,
+            lambda: program_call(cm, 
+                input_format.program_call(args, kwargs, index, False), False
+            ),
+            original.run,
+            clock=trial_clock(original.index),
+        )
+    call = input_format.program_call(args, kwargs, index, replicated)
+    return program_call(cm, call, choosing)
+
+
+def program_call(cm, call: ProgramCall, choosing: bool):
+    if call.layout == REPLICATED:
+        return call_replicated_leaves(cm, call.args, call.kwargs, call.index, choosing, call.given)
+    return forward_leaves(cm, 
+        call.args, call.kwargs, call.index, choosing, call.replicated, call.given
+    )
+
+
+def forward_leaves(
+    cm, args, kwargs, index, choosing: bool, replicated=frozenset(), as_called=None
+):
+    leaves = given = cm.contract.leaves(args, kwargs)
+    if as_called:  # the call's own tensors the plain program takes (``ProgramCall.given``)
+        leaves = given = {**leaves, **as_called}
+    if index is not None and not replicated:  # a bucket settled on the plain program
+        if choosing:
+            result = run_settled_plain(cm, args, kwargs, leaves, index)
+        elif trains(cm) and chooses_training(cm):
+            result = run_settled_original(cm, args, kwargs, leaves, index)
+        else:
+            result = NOT_TAKEN
+        if result is not NOT_TAKEN:
+            return result
+    reducing = 0.0  # time spent reducing replicated request leaves: the shared program's
+    if replicated and index is not None:
+        if choosing and runs_as_given(cm, given, index, replicated):
+            return run_plain(cm, given, None)
+        clock = trial_clock(index)
+        start = clock()
+        leaves = reduce_leaves(cm, leaves, index, replicated)
+        reducing = clock() - start
+    if choosing:
+        if index is None:
+            return dropin_choosing(cm, args, kwargs, leaves)
+        return shared_choosing(cm, args, kwargs, leaves, index, given, reducing)
+    uniform = None
+    if index is None:
+        if not replicated and trains_as_original(cm, leaves):
+            return cm._original(*args, **kwargs)
+        requests, index, uniform = group(cm, leaves)
+    else:
+        requests, index = check_shared(cm, leaves, index)
+    return run(cm, args, kwargs, leaves, requests, index, uniform)
+
+
+def checked_call(cm, args: tuple, kwargs: dict, index):
+    """The call past the guards: what ``forward`` runs when no kept original takes it."""
+    check_model(cm)
+    return forward_leaves(cm, args, kwargs, index, True)
+
+
+def call_replicated(cm, args: tuple, kwargs: dict, candidate_to_request: torch.Tensor):
+    """The original call (request inputs replicated, one row per candidate) with the
+    grouping given: ``candidate_to_request[n]`` is candidate n's request. Raises
+    :class:`InputError` when a request input varies within a request."""
+    eval_mode = cm._eval_mode
+    if eval_mode is not None and eval_mode.applies():
+        return eval_mode.call_replicated(cm, args, kwargs, candidate_to_request)
+    autocast = cm._autocast
+    if autocast is not None and autocast.active():
+        return autocast.call("call_replicated", args, kwargs, candidate_to_request)
+    nesting = cm._nesting
+    if nesting is not None:
+        with fast_path_state(nesting):
+            return replicated_route(cm, args, kwargs, candidate_to_request)
+    return replicated_route(cm, args, kwargs, candidate_to_request)
+
+
+def replicated_route(cm, args: tuple, kwargs: dict, candidate_to_request: torch.Tensor):
+    """``call_replicated`` past the delegations to other modes."""
+    cm._guards.check()
+    if cm.input_format.converts:
+        return forward_format(cm, args, kwargs, candidate_to_request, replicated=True)
+    return call_replicated_leaves(cm, args, kwargs, candidate_to_request, is_choosing(cm))
+
+
+def call_replicated_leaves(cm, args, kwargs, candidate_to_request, choosing: bool, as_called=None):
+    leaves = cm.contract.leaves(args, kwargs)
+    if as_called:
+        leaves = {**leaves, **as_called}
+    requests, index = check_replicated(cm, leaves, candidate_to_request)
+    choice = cm._choice
+    if not choosing:
+        return run(cm, args, kwargs, leaves, requests, index)
+    first = next(iter(requests.values()), None)
+    num_requests = first.shape[0] if first is not None else 0
+    key = bucket("replicated", index.shape[0], num_requests)
+    return choice.run(
+        key,
+        lambda: run(cm, args, kwargs, leaves, requests, index),
+        lambda: run_plain(cm, leaves, None),  # the replicated rows, as the model takes them
+        lambda: settle_if_clear(cm, key, index.shape[0], num_requests),
+        margin=margin(cm, index.shape[0], num_requests),
+        clock=trial_clock(index),
+    )

@@ -1,0 +1,1 @@
+"""Following the original model: guards, weights, module state, dtype moves, mislabelled inputs."""

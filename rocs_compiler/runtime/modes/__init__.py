@@ -1,0 +1,1 @@
+"""Programs for other modes of a call: a training compile in eval mode, calls under autocast."""

@@ -1,0 +1,1 @@
+"""Training: the training program, its step timing, table gradients, refused backward, DDP."""
