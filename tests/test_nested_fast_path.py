@@ -258,6 +258,37 @@ def test_a_grad_mode_call_follows_eagers_decision_by_itself():
     torch.testing.assert_close(got, nested, **TOL)
 
 
+def test_the_request_cache_keeps_the_encoder_and_decides_the_zeros_per_call():
+    """With a request cache the encoder's states are cached per request, and the zeros are
+    decided per call, by the requests that call holds: a request cached in an aligned call and
+    met again beside a history with a hole keeps its padded values, as eager does."""
+    torch.manual_seed(0)
+    model = HistoryRanker().eval()
+    hist, padding = _requests([6, 3, 1])
+    example = {"hist": hist[[0, 0, 1, 2]], "padding": padding[[0, 0, 1, 2]], "cand": _candidates(4)}
+    cm = rocs.compile(
+        model, ["hist", "padding"], example_kwargs=example, options={"autotune": False},
+        request_cache=rocs.RequestCache(1 << 24, autotune=False),
+    )  # fmt: skip
+    hist, padding = _requests([6, 3, 1, 4], seed=21)
+    holed = padding.clone()
+    holed[3] = torch.tensor([True, False, False, False, True, True])  # request 3: a hole
+    index = torch.tensor([0, 0, 1, 2, 2])
+    cand = _candidates(index.shape[0], seed=22)
+    aligned_want = _eager(model, hist, padding, cand, index)
+    with torch.no_grad():
+        got = cm(hist=hist[:3], padding=padding[:3], cand=cand, candidate_to_request=index)
+    torch.testing.assert_close(got, aligned_want, **TOL)
+    both = torch.tensor([0, 0, 1, 2, 2, 3])  # requests 0-2 again (cached), with request 3
+    cand = _candidates(both.shape[0], seed=23)
+    want = _eager(model, hist, holed, cand, both)
+    _assert_meaningful(want, _eager(model, hist, padding, cand, both))
+    with torch.no_grad():
+        got = cm(hist=hist, padding=holed, cand=cand, candidate_to_request=both)
+    torch.testing.assert_close(got, want, **TOL)
+    assert cm.cache_stats()["hits"] == 3
+
+
 def test_capture_records_the_parameters_eagers_grad_check_reads():
     """The first layer's parameters and those the encoder's input is computed from (``embed``);
     not the later layers', the final norm's or the MLP's."""

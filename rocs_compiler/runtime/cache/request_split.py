@@ -18,6 +18,11 @@ walking up until every value read across the cut has an axis. A request-placed n
 request program without an axis has no row-wise guarantee: the split is refused, with the node
 named, and the model runs without the cache.
 
+A request-placed node that reads an input other than the request inputs
+(``rocs::nested_padding`` reads ``candidate_to_request``: whether it zeroes depends on every
+request of the call) is no function of its request's inputs alone: it and what it feeds stay in
+the rest program, which computes them at R rows from the boundary values of the call's requests.
+
 A request program that draws random numbers (a dropout in training mode placed per request,
 ``Options.request_dropout == "per_request"``) is refused too: its rows are no function of the
 request's inputs, and a cached row would replay the draws of the call that computed it.
@@ -68,9 +73,7 @@ def split_request_region(gm: fx.GraphModule) -> RequestSplit:
     if not requests:
         raise SplitRefused("the model has no request inputs")
     symbol = _batch_symbol(requests)
-    on_request = {
-        n for n in nodes if n.meta.get(PLACEMENT) == Role.REQUEST and n.op != "placeholder"
-    }
+    on_request = _request_region(nodes, requests)
     crossing = [n for n in nodes if n in on_request and any(u not in on_request for u in n.users)]
     boundary: dict[fx.Node, BatchAxis] = {}
     recomputed: set[fx.Node] = set()
@@ -99,6 +102,21 @@ def split_request_region(gm: fx.GraphModule) -> RequestSplit:
         [n.name for n in cut],
         sorted(n.name for n in recomputed),
     )
+
+
+def _request_region(nodes: list[fx.Node], requests: list[fx.Node]) -> set[fx.Node]:
+    """The request-placed nodes computed from the request inputs alone. A request-placed node
+    that reads another input (``candidate_to_request``, which ``rocs::nested_padding`` reads to
+    know which requests the call holds) depends on the call's other requests too: it stays in
+    the rest program, which runs it on the boundary values of all the call's requests."""
+    reads_others = {n for n in nodes if n.op == "placeholder" and n not in requests}
+    for node in nodes:
+        if any(a in reads_others for a in node.all_input_nodes):
+            reads_others.add(node)
+    return {
+        n for n in nodes
+        if n.meta.get(PLACEMENT) == Role.REQUEST and n.op != "placeholder" and n not in reads_others
+    }  # fmt: skip
 
 
 def _batch_symbol(requests: list[fx.Node]) -> sympy.Symbol:
