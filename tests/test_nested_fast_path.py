@@ -214,17 +214,24 @@ def test_the_encoder_still_runs_once_per_request():
     assert report.request_flops > report.candidate_flops
 
 
-def test_a_call_whose_grad_check_blocks_the_path_keeps_the_padded_values():
-    """In grad mode with the encoder's parameters requiring grad, eager keeps the padded path;
-    the runtime states that for the call with ``fast_path_state`` of the parameters capture
-    recorded."""
+def _grad_mode_case(seed: int):
+    """A compiled model, a batch, and eager's answer to it in grad mode (the padded path: the
+    encoder's parameters require grad), checked far from the nested answer."""
     model, cm = _compiled()
-    hist, padding = _requests([6, 3, 1, 4], seed=13)
-    cand = _candidates(INDEX.shape[0], seed=14)
+    hist, padding = _requests([6, 3, 1, 4], seed=seed)
+    cand = _candidates(INDEX.shape[0], seed=seed + 1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         want = model(hist[INDEX], padding[INDEX], cand).detach()
     _assert_meaningful(want, _eager(model, hist, padding, cand, INDEX))
+    return model, cm, hist, padding, cand, want
+
+
+def test_a_call_whose_grad_check_blocks_the_path_keeps_the_padded_values():
+    """In grad mode with the encoder's parameters requiring grad, eager keeps the padded path;
+    the runtime states that for the call with ``fast_path_state`` of the parameters capture
+    recorded."""
+    model, cm, hist, padding, cand, want = _grad_mode_case(seed=13)
     params = [p for n, p in model.named_parameters() if n.startswith("encoder.layers.0.")]
     with fast_path_state(params):
         got = cm(hist=hist, padding=padding, cand=cand, candidate_to_request=INDEX)
@@ -238,13 +245,7 @@ def test_a_grad_mode_call_follows_eagers_decision_by_itself():
     """The runtime decides per call, with no wrapper of the caller's: in grad mode with the
     encoder's parameters requiring grad, eager keeps the padded values (both layouts); once they
     are frozen (``requires_grad_(False)`` after compiling), eager nests again under grad."""
-    model, cm = _compiled()
-    hist, padding = _requests([6, 3, 1, 4], seed=15)
-    cand = _candidates(INDEX.shape[0], seed=16)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        want = model(hist[INDEX], padding[INDEX], cand).detach()
-    _assert_meaningful(want, _eager(model, hist, padding, cand, INDEX))
+    model, cm, hist, padding, cand, want = _grad_mode_case(seed=15)
     shared = cm(hist=hist, padding=padding, cand=cand, candidate_to_request=INDEX)
     dropin = cm(hist=hist[INDEX], padding=padding[INDEX], cand=cand)
     torch.testing.assert_close(shared.detach(), want, **TOL)
