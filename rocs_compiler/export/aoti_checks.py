@@ -8,8 +8,9 @@ that sets ``AOTI_RUNTIME_CHECK_INPUTS=1``. While ``rocs.aoti_package`` compiles,
 turns that default around in the generated C++: the check runs unless the process sets
 ``AOTI_RUNTIME_CHECK_INPUTS=0``.
 
-Identity: the generated test ``v != nullptr && v[0] != '0'`` becomes ``v == nullptr || v[0] != '0'``,
-which gives the same answer whenever the variable is set and true when it is not. A torch whose
+Identity: the generated test ``v != nullptr && v[0] != '0'`` becomes
+``v == nullptr || v[0] != '0'``, which gives the same answer whenever the variable is set and
+true when it is not. A torch whose
 wrapper spells the test otherwise keeps its own default, with one warning that says so.
 """
 

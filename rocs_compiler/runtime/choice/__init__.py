@@ -1,1 +1,1 @@
-"""The measured choice between two exact programs, per bucket of calls: decisions, trials, clocks."""
+"""The measured choice between two exact programs per bucket of calls: decisions, trials."""

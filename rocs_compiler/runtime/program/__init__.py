@@ -1,1 +1,1 @@
-"""The straight-line program a compiled graph runs as: direct op calls, in-place reuse, lowerings."""
+"""The straight-line program a graph runs as: direct op calls, in-place reuse, lowerings."""
