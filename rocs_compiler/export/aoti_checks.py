@@ -10,8 +10,8 @@ turns that default around in the generated C++: the check runs unless the proces
 
 Identity: the generated test ``v != nullptr && v[0] != '0'`` becomes
 ``v == nullptr || v[0] != '0'``, which gives the same answer whenever the variable is set and
-true when it is not. A torch whose
-wrapper spells the test otherwise keeps its own default, with one warning that says so.
+true when it is not. A torch whose wrapper spells the test otherwise keeps its own default,
+with one warning that says so.
 """
 
 from __future__ import annotations
