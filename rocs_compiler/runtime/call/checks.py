@@ -29,6 +29,8 @@ index_in_range = check_index_range
 
 
 def batch_rows(cm, leaves: dict, names: list[str]) -> int:
+    """The common row count of the leaves ``names``; refused, naming each input's rows,
+    when they differ."""
     if len(names) == 1 and leaves[names[0]].dim():
         return leaves[names[0]].shape[0]
     rows = [leaves[n].shape[0] if leaves[n].dim() else None for n in names]
@@ -100,6 +102,8 @@ def reduce_leaves(cm, leaves: dict, index: Any, replicated: frozenset) -> dict:
 
 
 def check_replicated(cm, leaves: dict, index: Any):
+    """A ``call_replicated`` call: the index checked, and each request input (one row per
+    candidate) checked constant within every request and kept at one row per request."""
     contract = cm.contract
     check_index(cm, leaves, index)
     num_candidates = index.shape[0]

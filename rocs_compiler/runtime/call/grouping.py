@@ -19,12 +19,15 @@ from ..rows.request_detection import detect_requests
 
 
 def group(cm, leaves: dict):
+    """``(requests, index, uniform)`` of a drop-in call: each request's first row of every
+    request input, the index, and the request count when requests are equal-sized (else None)."""
     if torch.compiler.is_compiling():  # ``torch.compile(cm)``: dynamo stops at the grouping
         return _group_untraced(cm, leaves)
     return group_rows(cm, leaves)
 
 
 def group_rows(cm, leaves: dict):
+    """The grouping itself: :func:`group` calls it, or under a tracer its untraced wrapper."""
     contract = cm.contract
     rows = batch_rows(cm, leaves, contract.batched_inputs)
     if not cm._request_work:

@@ -128,6 +128,7 @@ def run_original(cm, args: tuple, kwargs: dict, index):
 
 
 def warn_fallback(cm) -> None:
+    """Once per compiled model: the call runs the original model eagerly, and why."""
     if not cm._warned:
         warnings.warn(
             f"rocs: running the original model eagerly ({cm.fallback_reason})", stacklevel=4
@@ -136,6 +137,8 @@ def warn_fallback(cm) -> None:
 
 
 def run_eager(cm, args, kwargs, requests, index):
+    """The original model on the call with its request inputs gathered to the candidates (a
+    model that could not be captured)."""
     warn_fallback(cm)
     gathered = {n: requests[n].index_select(0, index) for n in cm.contract.request_inputs}
     call_args, call_kwargs = replace_leaves(cm.contract.signature, args, kwargs, gathered)

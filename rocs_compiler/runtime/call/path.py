@@ -147,6 +147,7 @@ def forward_format(cm, args: tuple, kwargs: dict, index, replicated: bool):
 
 
 def program_call(cm, call: ProgramCall, choosing: bool):
+    """A format's program call (``formats/base.py::ProgramCall``) on the path of its layout."""
     if call.layout == REPLICATED:
         return call_replicated_leaves(cm, call.args, call.kwargs, call.index, choosing, call.given)
     return forward_leaves(cm, 
@@ -157,6 +158,8 @@ def program_call(cm, call: ProgramCall, choosing: bool):
 def forward_leaves(
     cm, args, kwargs, index, choosing: bool, replicated=frozenset(), as_called=None
 ):
+    """A call named by its leaves: a settled bucket's one pass, a packed input's request
+    columns reduced, then the choice (``choosing``) or, outside it, the checks and a lane."""
     leaves = given = cm.contract.leaves(args, kwargs)
     if as_called:  # the call's own tensors the plain program takes (``ProgramCall.given``)
         leaves = given = {**leaves, **as_called}
@@ -223,6 +226,7 @@ def replicated_route(cm, args: tuple, kwargs: dict, candidate_to_request: torch.
 
 
 def call_replicated_leaves(cm, args, kwargs, candidate_to_request, choosing: bool, as_called=None):
+    """``call_replicated`` on named leaves: the grouping checked, then the chosen lane."""
     leaves = cm.contract.leaves(args, kwargs)
     if as_called:
         leaves = {**leaves, **as_called}

@@ -13,6 +13,7 @@ from ..training import no_backward
 
 
 def graph_inputs(cm, leaves: dict, requests: dict) -> list:
+    """The program's inputs in the graph's order, request inputs at R rows from ``requests``."""
     names = cm.contract.input_names
     if requests is leaves:
         return [leaves[n] for n in names]
@@ -42,6 +43,7 @@ def refuse_backward(cm, outputs: list) -> list:
 
 
 def refuse_backward_eager(cm, result):
+    """:func:`refuse_backward` for the original model's outputs (an eager fallback)."""
     anchor = no_backward.first_requiring_grad(cm._original.parameters())
     if anchor is None:
         return result
