@@ -45,6 +45,8 @@ from rocs_compiler.kernels.rocs_op import RocsOp, define
 
 # Set by the runtime around one call (:class:`fast_path_state`), per thread and per task.
 _BLOCKED: ContextVar[bool] = ContextVar("rocs_nested_fast_path_blocked", default=False)
+# The parameters whose call the decision in force was made for (:func:`decided_for`).
+_DECIDED: ContextVar[object] = ContextVar("rocs_nested_fast_path_decided", default=None)
 
 
 def blocks_fast_path(params: Iterable[torch.Tensor]) -> bool:
@@ -61,16 +63,25 @@ class fast_path_state:  # noqa: N801 - used as a function: ``with fast_path_stat
     the current grad and autocast state with ``params`` (:func:`blocks_fast_path`). A plain
     class, not a generator: it opens every call."""
 
-    __slots__ = ("_blocked", "_token")
+    __slots__ = ("_params", "_blocked", "_tokens")
 
     def __init__(self, params: Iterable[torch.Tensor]):
+        self._params = params
         self._blocked = blocks_fast_path(params)
 
     def __enter__(self) -> None:
-        self._token = _BLOCKED.set(self._blocked)
+        self._tokens = (_BLOCKED.set(self._blocked), _DECIDED.set(self._params))
 
     def __exit__(self, *exc) -> None:
-        _BLOCKED.reset(self._token)
+        blocked, decided = self._tokens
+        _DECIDED.reset(decided)
+        _BLOCKED.reset(blocked)
+
+
+def decided_for(params: object) -> bool:
+    """True inside :class:`fast_path_state` of these very ``params`` (the same object): the call
+    in progress already has its decision."""
+    return _DECIDED.get() is params
 
 
 def fast_path_open() -> bool:

@@ -188,11 +188,7 @@ class CompiledModel(nn.Module):
 
     forward = path.forward  # the call path itself (``runtime/call/path.py``), bound as the method
 
-    def call_replicated(self, *args, candidate_to_request: torch.Tensor, **kwargs):
-        """The original call (request inputs replicated, one row per candidate) with the
-        grouping given: ``candidate_to_request[n]`` is candidate n's request. Raises
-        :class:`InputError` when a request input varies within a request."""
-        return path.call_replicated(self, args, kwargs, candidate_to_request)
+    call_replicated = path.call_replicated  # the call path's own function, bound as the method
 
     def program_choices(self) -> dict[tuple, str]:
         """Per call bucket ``(layout, rows bits, requests bits)``, the program it runs, ``"shared"``
@@ -259,22 +255,11 @@ class CompiledModel(nn.Module):
             self._weights.refresh()  # returns at once when no weight moved
         return self.graph_module
 
-    def _apply(self, fn, recurse=True):
-        return moves.move(self, fn, recurse)
-
-    # -- what the call path's parts call back on the model they were handed -------------------
-
-    def _check_model(self) -> None:
-        path.check_model(self)
-
-    def _checked_call(self, args: tuple, kwargs: dict, index):
-        return path.checked_call(self, args, kwargs, index)
-
-    def _call_original(self, args: tuple, kwargs: dict):
-        return lanes.call_original(self, args, kwargs)
-
-    def _refresh_copy(self) -> None:
-        moves.refresh_copy(self)
-
-    def _graph_runner(self) -> Callable:
-        return lanes.graph_runner(self)
+    # The module surface and what the call path's parts call back on the model they were handed:
+    # the functions themselves, bound as methods (no call in between).
+    _apply = moves.move
+    _check_model = path.check_model
+    _checked_call = path.checked_call
+    _call_original = lanes.call_original
+    _refresh_copy = moves.refresh_copy
+    _graph_runner = lanes.graph_runner

@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 
 from ...formats.base import REPLICATED, ProgramCall
-from ...kernels.nested_padding import fast_path_state
+from ...kernels.nested_padding import decided_for, fast_path_state
 from ...kernels.index_contract import index_trusted
 from ..follow.moves import refresh_copy
 from .checks import check_replicated, check_shared, index_in_range, reduce_leaves
@@ -44,15 +44,9 @@ def forward(cm, *args, candidate_to_request: Optional[torch.Tensor] = None, **kw
     if autocast is not None and autocast.active():  # ``runtime/modes/autocast.py``
         return autocast.call("forward", args, kwargs, candidate_to_request)
     nesting = cm._nesting  # ``runtime/follow/nesting.py``: None unless an encoder of it nests
-    if nesting is not None:
+    if nesting is not None and not decided_for(nesting):
         with fast_path_state(nesting):  # eager's decision for this call's grad and autocast state
-            return route(cm, args, kwargs, candidate_to_request)
-    return route(cm, args, kwargs, candidate_to_request)
-
-
-def route(cm, args: tuple, kwargs: dict, candidate_to_request: Optional[torch.Tensor]):
-    """A call past the delegations to other modes: a kept original, the input format, or the
-    compiled programs through the checks, the choice and a lane."""
+            return forward(cm, *args, candidate_to_request=candidate_to_request, **kwargs)
     originals = cm._originals
     if (
         originals is not None
@@ -200,10 +194,11 @@ def checked_call(cm, args: tuple, kwargs: dict, index):
     return forward_leaves(cm, args, kwargs, index, True)
 
 
-def call_replicated(cm, args: tuple, kwargs: dict, candidate_to_request: torch.Tensor):
+def call_replicated(cm, *args, candidate_to_request: torch.Tensor, **kwargs):
     """The original call (request inputs replicated, one row per candidate) with the
     grouping given: ``candidate_to_request[n]`` is candidate n's request. Raises
-    :class:`InputError` when a request input varies within a request."""
+    :class:`InputError` when a request input varies within a request. (``CompiledModel``'s
+    method itself.)"""
     eval_mode = cm._eval_mode
     if eval_mode is not None and eval_mode.applies():
         return eval_mode.call_replicated(cm, args, kwargs, candidate_to_request)
@@ -211,14 +206,9 @@ def call_replicated(cm, args: tuple, kwargs: dict, candidate_to_request: torch.T
     if autocast is not None and autocast.active():
         return autocast.call("call_replicated", args, kwargs, candidate_to_request)
     nesting = cm._nesting
-    if nesting is not None:
+    if nesting is not None and not decided_for(nesting):
         with fast_path_state(nesting):
-            return replicated_route(cm, args, kwargs, candidate_to_request)
-    return replicated_route(cm, args, kwargs, candidate_to_request)
-
-
-def replicated_route(cm, args: tuple, kwargs: dict, candidate_to_request: torch.Tensor):
-    """``call_replicated`` past the delegations to other modes."""
+            return call_replicated(cm, *args, candidate_to_request=candidate_to_request, **kwargs)
     cm._guards.check()
     if cm.input_format.converts:
         return forward_format(cm, args, kwargs, candidate_to_request, replicated=True)
