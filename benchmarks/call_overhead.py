@@ -12,7 +12,9 @@ round-robin, with one torch thread and the thread's CPU time as the clock (media
 
 ``shared - program`` is the runtime's fixed cost in the shared layout (input and index checks,
 weight version check, guards, output tree); ``drop-in - program`` adds finding the requests.
-``--profile`` also prints a cProfile of 1000 calls of each layout.
+``--profile`` also prints a cProfile of 1000 calls of each layout. ``--calls`` prints instead the
+function calls one call makes (``sys.setprofile``'s count, with ``--formats`` per format): a
+measure of the fixed cost that this machine's noise does not move.
 
 ``--formats`` measures instead the floor of a bucket settled on the plain program, one row per
 input format (tensors, dict, batch object, column ranges, KJT; ``settled_formats.py``): the
@@ -32,6 +34,7 @@ Usage::
     python benchmarks/call_overhead.py
     python benchmarks/call_overhead.py --models dlrm mmoe --profile
     python benchmarks/call_overhead.py --formats --requests 4 --candidates 512
+    python benchmarks/call_overhead.py --calls [--formats --requests 4 --candidates 128]
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import cProfile
 import io
 import pstats
 import statistics
+import sys
 import time
 
 import torch
@@ -101,8 +105,11 @@ def main() -> None:
     parser.add_argument("--loops", type=int, default=50)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--formats", action="store_true", help="settled plain buckets per format")
+    parser.add_argument("--calls", action="store_true", help="Python calls per call, not time")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.calls:
+        return calls_table(args)
     if args.formats:
         return formats_table(args)
     print("| model | eager us | program us | shared us | drop-in us | shared - program | "
@@ -139,6 +146,60 @@ def main() -> None:
             if args.profile:
                 for layout in ("shared", "dropin"):
                     print(f"\ncProfile, {name}, {layout}:\n{profile(calls[layout])}")
+
+
+def python_calls(call, calls: int = 20) -> float:
+    """Function calls (Python and C, as ``sys.setprofile`` sees them) per call of ``call``: a
+    count that does not depend on the machine's noise, unlike a time."""
+    seen = [0]
+
+    def count(frame, event, arg):
+        if event in ("call", "c_call"):
+            seen[0] += 1
+
+    sys.setprofile(count)
+    try:
+        for _ in range(calls):
+            call()
+    finally:
+        sys.setprofile(None)
+    return seen[0] / calls
+
+
+def calls_table(args) -> None:
+    """Python calls per call: the zoo models' shared and drop-in calls, then (``--formats``)
+    each format's settled plain buckets, past their trials."""
+    with torch.no_grad():
+        if not args.formats:
+            print("| model | shared calls | drop-in calls |")
+            print("|---|---:|---:|")
+            for name in args.models:
+                entry = ZOO[name]
+                model = entry.build(seed=0)
+                example = entry.make_batch([4, 3]).replicated()
+                cm = rocs.compile(model, list(entry.request_inputs), example_kwargs=example)
+                batch = entry.make_batch([args.candidates] * args.requests)
+                replicated, kwargs = batch.replicated(), batch.kwargs
+                index = batch.candidate_to_request
+
+                def shared():
+                    return cm(**kwargs, candidate_to_request=index)
+
+                def dropin():
+                    return cm(**replicated)
+
+                for _ in range(WARM_UP):
+                    shared(), dropin()
+                print(f"| {name} | {python_calls(shared):.0f} | {python_calls(dropin):.0f} |")
+            return
+        print("| format | drop-in calls | shared calls | trusted shared calls |")
+        print("|---|---:|---:|---:|")
+        for case in format_cases(args.requests, args.candidates):
+            for _ in range(WARM_UP):
+                case.dropin(), case.shared()
+            trusted = f"{python_calls(case.trusted_shared):.0f}" if case.trusted_shared else "-"
+            print(f"| {case.name} | {python_calls(case.dropin):.0f} | "
+                  f"{python_calls(case.shared):.0f} | {trusted} |", flush=True)  # fmt: skip
 
 
 def formats_table(args) -> None:
