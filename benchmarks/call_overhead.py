@@ -117,12 +117,7 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     with torch.no_grad():
         for name in args.models:
-            entry = ZOO[name]
-            model = entry.build(seed=0)
-            example = entry.make_batch([4, 3]).replicated()
-            cm = rocs.compile(model, list(entry.request_inputs), example_kwargs=example)
-            batch = entry.make_batch([args.candidates] * args.requests)
-            replicated, kwargs, index = batch.replicated(), batch.kwargs, batch.candidate_to_request
+            model, cm, replicated, kwargs, index = zoo_case(name, args)
             cm(**kwargs, candidate_to_request=index)
             leaves = cm.contract.leaves((), kwargs)
             program = cm._graph_runner()
@@ -166,40 +161,50 @@ def python_calls(call, calls: int = 20) -> float:
     return seen[0] / calls
 
 
+def zoo_case(name: str, args):
+    """``(model, compiled, replicated kwargs, shared kwargs, index)`` of zoo model ``name`` at
+    ``args.requests`` requests of ``args.candidates`` candidates."""
+    entry = ZOO[name]
+    model = entry.build(seed=0)
+    example = entry.make_batch([4, 3]).replicated()
+    cm = rocs.compile(model, list(entry.request_inputs), example_kwargs=example)
+    batch = entry.make_batch([args.candidates] * args.requests)
+    return model, cm, batch.replicated(), batch.kwargs, batch.candidate_to_request
+
+
 def calls_table(args) -> None:
-    """Python calls per call: the zoo models' shared and drop-in calls, then (``--formats``)
-    each format's settled plain buckets, past their trials."""
+    """Python calls per call: the zoo models' shared and drop-in calls or (``--formats``) each
+    format's settled plain buckets, past their trials."""
     with torch.no_grad():
-        if not args.formats:
-            print("| model | shared calls | drop-in calls |")
-            print("|---|---:|---:|")
-            for name in args.models:
-                entry = ZOO[name]
-                model = entry.build(seed=0)
-                example = entry.make_batch([4, 3]).replicated()
-                cm = rocs.compile(model, list(entry.request_inputs), example_kwargs=example)
-                batch = entry.make_batch([args.candidates] * args.requests)
-                replicated, kwargs = batch.replicated(), batch.kwargs
-                index = batch.candidate_to_request
+        (format_calls_table if args.formats else model_calls_table)(args)
 
-                def shared():
-                    return cm(**kwargs, candidate_to_request=index)
 
-                def dropin():
-                    return cm(**replicated)
+def model_calls_table(args) -> None:
+    print("| model | shared calls | drop-in calls |")
+    print("|---|---:|---:|")
+    for name in args.models:
+        _, cm, replicated, kwargs, index = zoo_case(name, args)
 
-                for _ in range(WARM_UP):
-                    shared(), dropin()
-                print(f"| {name} | {python_calls(shared):.0f} | {python_calls(dropin):.0f} |")
-            return
-        print("| format | drop-in calls | shared calls | trusted shared calls |")
-        print("|---|---:|---:|---:|")
-        for case in format_cases(args.requests, args.candidates):
-            for _ in range(WARM_UP):
-                case.dropin(), case.shared()
-            trusted = f"{python_calls(case.trusted_shared):.0f}" if case.trusted_shared else "-"
-            print(f"| {case.name} | {python_calls(case.dropin):.0f} | "
-                  f"{python_calls(case.shared):.0f} | {trusted} |", flush=True)  # fmt: skip
+        def shared():
+            return cm(**kwargs, candidate_to_request=index)
+
+        def dropin():
+            return cm(**replicated)
+
+        for _ in range(WARM_UP):
+            shared(), dropin()
+        print(f"| {name} | {python_calls(shared):.0f} | {python_calls(dropin):.0f} |")
+
+
+def format_calls_table(args) -> None:
+    print("| format | drop-in calls | shared calls | trusted shared calls |")
+    print("|---|---:|---:|---:|")
+    for case in format_cases(args.requests, args.candidates):
+        for _ in range(WARM_UP):
+            case.dropin(), case.shared()
+        trusted = f"{python_calls(case.trusted_shared):.0f}" if case.trusted_shared else "-"
+        print(f"| {case.name} | {python_calls(case.dropin):.0f} | "
+              f"{python_calls(case.shared):.0f} | {trusted} |", flush=True)  # fmt: skip
 
 
 def formats_table(args) -> None:
