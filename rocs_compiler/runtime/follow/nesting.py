@@ -29,6 +29,3 @@ class NestingParameters:
     def __iter__(self) -> Iterator[torch.Tensor]:
         for owner, leaf in self._owners:
             yield getattr(owner, leaf)
-
-    def __len__(self) -> int:
-        return len(self._owners)
