@@ -179,9 +179,21 @@ def calls_table(args) -> None:
         (format_calls_table if args.formats else model_calls_table)(args)
 
 
+def lanes_taken(cm) -> str:
+    """The lane each bucket of ``cm`` settled on (``cm.program_choices()``, and for a bucket
+    settled on the plain program ``cm.plain_runs()``): calls counted on different lanes are not
+    comparable, and which lane a bucket keeps is measured, so it can differ from run to run."""
+    runs = cm.plain_runs()
+    lanes = {
+        key[0]: runs.get(key, runs.get(key[:2] + (0,), program))
+        for key, program in cm.program_choices().items()
+    }
+    return ", ".join(f"{layout}: {lane}" for layout, lane in sorted(lanes.items()))
+
+
 def model_calls_table(args) -> None:
-    print("| model | shared calls | drop-in calls |")
-    print("|---|---:|---:|")
+    print("| model | shared calls | drop-in calls | lanes |")
+    print("|---|---:|---:|---|")
     for name in args.models:
         _, cm, replicated, kwargs, index = zoo_case(name, args)
 
@@ -193,18 +205,20 @@ def model_calls_table(args) -> None:
 
         for _ in range(WARM_UP):
             shared(), dropin()
-        print(f"| {name} | {python_calls(shared):.0f} | {python_calls(dropin):.0f} |")
+        print(f"| {name} | {python_calls(shared):.0f} | {python_calls(dropin):.0f} | "
+              f"{lanes_taken(cm)} |")
 
 
 def format_calls_table(args) -> None:
-    print("| format | drop-in calls | shared calls | trusted shared calls |")
-    print("|---|---:|---:|---:|")
+    print("| format | drop-in calls | shared calls | trusted shared calls | lanes |")
+    print("|---|---:|---:|---:|---|")
     for case in format_cases(args.requests, args.candidates):
         for _ in range(WARM_UP):
             case.dropin(), case.shared()
         trusted = f"{python_calls(case.trusted_shared):.0f}" if case.trusted_shared else "-"
         print(f"| {case.name} | {python_calls(case.dropin):.0f} | "
-              f"{python_calls(case.shared):.0f} | {trusted} |", flush=True)  # fmt: skip
+              f"{python_calls(case.shared):.0f} | {trusted} | {lanes_taken(case.compiled)} |",
+              flush=True)  # fmt: skip
 
 
 def formats_table(args) -> None:

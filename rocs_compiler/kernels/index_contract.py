@@ -125,9 +125,14 @@ def check_index_range(index: torch.Tensor, num_requests: int, *, where: str = ""
         return 0
     low, high = index_bounds(index)
     if low < 0 or high >= num_requests:
-        prefix = f"{where}: " if where else ""
-        raise IndexRangeError(
-            f"{prefix}{INDEX_NAME} values must lie in [0, {num_requests}) (R = rows of the "
-            f"request inputs); got values in [{low}, {high}]"
-        )
+        raise out_of_range(low, high, num_requests, where)
     return high + 1
+
+
+def out_of_range(low: int, high: int, num_requests: int, where: str = "") -> IndexRangeError:
+    """The error for an index whose values span ``[low, high]`` against ``num_requests`` rows."""
+    prefix = f"{where}: " if where else ""
+    return IndexRangeError(
+        f"{prefix}{INDEX_NAME} values must lie in [0, {num_requests}) (R = rows of the "
+        f"request inputs); got values in [{low}, {high}]"
+    )

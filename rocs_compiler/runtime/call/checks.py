@@ -7,25 +7,13 @@ original would (``kernels/index_contract.py`` states the index's contract).
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from ...errors import InputError
-from ...kernels.index_contract import (
-    check_candidate_to_request,
-    check_index_range,
-    distinct_values,
-    index_trusted,
-)
+from ...kernels.index_contract import check_candidate_to_request, distinct_values, index_trusted
+from .bound import Call
 from .input_checks import row_count_error
 from ..rows.request_detection import reduce_rows
-
-
-# The runtime's one range check of ``candidate_to_request``: every caller in ``runtime/`` reads it
-# here (raises unless every value lies in ``[0, R)``; returns the number of requests it reaches).
-# An alias, not a wrapper: the check adds no call of its own to a served call.
-index_in_range = check_index_range
 
 
 def batch_rows(cm, leaves: dict, names: list[str]) -> int:
@@ -40,21 +28,26 @@ def batch_rows(cm, leaves: dict, names: list[str]) -> int:
     return first
 
 
-def check_index(cm, leaves: dict, index: Any) -> None:
-    """Check ``index`` against the candidate inputs (type, length, device)."""
-    contract = cm.contract
+def check_index(cm, call: Call, leaves: dict) -> None:
+    """Check ``call``'s index against its candidate inputs (type, length, device), once per
+    call."""
+    if call.checked:
+        return
+    index, contract = call.index, cm.contract
     candidates = contract.candidate_inputs
     rows = batch_rows(cm, leaves, candidates) if candidates else None
     batched = candidates or contract.request_inputs
     device = leaves[batched[0]].device if batched else None
     check_candidate_to_request(index, rows, None, device=device)
+    call.checked = True
 
 
-def check_shared(cm, leaves: dict, index: Any, check_range: bool = True):
-    """Check a shared-layout call; ``check_range=False`` leaves the range of ``index`` to
-    its consumer (the plain program's CPU gathers, which check it)."""
+def check_shared(cm, call: Call, leaves: dict, check_range: bool = True):
+    """Check a shared-layout call (named ``leaves``); ``check_range=False`` leaves the range of
+    its index to its consumer (the plain program's gathers, ``Call.gather``)."""
     contract = cm.contract
-    check_index(cm, leaves, index)
+    index = call.index
+    check_index(cm, call, leaves)
     num_candidates = index.shape[0]
     if contract.request_inputs:
         num_requests = batch_rows(cm, leaves, contract.request_inputs)
@@ -63,7 +56,7 @@ def check_shared(cm, leaves: dict, index: Any, check_range: bool = True):
     if index_trusted():
         return leaves, index
     if check_range:
-        index_in_range(index, num_requests)
+        call.requests_reached(num_requests)
     if contract.request_inputs and num_requests == num_candidates > 1:
         # One row per candidate is what replicated inputs look like: accept it only when
         # every row is its own request (the index is a permutation), never reinterpret it.
@@ -77,18 +70,19 @@ def check_shared(cm, leaves: dict, index: Any, check_range: bool = True):
     return leaves, index
 
 
-def reduce_leaves(cm, leaves: dict, index: Any, replicated: frozenset) -> dict:
-    """A shared-layout call whose request leaves ``replicated`` come with one row per
-    candidate (a packed input's request columns): each checked constant within every
-    request and kept at one row per request."""
-    check_index(cm, leaves, index)
+def reduce_leaves(cm, call: Call, leaves: dict, replicated: frozenset) -> dict:
+    """A shared-layout call (named ``leaves``) whose request leaves ``replicated`` come with
+    one row per candidate (a packed input's request columns): each checked constant within
+    every request and kept at one row per request."""
+    index = call.index
+    check_index(cm, call, leaves)
     others = [n for n in cm.contract.request_inputs if n not in replicated]
     num_candidates = index.shape[0]
     if others:
         num_requests = batch_rows(cm, leaves, others)
-        index_in_range(index, num_requests)
+        call.requests_reached(num_requests)
     else:  # the requests are those the index reaches
-        num_requests = index_in_range(index, num_candidates)
+        num_requests = call.requests_reached(num_candidates)
     leaves = dict(leaves)
     for name in replicated:
         value = leaves[name]
@@ -101,13 +95,15 @@ def reduce_leaves(cm, leaves: dict, index: Any, replicated: frozenset) -> dict:
     return leaves
 
 
-def check_replicated(cm, leaves: dict, index: Any):
-    """A ``call_replicated`` call: the index checked, and each request input (one row per
-    candidate) checked constant within every request and kept at one row per request."""
+def check_replicated(cm, call: Call, leaves: dict):
+    """A ``call_replicated`` call (named ``leaves``): the index checked, and each request input
+    (one row per candidate) checked constant within every request and kept at one row per
+    request."""
     contract = cm.contract
-    check_index(cm, leaves, index)
+    index = call.index
+    check_index(cm, call, leaves)
     num_candidates = index.shape[0]
-    num_requests = index_in_range(index, num_candidates)
+    num_requests = call.requests_reached(num_candidates)
     requests = {}
     for name in contract.request_inputs:
         value = leaves[name]

@@ -12,8 +12,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ...formats.leaves import is_tensor
-from .checks import batch_rows, check_index, check_shared, index_in_range
+from .bound import Call
+from .checks import batch_rows, check_index, check_shared
 from .grouping import group
 from .lanes import run, run_plain
 from .prior import flops, margin
@@ -28,7 +28,7 @@ from ..choice.program_choice import (
 )
 
 
-def runs_as_given(cm, given: dict, index: Any, replicated: frozenset) -> bool:
+def runs_as_given(cm, call: Call, given: dict, replicated: frozenset) -> bool:
     """True when a shared-layout call whose request inputs all come with one row per
     candidate (a packed input's request columns) falls in a bucket that runs the plain
     program: the program then takes the packed input as the original model does, and its
@@ -36,32 +36,32 @@ def runs_as_given(cm, given: dict, index: Any, replicated: frozenset) -> bool:
     checked constant per request (what the shared program needs)."""
     if any(n not in replicated for n in cm.contract.request_inputs):
         return False
-    check_index(cm, given, index)
-    num_candidates = index.shape[0]
-    num_requests = index_in_range(index, num_candidates)
+    check_index(cm, call, given)
+    num_candidates = call.index.shape[0]
+    num_requests = call.requests_reached(num_candidates)
     return cm._choice.decided(bucket("shared", num_candidates, num_requests)) == PLAIN
 
 
-def shared_choosing(cm, args, kwargs, leaves, index, given, reducing: float = 0.0):
+def shared_choosing(cm, call: Call, leaves: dict, given: dict, reducing: float = 0.0):
     """A shared-layout call running the shared or the plain program, whichever its bucket
     chose (``runtime/choice/program_choice.py``); every check of the shared layout runs first.
     ``given`` are the leaves as called: request leaves that came with one row per candidate
     (checked constant per request into ``leaves``, ``reducing`` seconds that only the shared
     program needs) are the plain program's as they are."""
-    choice, contract = cm._choice, cm.contract
+    choice, contract, index = cm._choice, cm.contract, call.index
     first = contract.request_inputs[0] if contract.request_inputs else None
     rows = leaves[first].shape[0] if first is not None and leaves[first].dim() else 0
-    num_candidates = index.shape[0] if is_tensor(index) and index.dim() else 0
+    num_candidates = index.shape[0] if isinstance(index, torch.Tensor) and index.dim() else 0
     key = bucket("shared", num_candidates, rows)
     program = choice.decided(key)
     if program == PLAIN:  # a decided bucket is called directly: no closures per call
-        return shared_plain(cm, leaves, index, given)
+        return shared_plain(cm, call, leaves, given)
     if program == SHARED:
-        return run(cm, args, kwargs, leaves, *check_shared(cm, leaves, index))
+        return run(cm, call, leaves, *check_shared(cm, call, leaves))
     return choice.run(
         key,
-        lambda: run(cm, args, kwargs, leaves, *check_shared(cm, leaves, index)),
-        lambda: shared_plain(cm, leaves, index, given),
+        lambda: run(cm, call, leaves, *check_shared(cm, call, leaves)),
+        lambda: shared_plain(cm, call, leaves, given),
         lambda: settle_if_clear(cm, key, num_candidates, rows),
         shared_extra=reducing,
         margin=margin(cm, num_candidates, rows),
@@ -69,16 +69,14 @@ def shared_choosing(cm, args, kwargs, leaves, index, given, reducing: float = 0.
     )
 
 
-def shared_plain(cm, leaves: dict, index: torch.Tensor, given: dict):
+def shared_plain(cm, call: Call, leaves: dict, given: dict):
     """A shared-layout call run by the plain program, after the layout's checks."""
-    request_inputs = cm.contract.request_inputs
-    # The plain program's CPU gathers of request rows check the index's range.
-    gathers = bool(request_inputs) and not leaves[request_inputs[0]].is_cuda
-    check_shared(cm, leaves, index, check_range=not gathers)
-    return run_plain(cm, leaves, index, given)
+    # The plain program's gathers of request rows check the index's range (``Call.gather``).
+    check_shared(cm, call, leaves, check_range=not cm.contract.request_inputs)
+    return run_plain(cm, leaves, call, given)
 
 
-def dropin_choosing(cm, args, kwargs, leaves):
+def dropin_choosing(cm, call: Call, leaves: dict):
     """A drop-in call under the program choice: the requests are found first (their number
     is part of the bucket) unless every bucket of this row count chose the plain program."""
     choice = cm._choice
@@ -94,15 +92,15 @@ def dropin_choosing(cm, args, kwargs, leaves):
     key = bucket("dropin", rows, num_requests)
     program = choice.decided(key)
     if program is not None:
-        return run_plain(cm, leaves, None) if program == PLAIN else run(cm, 
-            args, kwargs, leaves, requests, index, uniform
+        return run_plain(cm, leaves, None) if program == PLAIN else run(
+            cm, call, leaves, requests, index, uniform
         )
     # Finding requests is the shared program's cost only while no bucket of the row count
     # shares; after that every call pays it (``runtime/choice/program_choice.py``).
     alone = not choice.shares_in(row_class)
     return choice.run(
         key,
-        lambda: run(cm, args, kwargs, leaves, requests, index, uniform),
+        lambda: run(cm, call, leaves, requests, index, uniform),
         lambda: run_plain(cm, leaves, None),
         lambda: settle_if_clear(cm, key, rows, num_requests),
         shared_extra=finding if alone else 0.0,
@@ -117,7 +115,12 @@ def settled_dropin_plain(cm, key: tuple, leaves: dict):
     which runs a kept original before the guards); a converted call (``formats/``) is in the
     program's terms, not the original's."""
     arm = cm._originals
-    if arm is not None and not cm.input_format.converts and cm.contract.places_rows:
+    if (
+        arm is not None
+        and key not in arm.kept
+        and not cm.input_format.converts
+        and cm.contract.places_rows
+    ):
         arm.note(key)
     return run_plain(cm, leaves, None)
 

@@ -15,7 +15,7 @@ from typing import Callable, Optional
 import torch
 from torch import fx
 
-from .checks import index_in_range
+from .bound import Call
 from ...errors import InputError
 from ...formats.leaves import is_tensor, replace_leaves
 from ...kernels.request_groups import call_groups
@@ -32,33 +32,28 @@ def call_original(cm, args: tuple, kwargs: dict):
     return cm._original(*args, **kwargs)
 
 
-def run_plain(cm, leaves: dict, index: Optional[torch.Tensor], given=None):
-    """The plain program on replicated inputs (gathered with ``index`` in the shared layout,
-    unless ``given`` has them with one row per candidate already)."""
+def run_plain(cm, leaves: dict, call: Optional[Call], given=None):
+    """The plain program on replicated inputs (in the shared layout ``call``'s, gathered by its
+    index unless ``given`` has them with one row per candidate already; None: drop-in)."""
     if cm._input_specs is not None:
         cm._input_specs.check(leaves)
     names, request = cm._plain.input_names or cm.contract.input_names, cm._request_set
-    if index is None:
-        inputs = [leaves[n] for n in names]
-    else:
-        source = leaves
-        if given is not None and given is not leaves:
-            request = {n for n in request if given[n] is leaves[n]}
-            source = given
-        try:
-            inputs = [
-                source[n].index_select(0, index) if n in request else source[n] for n in names
-            ]
-        except IndexError:
-            first = cm.contract.request_inputs[0]
-            index_in_range(index, leaves[first].shape[0])  # raises IndexRangeError
-            raise
-    return cm.contract.outputs(cm._plain(inputs))
+    if call is None:
+        return cm.contract.outputs(cm._plain([leaves[n] for n in names]))
+    source = leaves
+    if given is not None and given is not leaves:
+        request = {n for n in request if given[n] is leaves[n]}
+        source = given
+    if request:
+        num_requests = leaves[cm.contract.request_inputs[0]].shape[0]
+        source = {**source, **call.gather(source, request, num_requests)}
+    return cm.contract.outputs(cm._plain([source[n] for n in names]))
 
 
-def run(cm, args, kwargs, leaves, requests, index, uniform: Optional[int] = None):
-    """Run the graph on ``leaves`` with the request inputs replaced by ``requests``
-    (``requests is leaves`` in the shared layout); ``uniform`` is the number of requests when
+def run(cm, call: Call, leaves, requests, index, uniform: Optional[int] = None):
+    """Run the graph on ``call``'s ``leaves`` with the request inputs replaced by ``requests``
+    (``requests is leaves`` in the shared layout) and candidates grouped by ``index`` (the
+    call's, or the drop-in call's found requests); ``uniform`` is the number of requests when
     they are known to be equal-sized and contiguous (the kernels then group without a pass
     over ``index``)."""
     if cm._input_specs is not None:
@@ -66,7 +61,7 @@ def run(cm, args, kwargs, leaves, requests, index, uniform: Optional[int] = None
     grad_mode = torch.is_grad_enabled()
     if trains(cm):
         refuse_replicated_grads(leaves, requests)
-        return train(cm, args, kwargs, leaves, requests, index, uniform)
+        return train(cm, call, leaves, requests, index, uniform)
     if not grad_mode and cm.graph_module is not None:
         # The common serving call (no_grad or inference mode): no autograd context to enter.
         with call_groups(index, uniform):
@@ -88,7 +83,7 @@ def run(cm, args, kwargs, leaves, requests, index, uniform: Optional[int] = None
             )
     if cm.graph_module is None:
         with torch.no_grad():
-            result = run_eager(cm, args, kwargs, requests, index)
+            result = run_eager(cm, call, requests, index)
         return refuse_backward_eager(cm, result) if grad_mode else result
     with torch.no_grad(), call_groups(index, uniform):
         inputs = graph_inputs(cm, leaves, requests)
@@ -118,12 +113,13 @@ def graph_runner(cm) -> Callable:
     return cm._runner
 
 
-def run_original(cm, args: tuple, kwargs: dict, index):
-    """The eager fallback of a converting format: the original model on the user's call."""
+def run_original(cm, call: Call, index):
+    """The eager fallback of a converting format: the original model on the user's call
+    (``index``: its index, None for a replicated call, whose rows the model takes as they are)."""
     warn_fallback(cm)
     grad_mode = torch.is_grad_enabled()
     with torch.no_grad():
-        result = cm.input_format.run_original(cm._original, args, kwargs, index)
+        result = cm.input_format.run_original(cm._original, call.args, call.kwargs, index)
     return refuse_backward_eager(cm, result) if grad_mode else result
 
 
@@ -136,10 +132,10 @@ def warn_fallback(cm) -> None:
         cm._warned = True
 
 
-def run_eager(cm, args, kwargs, requests, index):
+def run_eager(cm, call: Call, requests, index):
     """The original model on the call with its request inputs gathered to the candidates (a
     model that could not be captured)."""
     warn_fallback(cm)
     gathered = {n: requests[n].index_select(0, index) for n in cm.contract.request_inputs}
-    call_args, call_kwargs = replace_leaves(cm.contract.signature, args, kwargs, gathered)
+    call_args, call_kwargs = replace_leaves(cm.contract.signature, call.args, call.kwargs, gathered)
     return cm._original(*call_args, **call_kwargs)

@@ -1,10 +1,12 @@
-"""The call path of a compiled model, in order: the input format turns the call into a program
-call (``formats/``), the contract names its leaves (``contract.py``) and the checks validate them
-(``checks.py``), the choice picks a lane (``choosing.py``; kept originals and settled buckets in
-``original_arm.py`` and ``settled_plain.py``), and the lane runs (``lanes.py``, ``train_lane.py``).
+"""The call path of a compiled model, in order: the call is bound once into one value
+(``bound.py::Call``, which every later step takes), the input format turns it into a program call
+(``formats/``), the contract names its leaves (``contract.py``) and the checks validate them
+(``checks.py``; the index's range once, ``Call.requests_reached``), the choice picks a lane
+(``choosing.py``; kept originals and settled buckets in ``original_arm.py`` and
+``settled_plain.py``), and the lane runs (``lanes.py``, ``train_lane.py``).
 
 Every function takes the compiled model whose state it reads (``runtime/compiled_model.py``);
-none keeps per-call state, so concurrent calls stay safe.
+per-call state lives in the call's own :class:`Call`, so concurrent calls stay safe.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from ...formats.base import REPLICATED, ProgramCall
 from ...kernels.nested_padding import decided_for, fast_path_state
 from ...kernels.index_contract import index_trusted
 from ..follow.moves import refresh_copy
-from .checks import check_replicated, check_shared, index_in_range, reduce_leaves
+from .bound import Call
+from .checks import check_replicated, check_shared, reduce_leaves
 from .choosing import dropin_choosing, runs_as_given, shared_choosing, trial_clock
 from .grouping import group
 from .choosing import settle_if_clear
@@ -48,30 +51,36 @@ def forward(cm, *args, candidate_to_request: Optional[torch.Tensor] = None, **kw
         with fast_path_state(nesting):  # eager's decision for this call's grad and autocast state
             return forward(cm, *args, candidate_to_request=candidate_to_request, **kwargs)
     originals = cm._originals
-    if (
+    # Buckets that kept the original model (``runtime/call/original_arm.py``), before the
+    # guards: a drop-in row class, or a shared-layout bucket of a call as made.
+    kept = (
         originals is not None
         and originals.active
         and not torch.is_grad_enabled()
         and not torch.compiler.is_compiling()
-    ):
-        # Buckets that kept the original model (``runtime/call/original_arm.py``), before the
-        # guards: a drop-in row class, or a shared-layout bucket of a call as made.
-        if candidate_to_request is None:
-            rows = cm.contract.first_rows(args, kwargs)
-            if rows is not None and rows.bit_length() in originals.dropin_originals:
-                return cm._call_original(args, kwargs)
-        elif originals.shared_originals and not cm.input_format.converts:
-            result = run_kept_original(cm, args, kwargs, candidate_to_request)
+    )
+    if kept and candidate_to_request is None:
+        rows = cm.contract.first_rows(args, kwargs)
+        if rows is not None and rows.bit_length() in originals.dropin_originals:
+            return cm._call_original(args, kwargs)  # the call as made: no call value needed
+    call = Call(args, kwargs, candidate_to_request)  # the call, bound once (``bound.py``)
+    if kept and call.index is not None and originals.shared_originals:
+        if not cm.input_format.converts:
+            result = run_kept_original(cm, call)
             if result is not NOT_TAKEN:
                 return result
     if cm.input_format.converts:
-        return forward_format(cm, args, kwargs, candidate_to_request, replicated=False)
+        return forward_format(cm, call, replicated=False)
     if originals is not None and originals.measuring_any() and is_choosing(cm):
-        result = run_as_original(cm, args, kwargs, candidate_to_request)
+        result = run_as_original(cm, call)
         if result is not NOT_TAKEN:  # a trial: the plain program or the original model
             return result
-    check_model(cm)
-    return forward_leaves(cm, args, kwargs, candidate_to_request, is_choosing(cm))
+    training = cm._training  # ``check_model``, inlined: a served call makes no call for it
+    if training is None or not (torch.is_grad_enabled() or training.writes_buffers):
+        cm._guards.check()
+    elif cm._ddp is not None:
+        cm._ddp.check()
+    return forward_leaves(cm, call, is_choosing(cm))
 
 
 def check_model(cm) -> None:
@@ -93,12 +102,17 @@ def is_choosing(cm) -> bool:
     )
 
 
-def forward_format(cm, args: tuple, kwargs: dict, index, replicated: bool):
+def forward_format(cm, call: Call, replicated: bool):
     """A call through a converting input format (``formats/``): the original model, when the
     format offers it and this call's bucket chose it, else the program on the converted
     call."""
     input_format = cm.input_format
-    choosing = is_choosing(cm)  # a plain program, so a compiled graph
+    args, kwargs, index = call.args, call.kwargs, call.index
+    choosing = (  # ``is_choosing``, inlined: a plain program, so a compiled graph
+        cm._choice is not None
+        and not torch.is_grad_enabled()
+        and not torch.compiler.is_compiling()
+    )
     offers = choosing and not replicated and input_format.offers_original
     if offers and index is None:
         sizes = input_format.original_sizes(args, kwargs)
@@ -110,8 +124,8 @@ def forward_format(cm, args: tuple, kwargs: dict, index, replicated: bool):
     if offers and cm.graph_module is not None:
         original = input_format.original_program(cm._original, args, kwargs, index)
         if original is not None:
-            if original.index is not None and not index_trusted():
-                index_in_range(original.index, original.requests)
+            if original.index is not None and not index_trusted():  # the model's own index
+                Call(args, kwargs, original.index).requests_reached(original.requests)
             key = bucket(f"{original.layout}-original", original.rows, original.requests)
             if cm._choice.decided(key) == PLAIN:  # the original model: no guards needed
                 refresh_copy(cm)
@@ -119,79 +133,80 @@ def forward_format(cm, args: tuple, kwargs: dict, index, replicated: bool):
     if choosing and not replicated:
         # A bucket settled on the plain program, as called: the original model or, after
         # the guards, the plain program on the call's tensors.
-        result = run_settled_as_called(cm, args, kwargs, index)
+        result = run_settled_as_called(cm, call)
         if result is not NOT_TAKEN:
             return result
     if not replicated:  # ``call_replicated`` checked them
         check_model(cm)
     if cm.graph_module is None:
-        return run_original(cm, args, kwargs, None if replicated else index)
+        return run_original(cm, call, None if replicated else index)
     if original is not None:
         refresh_copy(cm)
         return cm._choice.run(
             key,
-            lambda: program_call(cm, 
-                input_format.program_call(args, kwargs, index, False), False
+            lambda: program_call(
+                cm, input_format.program_call(args, kwargs, index, False), False, call
             ),
             original.run,
             clock=trial_clock(original.index),
         )
-    call = input_format.program_call(args, kwargs, index, replicated)
-    return program_call(cm, call, choosing)
+    converted = input_format.program_call(args, kwargs, index, replicated)
+    return program_call(cm, converted, choosing, call)
 
 
-def program_call(cm, call: ProgramCall, choosing: bool):
-    """A format's program call (``formats/base.py::ProgramCall``) on the path of its layout."""
-    if call.layout == REPLICATED:
-        return call_replicated_leaves(cm, call.args, call.kwargs, call.index, choosing, call.given)
-    return forward_leaves(cm, 
-        call.args, call.kwargs, call.index, choosing, call.replicated, call.given
-    )
+def program_call(cm, converted: ProgramCall, choosing: bool, called: Call):
+    """A format's program call (``formats/base.py::ProgramCall``) of the ``called`` call, on the
+    path of its layout; the range found for the index holds when the format kept it."""
+    call = Call(converted.args, converted.kwargs, converted.index)
+    if converted.index is called.index:
+        call.reached = called.reached
+    if converted.layout == REPLICATED:
+        return call_replicated_leaves(cm, call, choosing, converted.given)
+    return forward_leaves(cm, call, choosing, converted.replicated, converted.given)
 
 
-def forward_leaves(
-    cm, args, kwargs, index, choosing: bool, replicated=frozenset(), as_called=None
-):
+def forward_leaves(cm, call: Call, choosing: bool, replicated=frozenset(), as_called=None):
     """A call named by its leaves: a settled bucket's one pass, a packed input's request
     columns reduced, then the choice (``choosing``) or, outside it, the checks and a lane."""
-    leaves = given = cm.contract.leaves(args, kwargs)
+    index = call.index
+    leaves = given = cm.contract.leaves(call.args, call.kwargs)
     if as_called:  # the call's own tensors the plain program takes (``ProgramCall.given``)
         leaves = given = {**leaves, **as_called}
     if index is not None and not replicated:  # a bucket settled on the plain program
         if choosing:
-            result = run_settled_plain(cm, args, kwargs, leaves, index)
+            result = run_settled_plain(cm, call, leaves)
         elif trains(cm) and chooses_training(cm):
-            result = run_settled_original(cm, args, kwargs, leaves, index)
+            result = run_settled_original(cm, call, leaves)
         else:
             result = NOT_TAKEN
         if result is not NOT_TAKEN:
             return result
     reducing = 0.0  # time spent reducing replicated request leaves: the shared program's
     if replicated and index is not None:
-        if choosing and runs_as_given(cm, given, index, replicated):
+        if choosing and runs_as_given(cm, call, given, replicated):
             return run_plain(cm, given, None)
         clock = trial_clock(index)
         start = clock()
-        leaves = reduce_leaves(cm, leaves, index, replicated)
+        leaves = reduce_leaves(cm, call, leaves, replicated)
         reducing = clock() - start
     if choosing:
         if index is None:
-            return dropin_choosing(cm, args, kwargs, leaves)
-        return shared_choosing(cm, args, kwargs, leaves, index, given, reducing)
+            return dropin_choosing(cm, call, leaves)
+        return shared_choosing(cm, call, leaves, given, reducing)
     uniform = None
     if index is None:
         if not replicated and trains_as_original(cm, leaves):
-            return cm._original(*args, **kwargs)
+            return cm._original(*call.args, **call.kwargs)
         requests, index, uniform = group(cm, leaves)
     else:
-        requests, index = check_shared(cm, leaves, index)
-    return run(cm, args, kwargs, leaves, requests, index, uniform)
+        requests, index = check_shared(cm, call, leaves)
+    return run(cm, call, leaves, requests, index, uniform)
 
 
-def checked_call(cm, args: tuple, kwargs: dict, index):
+def checked_call(cm, call: Call):
     """The call past the guards: what ``forward`` runs when no kept original takes it."""
     check_model(cm)
-    return forward_leaves(cm, args, kwargs, index, True)
+    return forward_leaves(cm, call, True)
 
 
 def call_replicated(cm, *args, candidate_to_request: torch.Tensor, **kwargs):
@@ -210,26 +225,27 @@ def call_replicated(cm, *args, candidate_to_request: torch.Tensor, **kwargs):
         with fast_path_state(nesting):
             return call_replicated(cm, *args, candidate_to_request=candidate_to_request, **kwargs)
     cm._guards.check()
+    call = Call(args, kwargs, candidate_to_request)
     if cm.input_format.converts:
-        return forward_format(cm, args, kwargs, candidate_to_request, replicated=True)
-    return call_replicated_leaves(cm, args, kwargs, candidate_to_request, is_choosing(cm))
+        return forward_format(cm, call, replicated=True)
+    return call_replicated_leaves(cm, call, is_choosing(cm))
 
 
-def call_replicated_leaves(cm, args, kwargs, candidate_to_request, choosing: bool, as_called=None):
+def call_replicated_leaves(cm, call: Call, choosing: bool, as_called=None):
     """``call_replicated`` on named leaves: the grouping checked, then the chosen lane."""
-    leaves = cm.contract.leaves(args, kwargs)
+    leaves = cm.contract.leaves(call.args, call.kwargs)
     if as_called:
         leaves = {**leaves, **as_called}
-    requests, index = check_replicated(cm, leaves, candidate_to_request)
+    requests, index = check_replicated(cm, call, leaves)
     choice = cm._choice
     if not choosing:
-        return run(cm, args, kwargs, leaves, requests, index)
+        return run(cm, call, leaves, requests, index)
     first = next(iter(requests.values()), None)
     num_requests = first.shape[0] if first is not None else 0
     key = bucket("replicated", index.shape[0], num_requests)
     return choice.run(
         key,
-        lambda: run(cm, args, kwargs, leaves, requests, index),
+        lambda: run(cm, call, leaves, requests, index),
         lambda: run_plain(cm, leaves, None),  # the replicated rows, as the model takes them
         lambda: settle_if_clear(cm, key, index.shape[0], num_requests),
         margin=margin(cm, index.shape[0], num_requests),

@@ -19,8 +19,7 @@ Identity: a call it takes returns what the general path returns on it (``Compile
 _shared_plain``, or ``train``'s original model): the same program on the same gathered inputs,
 after checks that accept no call the general path refuses (index int64 ``[N]`` on the inputs'
 device, N rows in every candidate input, R rows in every request input, the input specs, the
-range of ``index``: by the CPU gather itself, else by ``check_index_range`` unless the caller
-trusts the index; with one request row per candidate, an index that is a permutation).
+range of ``index``: by the gather, ``Call.gather``; with one request row per candidate, an index that is a permutation).
 :func:`run_settled_as_called` returns what ``runs_as_given`` and ``dropin_choosing`` return
 on such a call, the plain program on the call's tensors, after the checks they make: the
 program's input specs (of the packed tensor whole: its dtype, device and columns are its
@@ -34,34 +33,34 @@ from typing import Any
 
 import torch
 
-from .checks import index_in_range
+from .bound import Call
 from ...formats.leaves import replace_leaves
-from ...kernels.index_contract import distinct_values, index_trusted
+from ...kernels.index_contract import distinct_values
 from .original_arm import ORIGINAL, PROGRAM
 from ..choice.program_choice import PLAIN, ProgramChoice
 
 NOT_TAKEN = object()
 
 
-def run_settled_plain(model: Any, args: tuple, kwargs: dict, leaves: dict, index: Any) -> Any:
-    """``model``'s plain program, or the original model where the bucket kept it
-    (``original_arm.py``), on the shared-layout call (``args``, ``kwargs``, named ``leaves``,
-    ``index``), or :data:`NOT_TAKEN`. ``model`` is a ``CompiledModel`` whose call runs under its
-    program choice and takes its tensors as they are (no converting input format)."""
-    key, gathered = _settled_gather(model, model._choice, "shared", leaves, index)
+def run_settled_plain(model: Any, call: Call, leaves: dict) -> Any:
+    """``model``'s plain program on the shared-layout ``call`` (named ``leaves``), or
+    :data:`NOT_TAKEN`. ``model`` is a ``CompiledModel`` whose call runs under its program choice
+    and takes its tensors as they are (no converting input format)."""
+    key, gathered = _settled_gather(model, model._choice, "shared", leaves, call)
     if gathered is NOT_TAKEN:
         return NOT_TAKEN
     contract, plain = model.contract, model._plain
     names = plain.input_names or contract.input_names
     inputs = [gathered[n] if n in gathered else leaves[n] for n in names]
     arm = model._originals
-    if arm is not None and not model.input_format.converts:  # a converted call is not the
-        arm.note(key)  # original's: only a call as made is measured against the original model
+    # Only a call as made (no converting format) is measured against the original model.
+    if arm is not None and key not in arm.kept and not model.input_format.converts:
+        arm.note(key)
     return contract.outputs(plain(inputs))
 
 
-def run_as_original(model: Any, args: tuple, kwargs: dict, index: Any) -> Any:
-    """The next trial of the call's bucket (``args``, ``kwargs``; ``index`` None: drop-in) when
+def run_as_original(model: Any, call: Call) -> Any:
+    """The next trial of the ``call``'s bucket (its ``index`` None: drop-in) when
     it settled on the plain program and is being measured against the original model
     (``original_arm.py``), else :data:`NOT_TAKEN`. Each arm is timed as its calls will run once
     kept: the plain program's as the whole checked call (guards included), the original's as
@@ -69,6 +68,7 @@ def run_as_original(model: Any, args: tuple, kwargs: dict, index: Any) -> Any:
     the first batched input, then the original on the call as made). ``model`` takes its tensors
     as they are."""
     contract, choice, arm = model.contract, model._choice, model._originals
+    args, kwargs, index = call.args, call.kwargs, call.index
     if index is None:
         rows = contract.first_rows(args, kwargs)
         if rows is None:
@@ -85,7 +85,7 @@ def run_as_original(model: Any, args: tuple, kwargs: dict, index: Any) -> Any:
         if type(index) is not torch.Tensor:
             return NOT_TAKEN
         leaves = contract.leaves(args, kwargs)
-        key, gathered = _settled_gather(model, choice, "shared", leaves, index, arm.measuring)
+        key, gathered = _settled_gather(model, choice, "shared", leaves, call, arm.measuring)
         if gathered is NOT_TAKEN:
             return NOT_TAKEN
         if index.is_cuda:  # no kept lane: a CUDA gather does not check the index's range
@@ -93,24 +93,22 @@ def run_as_original(model: Any, args: tuple, kwargs: dict, index: Any) -> Any:
             return NOT_TAKEN
 
         def original():
-            return run_kept_original(model, args, kwargs, index, measured=True)
+            return run_kept_original(model, call, measured=True)
 
     weight = next(model._original.parameters(), None)  # a trial: the call's clock by device
     on_cpu = weight is None or weight.device.type == "cpu"
-    return arm.run(key, lambda: model._checked_call(args, kwargs, index), original, on_cpu)
+    return arm.run(key, lambda: model._checked_call(call), original, on_cpu)
 
 
-def run_kept_original(
-    model: Any, args: tuple, kwargs: dict, index: torch.Tensor, measured: bool = False
-) -> Any:
-    """The original model on a shared-layout call (``args``, ``kwargs``, ``index``) of a bucket
+def run_kept_original(model: Any, call: Call, measured: bool = False) -> Any:
+    """The original model on a shared-layout ``call`` of a bucket
     that kept it (``original_arm.py``), its request rows gathered to the candidates, or
     :data:`NOT_TAKEN`. The replicated call is what the original model answers, whatever the
     candidate inputs' rows (it meets or refuses them itself); the index is checked as the
     general path checks it: int64 ``[N]``, in range (by the gather), and with one request row per
     candidate, a permutation. ``measured``: a trial of the bucket, which has not kept it yet."""
-    contract = model.contract
-    leaves = contract.leaves(args, kwargs)
+    contract, index = model.contract, call.index
+    leaves = contract.leaves(call.args, call.kwargs)
     first = leaves[contract.request_inputs[0]]
     if type(index) is not torch.Tensor or index.dtype != torch.int64 or index.dim() != 1:
         return NOT_TAKEN
@@ -128,25 +126,28 @@ def run_kept_original(
         return NOT_TAKEN  # the general path names the index or the rows
     if model._original_is_copy:
         model._refresh_copy()
-    return call_with_rows(model, args, kwargs, rows)
+    kwargs = call.kwargs
+    if not call.args and rows.keys() <= kwargs.keys():  # ``call_with_rows``'s keyword case,
+        return model._original(**{**kwargs, **rows})  # inlined: a kept call makes no call for it
+    return call_with_rows(model, call, rows)
 
 
-def run_settled_original(model: Any, args: tuple, kwargs: dict, leaves: dict, index: Any) -> Any:
-    """The original model on the shared-layout training call (``args``, ``kwargs``, named
-    ``leaves``, ``index``) whose bucket chose it, or :data:`NOT_TAKEN`. ``model`` is a
-    ``CompiledModel`` in a training call under its training choice (no converting format)."""
-    _, gathered = _settled_gather(model, model._training.choice, "train-shared", leaves, index)
+def run_settled_original(model: Any, call: Call, leaves: dict) -> Any:
+    """The original model on the shared-layout training ``call`` (named ``leaves``) whose
+    bucket chose it, or :data:`NOT_TAKEN`. ``model`` is a ``CompiledModel`` in a training call
+    under its training choice (no converting format)."""
+    _, gathered = _settled_gather(model, model._training.choice, "train-shared", leaves, call)
     if gathered is NOT_TAKEN:
         return NOT_TAKEN
-    return call_with_rows(model, args, kwargs, gathered)
+    return call_with_rows(model, call, gathered)
 
 
-def run_settled_as_called(model: Any, args: tuple, kwargs: dict, index: Any) -> Any:
-    """``model``'s plain program on the call (``args``, ``kwargs``; ``index`` None: drop-in) as
-    called, or :data:`NOT_TAKEN`. ``model`` is a ``CompiledModel`` whose call runs under its
+def run_settled_as_called(model: Any, call: Call) -> Any:
+    """``model``'s plain program on the ``call`` (its ``index`` None: drop-in) as called, or
+    :data:`NOT_TAKEN`. ``model`` is a ``CompiledModel`` whose call runs under its
     program choice through an input format that names the call's tensors
     (``InputFormat.called_leaves``) as its plain program takes them."""
-    plain = model._plain
+    plain, args, kwargs, index = model._plain, call.args, call.kwargs, call.index
     leaves = model.input_format.called_leaves(args, kwargs)
     if leaves is None or leaves.keys() != plain.name_set:
         return NOT_TAKEN
@@ -172,7 +173,7 @@ def run_settled_as_called(model: Any, args: tuple, kwargs: dict, index: Any) -> 
             or model.input_format.request_names  # request inputs with R rows: gathered, checked
         ):
             return NOT_TAKEN
-        num_requests = index_in_range(index, rows)
+        num_requests = call.requests_reached(rows)
         key = ("shared", rows.bit_length(), num_requests.bit_length())
         if model._choice.decided(key) != PLAIN:
             return NOT_TAKEN
@@ -190,15 +191,20 @@ def run_settled_as_called(model: Any, args: tuple, kwargs: dict, index: Any) -> 
 def _plain_as_called(model: Any, leaves: dict) -> Any:
     """``model``'s plain program on the call's own tensors ``leaves``, past the guards and the
     program's input specs."""
-    plain = model._plain
-    model._check_model()
+    plain, training = model._plain, model._training
+    # ``path.check_model``, inlined: a settled call makes no call for it.
+    if training is None or not (torch.is_grad_enabled() or training.writes_buffers):
+        model._guards.check()
+    elif model._ddp is not None:
+        model._ddp.check()
     plain.input_specs.check(leaves)
     return model.contract.outputs(plain(list(map(leaves.get, plain.input_names))))
 
 
-def call_with_rows(model: Any, args: tuple, kwargs: dict, gathered: dict) -> Any:
-    """``model``'s original model on its call (``args``, ``kwargs``) with the request leaves
-    replaced by ``gathered`` (one row per candidate)."""
+def call_with_rows(model: Any, call: Call, gathered: dict) -> Any:
+    """``model``'s original model on its ``call`` with the request leaves replaced by
+    ``gathered`` (one row per candidate)."""
+    args, kwargs = call.args, call.kwargs
     if not args and gathered.keys() <= kwargs.keys():  # keyword tensors: no tree walk
         return model._original(**{**kwargs, **gathered})
     call_args, call_kwargs = replace_leaves(model.contract.signature, args, kwargs, gathered)
@@ -210,14 +216,14 @@ def _settled_gather(
     choice: ProgramChoice,
     layout: str,
     leaves: dict,
-    index: Any,
+    call: Call,
     original: Callable[[tuple], bool] | None = None,
 ) -> tuple[tuple | None, Any]:
-    """(bucket, the request leaves gathered to one row per candidate by name) when (``leaves``,
-    ``index``) is a valid shared-layout call whose ``layout`` bucket ``choice`` settled on the
+    """(bucket, the request leaves gathered to one row per candidate by name) when ``call``
+    (named ``leaves``) is a valid shared-layout call whose ``layout`` bucket ``choice`` settled on the
     plain program (and, given ``original``, one for which it says True: the original model
     runs, which needs no input specs); else ``(None, NOT_TAKEN)``."""
-    contract = model.contract
+    contract, index = model.contract, call.index
     request_inputs = contract.request_inputs
     if not request_inputs or type(index) is not torch.Tensor:
         return None, NOT_TAKEN
@@ -240,10 +246,4 @@ def _settled_gather(
         return None, NOT_TAKEN
     if model._input_specs is not None and original is None:
         model._input_specs.check(leaves)
-    if first.is_cuda and not index_trusted():  # a CPU gather checks the range itself
-        index_in_range(index, num_requests)
-    try:
-        return key, {n: leaves[n].index_select(0, index) for n in model._request_set}
-    except IndexError:
-        index_in_range(index, num_requests)  # raises IndexRangeError
-        raise
+    return key, call.gather(leaves, model._request_set, num_requests)

@@ -51,7 +51,7 @@ def trains_as_original(cm, leaves: dict) -> bool:
     return not any(leaves[n].requires_grad for n in cm.contract.request_inputs)
 
 
-def train(cm, args, kwargs, leaves, requests, index, uniform):
+def train(cm, call, leaves, requests, index, uniform):
     """A training call: the training program, or the original model when this call's
     bucket chose it (``runtime/training/program.py``, "Program choice")."""
     training = cm._training
@@ -74,9 +74,9 @@ def train(cm, args, kwargs, leaves, requests, index, uniform):
 
     def original():
         if not shared:  # drop-in and replicated calls: the original call as made
-            return cm._original(*args, **kwargs)
+            return cm._original(*call.args, **call.kwargs)
         gathered = {n: leaves[n].index_select(0, index) for n in cm.contract.request_inputs}
-        return call_with_rows(cm, args, kwargs, gathered)
+        return call_with_rows(cm, call, gathered)
 
     decided = choice.decided(key)
     if decided is not None:
