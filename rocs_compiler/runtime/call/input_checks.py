@@ -1,11 +1,14 @@
 """What each tensor input of a compiled graph was compiled for: dtype, device, non-batch sizes.
 
-The compiled graph is specialized to them (only the batch dim is symbolic), so a call with
-another dtype, device or feature width would fail deep inside an op ("mat1 and mat2 must have
-the same dtype") or, worse, compute something eager would not. :meth:`InputSpecs.check` refuses
-such a call before any compute with an ``InputError`` naming the input, what it got and what the
-model was compiled for. A compiled model moved with ``.to(device or dtype)`` expects its inputs
-moved the same way (:meth:`InputSpecs.moved`).
+The compiled graph is specialized to them (the batch dim is symbolic, and any dim the example
+marked dynamic, ``torch._dynamo.mark_dynamic``: a history length), so a call with another dtype,
+device or feature width would fail deep inside an op ("mat1 and mat2 must have the same dtype")
+or, worse, compute something eager would not. :meth:`InputSpecs.check` refuses such a call before
+any compute with an ``InputError`` naming the input, what it got and what the model was compiled
+for. Dynamic dims the model ties together (two histories it concatenates: one size symbol in the
+graph) must agree in every call; a call where they differ is refused naming both inputs. A
+compiled model moved with ``.to(device or dtype)`` expects its inputs moved the same way
+(:meth:`InputSpecs.moved`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ class _Spec:
     device: torch.device
     sizes: tuple  # every dim but the batch dim (batched) or every dim; None where symbolic
     batched: bool
+    symbols: tuple = ()  # per dim of ``sizes``, the graph's size symbol where symbolic
 
 
 class InputSpecs:
@@ -32,6 +36,7 @@ class InputSpecs:
         self._specs = dict(specs)
         # What a call that fits exactly compares: (name, dtype, device, sizes, batched).
         self._exact = [(n, s.dtype, s.device, s.sizes, s.batched) for n, s in self._specs.items()]
+        self._ties = _tied_dims(self._specs)
 
     @classmethod
     def of_graph(
@@ -49,7 +54,8 @@ class InputSpecs:
             is_batched = bool(batched.get(name, False)) and val.dim() > 0
             dims = val.shape[1:] if is_batched else val.shape
             sizes = tuple(s if isinstance(s, int) else None for s in dims)
-            specs[name] = _Spec(val.dtype, val.device, sizes, is_batched)
+            symbols = tuple(None if isinstance(s, int) else str(s) for s in dims)
+            specs[name] = _Spec(val.dtype, val.device, sizes, is_batched, symbols)
         return cls(specs)
 
     def empty_tensors(self) -> list[torch.Tensor]:
@@ -75,6 +81,23 @@ class InputSpecs:
                 or (value.shape[1:] if batched and value.dim() else value.shape) != sizes
             ):
                 self._check_one(name, self._specs[name], value)  # symbolic sizes, or an error
+        if self._ties:
+            self._check_ties(leaves)
+
+    def _check_ties(self, leaves: Mapping[str, object]) -> None:
+        """Refuse a call whose inputs disagree on a dynamic size the graph ties together."""
+        for symbol, places in self._ties.items():
+            seen = [
+                (name, dim, value.shape[dim])
+                for name, dim in places
+                if isinstance(value := leaves.get(name), torch.Tensor) and value.dim() > dim
+            ]
+            if any(size != seen[0][2] for _, _, size in seen):
+                detail = ", ".join(f"{name!r} dim {dim}: {size}" for name, dim, size in seen)
+                raise InputError(
+                    f"inputs disagree on a size the model ties together ({detail}); the compiled "
+                    f"graph computes them as one size ({symbol}): give them the same size"
+                )
 
     def _check_one(self, name: str, spec: _Spec, value: torch.Tensor) -> None:
         if value.dtype != spec.dtype:
@@ -93,8 +116,22 @@ class InputSpecs:
             expected = f"(rows, {expected})" if spec.batched else f"({expected})"
             raise InputError(
                 f"input {name!r} has shape {tuple(value.shape)}, but the model was compiled "
-                f"for {expected}; only the number of rows may change between calls"
+                f"for {expected}; only the number of rows may change between calls (and the "
+                "dims the example marked dynamic: torch._dynamo.mark_dynamic(example, dim) "
+                "before rocs.compile)"
             )
+
+
+def _tied_dims(specs: Mapping[str, _Spec]) -> dict[str, list[tuple[str, int]]]:
+    """``{size symbol: [(input, dim), ...]}`` for each symbolic size that two or more dims
+    share (the batch dim of batched inputs is the runtime's: R and N are checked elsewhere)."""
+    places: dict[str, list[tuple[str, int]]] = {}
+    for name, spec in specs.items():
+        offset = 1 if spec.batched else 0
+        for i, symbol in enumerate(spec.symbols):
+            if symbol is not None:
+                places.setdefault(symbol, []).append((name, i + offset))
+    return {symbol: dims for symbol, dims in places.items() if len(dims) > 1}
 
 
 def _fits(dims: tuple, sizes: tuple) -> bool:
