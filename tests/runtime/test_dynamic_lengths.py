@@ -13,45 +13,15 @@ import rocs_compiler as rocs
 from models_zoo import din
 from rocs_compiler.errors import InputError
 
-HISTORIES = ("hist_item_ids", "hist_cat_ids")
+from dynamic_histories import at_length, din_model, marked_example, replicated
+
 LENGTHS = (1, 2, 3, 5, 8, 13, 21, 34, 50, 77, 128)  # DIN reads any length: no table caps it
-
-
-def _marked_example() -> dict:
-    example = din.make_batch([4, 3]).replicated()
-    for name in HISTORIES:
-        torch._dynamo.mark_dynamic(example[name], 1)
-    return example
-
-
-def _model() -> torch.nn.Module:
-    model = din.build(seed=0).eval()
-    with torch.no_grad():  # a head whose scores vary across rows far more than the tolerance
-        model.head[-1].weight.mul_(40.0)
-    return model
-
-
-def _at_length(batch, length: int, seed: int) -> dict:
-    """The batch's shared-layout inputs with histories of ``length`` (padding 0 kept at the end
-    of short histories, longer ones drawn afresh)."""
-    g = torch.Generator().manual_seed(seed)
-    kwargs = dict(batch.kwargs)
-    for name, vocab in zip(HISTORIES, (din.NUM_ITEMS, din.NUM_CATS)):
-        rows = kwargs[name].shape[0]
-        drawn = torch.randint(1, vocab, (rows, length), generator=g)
-        keep = torch.randint(0, length + 1, (rows, 1), generator=g)
-        kwargs[name] = drawn.masked_fill(torch.arange(length) >= keep, 0)
-    return kwargs
-
-
-def _replicated(kwargs: dict, index: torch.Tensor) -> dict:
-    return {n: v.index_select(0, index) if n in din.REQUEST_INPUTS else v for n, v in kwargs.items()}
 
 
 @pytest.fixture(scope="module")
 def compiled():
-    model = _model()
-    return model, rocs.compile(model, list(din.REQUEST_INPUTS), example_kwargs=_marked_example())
+    model = din_model()
+    return model, rocs.compile(model, list(din.REQUEST_INPUTS), example_kwargs=marked_example())
 
 
 @pytest.mark.parametrize("layout", ["shared", "dropin"])
@@ -61,11 +31,11 @@ def test_one_compile_serves_every_history_length(compiled, layout):
     with torch.no_grad():
         for i, length in enumerate(LENGTHS):
             batch = din.make_batch([3, 1, 5, 2][: 1 + i % 4], seed=i, shuffle=True)
-            kwargs = _at_length(batch, length, seed=i)
+            kwargs = at_length(batch, length, seed=i)
             index = batch.candidate_to_request
-            replicated = _replicated(kwargs, index)
-            want = model(**replicated)
-            got = cm(**kwargs, candidate_to_request=index) if layout == "shared" else cm(**replicated)
+            as_replicated = replicated(kwargs, index)
+            want = model(**as_replicated)
+            got = cm(**kwargs, candidate_to_request=index) if layout == "shared" else cm(**as_replicated)
             assert want.std() > 1e-2 or want.numel() < 2
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=f"length {length}")
             runners.add((id(cm._runner), id(cm._plain._runner)))
@@ -79,18 +49,18 @@ def test_one_compile_serves_every_history_length(compiled, layout):
 def test_histories_that_disagree_on_their_length_are_refused_naming_both(compiled):
     _, cm = compiled
     batch = din.make_batch([2, 3], seed=1)
-    kwargs = _at_length(batch, 6, seed=1)
+    kwargs = at_length(batch, 6, seed=1)
     kwargs["hist_cat_ids"] = kwargs["hist_cat_ids"][:, :4]
     with torch.no_grad(), pytest.raises(InputError, match=r"'hist_item_ids' dim 1: 6.*'hist_cat_ids' dim 1: 4"):
         cm(**kwargs, candidate_to_request=batch.candidate_to_request)
     with torch.no_grad(), pytest.raises(InputError, match="hist_cat_ids"):
-        cm(**_replicated(kwargs, batch.candidate_to_request))
+        cm(**replicated(kwargs, batch.candidate_to_request))
 
 
 def test_a_dim_the_example_did_not_mark_keeps_its_size(compiled):
     _, cm = compiled
     batch = din.make_batch([2, 3], seed=2)
-    kwargs = _at_length(batch, 6, seed=2)
+    kwargs = at_length(batch, 6, seed=2)
     kwargs["user_profile"] = torch.cat([kwargs["user_profile"], kwargs["user_profile"][:, :1]], 1)
     with torch.no_grad(), pytest.raises(InputError, match=r"'user_profile'.*mark_dynamic"):
         cm(**kwargs, candidate_to_request=batch.candidate_to_request)
@@ -98,19 +68,19 @@ def test_a_dim_the_example_did_not_mark_keeps_its_size(compiled):
 
 @pytest.mark.parametrize("layout", ["shared", "dropin"])
 def test_a_training_compile_gives_eagers_gradients_at_every_length(layout):
-    model = _model()
+    model = din_model()
     cm = rocs.compile(
-        model, list(din.REQUEST_INPUTS), example_kwargs=_marked_example(), training=True
+        model, list(din.REQUEST_INPUTS), example_kwargs=marked_example(), training=True
     )
-    twin = _model()
+    twin = din_model()
     for i, length in enumerate((2, 9, 50, 70)):
         batch = din.make_batch([4, 1, 3], seed=10 + i, shuffle=True)
-        kwargs = _at_length(batch, length, seed=10 + i)
+        kwargs = at_length(batch, length, seed=10 + i)
         index = batch.candidate_to_request
-        replicated = _replicated(kwargs, index)
+        as_replicated = replicated(kwargs, index)
         model.zero_grad(), twin.zero_grad()
-        want = twin(**replicated)
-        got = cm(**kwargs, candidate_to_request=index) if layout == "shared" else cm(**replicated)
+        want = twin(**as_replicated)
+        got = cm(**kwargs, candidate_to_request=index) if layout == "shared" else cm(**as_replicated)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         (want * torch.linspace(-1, 1, want.shape[0])).sum().backward()
         (got * torch.linspace(-1, 1, got.shape[0])).sum().backward()
