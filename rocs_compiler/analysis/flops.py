@@ -52,13 +52,20 @@ class NodeCost:
 
 
 def _concrete(value: Any, sizes: dict) -> Any:
-    """A size at ``sizes``; a data-dependent size (``nonzero``'s count, say) is estimated by its
-    upper bound for row selections: the batch size."""
+    """A size at ``sizes``; any other size symbol at the value it had in the example (a history
+    length marked dynamic); a data-dependent size (``nonzero``'s count, say), which has none, is
+    estimated by its upper bound for row selections: the batch size."""
     if isinstance(value, torch.SymInt):
         expr = value.node.expr
         unknown = expr.free_symbols - sizes.keys()
+        if not unknown:
+            return int(expr.subs(sizes))
         batch = next(iter(sizes.values()))
-        return int(expr.subs(sizes).subs({u: batch for u in unknown}))
+        env = value.node.shape_env  # torch >= 2.13 names the example's values backed_var_to_val
+        hints = getattr(env, "backed_var_to_val", None)
+        if hints is None:
+            hints = getattr(env, "var_to_val", {})
+        return int(expr.subs(sizes).subs({u: hints.get(u, batch) for u in unknown}))
     return value
 
 

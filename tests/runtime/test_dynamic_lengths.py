@@ -102,3 +102,16 @@ def test_a_length_the_model_fixes_is_refused_at_compile_time_with_the_line_that_
             list(target_attention.REQUEST_INPUTS),
             example_kwargs=example,
         )
+
+
+def test_the_cost_model_counts_a_marked_length_at_the_examples_value(compiled):
+    """FLOPs per request and per candidate are counted at two batch sizes; a length marked
+    dynamic keeps the example's value there (it was counted at the batch sizes, 2 and 4, which
+    made the program choice's prior and the report wrong by a factor of five on DIN)."""
+    model, cm = compiled
+    example = din.make_batch([4, 3]).replicated()  # the marked example's sizes, nothing marked
+    static = rocs.compile(model, list(din.REQUEST_INPUTS), example_kwargs=example)
+    assert cm._unit_flops_of() == static._unit_flops_of()
+    dynamic, fixed = cm.report(candidates=64, requests=2), static.report(candidates=64, requests=2)
+    assert dynamic.request_flops == fixed.request_flops > 0
+    assert dynamic.candidate_flops == fixed.candidate_flops > 0
