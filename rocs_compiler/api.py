@@ -114,10 +114,10 @@ def compile(  # noqa: A001 - mirrors torch.compile
         gm, names = prepared.format.plain_graph(plain_graph(result), captured.input_names)
         plain = PlainProgram(gm, watched, weight_names, names, captured.batched)
 
-    def report_builder(num_candidates: int, num_requests: int):
+    def report_builder(num_candidates: int, num_requests: int, lengths=None):
         from .report.build import build_report
 
-        return build_report(result, num_candidates, num_requests, prepared.model)
+        return build_report(result, num_candidates, num_requests, prepared.model, lengths)
 
     compiled = CompiledModel(
         result.shared_graph, _contract(captured), captured.placeholder_of, report_builder, model,
@@ -281,7 +281,7 @@ def _eager_fallback(model, prepared: Prepared, err: CompileError, unbatched) -> 
         )
         contract = _contract(call)
 
-    def report_builder(num_candidates: int, num_requests: int):
+    def report_builder(num_candidates: int, num_requests: int, lengths=None):
         from .report.build import Report
 
         return Report.for_fallback(reason)

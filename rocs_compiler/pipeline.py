@@ -58,6 +58,41 @@ class PipelineResult:
                 per_role[role] += cost.per_row
         return per_role[Role.REQUEST], per_role[Role.CANDIDATE]
 
+    def length_symbols(self) -> dict[str, Any]:
+        """``{input name: size symbol}`` of each input whose example marked a dim past the batch
+        dynamic (a history length): the first such dim's symbol."""
+        vals = {
+            n.name: n.meta.get("val")
+            for n in self.captured.graph_module.graph.nodes
+            if n.op == "placeholder"
+        }
+        symbols = {}
+        for name in self.captured.input_names:
+            val = vals.get(self.captured.placeholder_of.get(name))
+            dims = getattr(val, "shape", ())[1 if self.captured.batched.get(name) else 0 :]
+            for size in dims:
+                if not isinstance(size, int):
+                    symbols[name] = size.node.expr
+                    break
+        return symbols
+
+    def costs_at(self, lengths: Mapping[str, int]) -> dict:
+        """FLOPs per node of the logical graph with the inputs ``lengths`` names (``{input:
+        length}``, :meth:`length_symbols`) at those lengths; raises ``ValueError`` for an input
+        without a dynamic length, or two lengths of one size."""
+        from .analysis.flops import node_costs
+
+        symbols, sizes = self.length_symbols(), {}
+        for name, length in lengths.items():
+            if name not in symbols:
+                dynamic = ", ".join(symbols) or "none: mark one with torch._dynamo.mark_dynamic"
+                raise ValueError(f"{name!r} has no dynamic length; inputs that have one: {dynamic}")
+            symbol = symbols[name]
+            if sizes.setdefault(symbol, int(length)) != int(length):
+                tied = [n for n, s in symbols.items() if s == symbol]
+                raise ValueError(f"inputs {', '.join(tied)} have one length; got two: {lengths}")
+        return node_costs(self.logical_graph, self.captured.batch_symbol, sizes)
+
     @property
     def captured_costs(self) -> dict:
         """FLOPs per node of :attr:`captured_graph` (computed on first use)."""

@@ -109,9 +109,12 @@ def flops_at(gm: fx.GraphModule, sizes: dict) -> dict[str, int]:
     return counts
 
 
-def node_costs(gm: fx.GraphModule, symbol: sympy.Symbol) -> dict[str, NodeCost]:
-    """Per-node cost as ``per_row * batch + fixed``."""
-    low, high = (flops_at(gm, {symbol: b}) for b in _BATCHES)
+def node_costs(
+    gm: fx.GraphModule, symbol: sympy.Symbol, lengths: dict | None = None
+) -> dict[str, NodeCost]:
+    """Per-node cost as ``per_row * batch + fixed``, with the other size symbols at ``lengths``
+    (``{symbol: size}``; a symbol not given keeps the example's value)."""
+    low, high = (flops_at(gm, {symbol: b, **(lengths or {})}) for b in _BATCHES)
     span = _BATCHES[1] - _BATCHES[0]
     out = {}
     for name, f_low in low.items():

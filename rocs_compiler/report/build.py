@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
@@ -35,6 +35,7 @@ class NodeReport:
     flops: float  # per request (REQUEST), per candidate (CANDIDATE), once (CONST)
     broadcast: bool  # a REQUEST value that candidate computation reads
     shape: str  # with the batch symbol named: "[B, 13]"
+    grows: bool = False  # its FLOPs grow with a history length (a dim marked dynamic)
 
 
 @dataclass
@@ -51,6 +52,7 @@ class Report:
     route: str = ""
     note: str = ""
     modules: list[ModuleRow] = field(default_factory=list)
+    lengths: dict[str, int] = field(default_factory=dict)  # history lengths counted, by input
     # The pipeline result the report describes, for drawings (not part of the data).
     _pipeline: Any = field(default=None, repr=False, compare=False)
 
@@ -96,6 +98,7 @@ class Report:
             "route": self.route,
             "note": self.note,
             "modules": [asdict(m) for m in self.modules],
+            "lengths": dict(self.lengths),
         }
 
     def to_json(self, **kwargs) -> str:
@@ -111,6 +114,10 @@ class Report:
             f"ideal speedup      : {self.ideal_speedup():.2f}x at N={n} candidates{per}, "
             f"R={r} requests",
         ]
+        if self.lengths:
+            at = ", ".join(f"{name}={length}" for name, length in self.lengths.items())
+            grows = sum(node.grows for node in self.nodes)
+            lines.append(f"history lengths    : {at} ({grows} nodes grow with them)")
         if self.pass_counts:
             fired = ", ".join(f"{k}={v}" for k, v in sorted(self.pass_counts.items()) if v)
             lines.append(f"rewrites fired     : {fired or 'none'}")
@@ -206,14 +213,22 @@ def _broadcast(node, role: Role) -> bool:
 
 
 def build_report(
-    result, num_candidates: int = 1024, num_requests: int = 1, model: Any = None
+    result,
+    num_candidates: int = 1024,
+    num_requests: int = 1,
+    model: Any = None,
+    lengths: Mapping[str, int] | None = None,
 ) -> Report:
     """Report for a :class:`~rocs_compiler.pipeline.PipelineResult`; ``model`` (the original
-    ``nn.Module``) gives the parameter counts of the per-module table."""
+    ``nn.Module``) gives the parameter counts of the per-module table; ``lengths`` (``{input:
+    length}``) counts the FLOPs at those history lengths (inputs whose example marked a dim
+    dynamic), else at the example's, and marks the nodes whose FLOPs grow with them."""
     from .render.view import shape_text
 
     gm = result.logical_graph
-    costs = result.costs
+    lengths = dict(lengths or {})
+    costs = result.costs_at(lengths) if lengths else result.costs
+    grows = _growing(result, costs, lengths)
     names = {result.captured.batch_symbol: "B"}
     nodes, per_role = [], {Role.CONST: 0.0, Role.REQUEST: 0.0, Role.CANDIDATE: 0.0}
     for node in gm.graph.nodes:
@@ -240,6 +255,7 @@ def build_report(
                 flops,
                 broadcast,
                 shape_text(node.meta.get("val"), names),
+                node.name in grows,
             )
         )
     fused = sorted(
@@ -261,5 +277,36 @@ def build_report(
             parameter_counts(model) if model is not None else {},
             parameter_readers(gm, result.captured.param_names),
         ),
+        lengths=lengths,
         _pipeline=result,
     )
+
+
+def _growing(result, costs: dict, lengths: dict) -> set[str]:
+    """Names of the nodes whose FLOPs grow with a history length: those counted higher with
+    every dynamic length doubled (from ``lengths``, else from the example's value)."""
+    symbols = result.length_symbols()
+    first = {}  # one input names each size: inputs tied to one size share it
+    for name, symbol in symbols.items():
+        first.setdefault(symbol, name)
+    doubled_at = {}
+    for symbol, name in first.items():
+        given = [lengths[n] for n, s in symbols.items() if s == symbol and n in lengths]
+        doubled_at[name] = 2 * max(given[0] if given else _example_value(result, symbol), 1)
+    if not doubled_at:
+        return set()
+    doubled = result.costs_at(doubled_at)
+    return {
+        name
+        for name, cost in costs.items()
+        if (doubled[name].per_row, doubled[name].fixed) != (cost.per_row, cost.fixed)
+    }
+
+
+def _example_value(result, symbol) -> int:
+    """The value a size symbol had in the example batch."""
+    for node in result.captured.graph_module.graph.nodes:
+        for size in getattr(node.meta.get("val"), "shape", ()):
+            if not isinstance(size, int) and size.node.expr == symbol:
+                return int(size.node.hint)
+    return 1

@@ -165,11 +165,12 @@ class CompiledModel(nn.Module):
     def is_fallback(self) -> bool:
         return self.graph_module is None
 
-    def report(self, candidates: int = 1024, requests: int = 1, **renamed):
+    def report(self, candidates: int = 1024, requests: int = 1, lengths=None, **renamed):
         """Structured report: roles, FLOPs per request / per candidate, fallbacks, ideal speedup
         at ``requests`` requests of ``candidates`` candidates each, as ``rocs inspect
-        --candidates N --requests R`` (built by the door that compiled the model; the runtime
-        knows no report)."""
+        --candidates N --requests R``; ``lengths={input: length}`` counts at those history
+        lengths (dims the example marked dynamic) and marks the nodes that grow with them (built
+        by the door that compiled the model; the runtime knows no report)."""
         if renamed:
             raise TypeError(
                 f"report() got {', '.join(sorted(renamed))}=: it takes candidates= (per request, "
@@ -178,7 +179,8 @@ class CompiledModel(nn.Module):
             )
         if self._report_builder is None:
             raise RuntimeError("this compiled model was built without a report")
-        report = self._mislabel.annotate(self._report_builder(candidates * requests, requests))
+        built = self._report_builder(candidates * requests, requests, lengths)
+        report = self._mislabel.annotate(built)
         return report if self._cache is None else self._cache.annotate(report)
 
     def cache_stats(self) -> Optional[dict]:

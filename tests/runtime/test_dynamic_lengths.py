@@ -115,3 +115,26 @@ def test_the_cost_model_counts_a_marked_length_at_the_examples_value(compiled):
     dynamic, fixed = cm.report(candidates=64, requests=2), static.report(candidates=64, requests=2)
     assert dynamic.request_flops == fixed.request_flops > 0
     assert dynamic.candidate_flops == fixed.candidate_flops > 0
+
+
+def test_the_report_counts_flops_per_request_at_a_given_history_length(compiled):
+    """DIN's request side (its attention unit over the history) grows linearly with the length;
+    its candidate side too (the unit scores each candidate against every position)."""
+    _, cm = compiled
+    at = {length: cm.report(candidates=64, requests=2, lengths={"hist_item_ids": length})
+          for length in (10, 20, 40)}  # fmt: skip
+    for side in ("request_flops", "candidate_flops"):
+        step = getattr(at[20], side) - getattr(at[10], side)
+        assert step > 0
+        assert getattr(at[40], side) - getattr(at[20], side) == pytest.approx(2 * step)
+    assert at[40].lengths == {"hist_item_ids": 40}
+    grows = {n.name for n in at[40].nodes if n.grows}
+    assert grows and grows < {n.name for n in at[40].nodes if n.flops > 0}
+    assert "history lengths    : hist_item_ids=40" in at[40].summary()
+    assert "grows with length" in at[40].to_html() and at[40].to_dict()["lengths"] == {
+        "hist_item_ids": 40
+    }
+    with pytest.raises(ValueError, match="'item_id' has no dynamic length"):
+        cm.report(lengths={"item_id": 3})
+    with pytest.raises(ValueError, match="have one length"):
+        cm.report(lengths={"hist_item_ids": 3, "hist_cat_ids": 4})

@@ -289,17 +289,20 @@ def html_page(
         parts.append("</table></section>")
 
     parts.append('<section id="nodes"><h2>Nodes</h2><table class="nodes">')
+    lengths = bool(getattr(report, "lengths", None))  # a column when counted at given lengths
     parts.append(
         "<tr><th>node</th><th>op</th><th>role</th><th>module</th><th>shape</th>"
-        "<th>FLOPs</th><th>broadcast</th></tr>"
+        "<th>FLOPs</th><th>broadcast</th>" + ("<th>grows with length</th>" if lengths else "")
+        + "</tr>"
     )
     for node in report.nodes:
         flops = f"{format_flops(node.flops)}{UNIT[node.role]}" if node.flops else "-"
+        grows = f"<td>{'yes' if node.grows else ''}</td>" if lengths else ""
         parts.append(
             f'<tr class="role-{node.role}"><td>{_esc(node.name)}</td><td>{_esc(node.op)}</td>'
             f'<td class="role">{node.role}</td><td>{_esc(node.module)}</td>'
             f'<td>{_esc(node.shape)}</td><td class="num">{flops}</td>'
-            f"<td>{'yes' if node.broadcast else ''}</td></tr>"
+            f"<td>{'yes' if node.broadcast else ''}</td>{grows}</tr>"
         )
     parts.append("</table></section>")
     parts.append('<pre id="rocs-selftest" hidden></pre>')
