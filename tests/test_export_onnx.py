@@ -205,3 +205,30 @@ def test_inputs_and_sizes_have_names(target_attention):
     padded = {"history": {"shape": ["s3", "s7"]}, "item": {"shape": ["s5", 4]},
               "candidate_to_request": {"shape": ["s5"]}}  # fmt: skip
     assert size_names(padded) == {"s5": "N", "s3": "R", "s7": "L_history"}
+
+
+def test_a_portable_attention_runs_per_request_in_onnx_runtime(target_attention, tmp_path):
+    """The portable attention (``kernels/attention_portable.py``: a ``torch.cond`` between a batch
+    where no request has more than ``ceil(N / R)`` candidates and one where a request spills, an
+    ONNX ``If``) on ragged batches: a request without candidates, one that spills, equal counts,
+    one candidate each; the target-attention zoo model and a model whose output is the attention
+    itself, two queries per candidate, a request whose candidates see no key."""
+    from test_export_portable_attention import BATCHES, _Batch, candidate_attention
+
+    entry, model, _, program, session = target_attention
+    attention, cm = candidate_attention()
+    attention_program = rocs.export(cm, portable=True)
+    path = tmp_path / "candidate_attention.onnx"
+    attention_session = _session(attention_program, path)
+    assert "If" in {node.op_type for node in onnx.load(path).graph.node}
+    for i, (counts, shuffle) in enumerate(BATCHES):
+        cases = [
+            (entry.make_batch(counts, seed=90 + i, shuffle=shuffle), model, program, session),
+            (_Batch(counts, 95 + i, shuffle), attention, attention_program, attention_session),
+        ]
+        for batch, original, exported, runtime in cases:
+            kwargs = {**batch.kwargs, "candidate_to_request": batch.candidate_to_request}
+            with torch.no_grad():
+                expected = original(**batch.replicated())
+            assert (expected - expected[0]).abs().max() > 1e-3  # rows differ beyond the tolerance
+            _assert_exact(_run(runtime, exported, kwargs), expected, f"attention {counts}")

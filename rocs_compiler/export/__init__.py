@@ -182,7 +182,8 @@ def export(compiled, example: Optional[Any] = None, portable: bool = False) -> E
         portable: replace every ``rocs::`` op by its plain-torch computation (``portable.py``):
             a program of ATen ops only, for processes without this package (AOTInductor's C++
             loader, ONNX Runtime, ``torch.export.load`` alone). The request side still runs
-            once per request; the fused kernels' savings of memory traffic are not kept.
+            once per request, and attention reads each request's keys and values per request;
+            the other fused kernels' savings of memory traffic are not kept.
     """
     if getattr(compiled, "graph_module", None) is None:
         reason = getattr(compiled, "fallback_reason", None) or "not a rocs CompiledModel"

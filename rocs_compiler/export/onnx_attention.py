@@ -7,10 +7,11 @@ lowest finite value, so such a row attends uniformly to every key (the mean of t
 float mask of ``-inf`` gives NaN. A request whose history is all padding then scores otherwise in
 ONNX Runtime than in eager.
 
-:func:`with_eager_attention` replaces each masked ``scaled_dot_product_attention`` of a program by
-its plain ops (``matmul``, ``softmax``, ``matmul``), the weights of a row of ``-inf`` only set to
-zero, which every ONNX runtime computes as eager does. Attention without a mask keeps the
-exporter's translation (a query sees every key, or, causal, at least the first).
+:func:`with_eager_attention` replaces each masked ``scaled_dot_product_attention`` of a program
+(in the branches of a ``torch.cond`` too) by its plain ops (``matmul``, ``softmax``, ``matmul``),
+the weights of a row of ``-inf`` only set to zero, which every ONNX runtime computes as eager
+does. Attention without a mask keeps the exporter's translation (a query sees every key, or,
+causal, at least the first).
 
 Identity: for ``scores = q @ k^T * scale + additive(mask)``,
 ``sdpa(q, k, v, mask) == where(all(scores == -inf, -1), 0, softmax(scores, -1)) @ v``.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch import fx
 
 aten = torch.ops.aten
 
@@ -55,8 +57,10 @@ def _eager_attention(
 
 
 def has_masked_attention(program: torch.export.ExportedProgram) -> bool:
-    """True when ``program`` calls ``scaled_dot_product_attention`` with a mask."""
-    for node in program.graph.nodes:
+    """True when ``program`` calls ``scaled_dot_product_attention`` with a mask, in its graph or
+    in a branch of a ``torch.cond`` (as the portable attention does)."""
+    graphs = [m.graph for m in program.graph_module.modules() if isinstance(m, fx.GraphModule)]
+    for node in (node for graph in graphs for node in graph.nodes):
         if node.op == "call_function" and node.target is aten.scaled_dot_product_attention.default:
             mask = node.args[3] if len(node.args) > 3 else node.kwargs.get("attn_mask")
             if mask is not None:

@@ -2,14 +2,17 @@
 
 Each :class:`~rocs_compiler.kernels.rocs_op.RocsOp` carries a ``reference``: the op's value
 computed by materializing the broadcast ``x[candidate_to_request]`` and running the unfused op.
-Interpreting the rewritten graph with every ``rocs::`` node called through its reference, under
-``torch.export``, gives a program of ATen ops only, which loads with ``torch.export.load`` in a
-process without this package, compiles with AOTInductor into a package that a C++ program runs,
-and exports to ONNX. The sharing is kept: the request side still runs at R rows, and reaches the
-candidates by the references' gathers (``index``/``index_select`` of R rows with the index).
+Interpreting the rewritten graph with every ``rocs::`` node called through its portable form (the
+reference, or the op's own ``portable`` where materializing costs more than the op: attention,
+whose reference would copy each request's keys and values once per candidate,
+``kernels/attention_portable.py``), under ``torch.export``, gives a program of ATen ops only, which
+loads with ``torch.export.load`` in a process without this package, compiles with AOTInductor into
+a package that a C++ program runs, and exports to ONNX. The sharing is kept: the request side
+still runs at R rows, and reaches the candidates by gathers (``index``/``index_select`` of R rows
+with the index); attention reads its keys and values per request.
 
-Identity: ``rocs::<name>(*args) == ROCS_OPS[name].reference(*args)`` for every argument the op
-accepts (the op registry's tests check each op against its reference).
+Identity: ``rocs::<name>(*args) == ROCS_OPS[name].portable_form(*args)`` for every argument the op
+accepts (the op registry's tests check each op and each portable form against the reference).
 """
 
 from __future__ import annotations
@@ -37,13 +40,13 @@ def _positional(target: Any, args: tuple, kwargs: dict) -> tuple:
 
 
 class PortableInterpreter(fx.Interpreter):
-    """Runs a rewritten graph with each ``rocs::`` op replaced by its reference."""
+    """Runs a rewritten graph with each ``rocs::`` op replaced by its portable form."""
 
     def call_function(self, target: Any, args: tuple, kwargs: dict) -> Any:
         op = rocs_op_for(target)
         if op is None:
             return super().call_function(target, args, kwargs)
-        return op.reference(*_positional(target, args, kwargs))
+        return op.portable_form(*_positional(target, args, kwargs))
 
 
 def rocs_ops_in(program: torch.export.ExportedProgram) -> list[str]:

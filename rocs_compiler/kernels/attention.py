@@ -20,7 +20,10 @@ CPU path: candidates are grouped by request (``request_groups.py``). For a group
 with c candidates each, the queries of a request's candidates are stacked along the query
 axis, ``[G, H, c * Lq, D]``, and one SDPA call runs against that request's K/V, so each
 K/V is read once and never replicated. CUDA path: flash-attention style kernel in
-``attention_triton.py``. FLOPs: ``4 N H Lq L D`` (the two matmuls, as torch counts SDPA).
+``attention_triton.py``. Portable programs (``export/portable.py``) run
+``attention_portable.py`` instead of the reference: the same value, the candidates of a request
+as rows of one query sequence, in ops that export with dynamic R and N. FLOPs: ``4 N H Lq L D``
+(the two matmuls, as torch counts SDPA).
 
 Backward (torch, any device), grouped as the CPU forward is: per group the probabilities
 ``P = softmax(scale * Q K.T + mask)`` are recomputed (one matmul; fully masked rows are zero, as
@@ -42,6 +45,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from rocs_compiler.kernels.attention_portable import per_request_attention
 from rocs_compiler.kernels.common import check_same_dtype, check_shape
 from rocs_compiler.kernels.request_groups import group_by_request
 from rocs_compiler.kernels.rocs_op import RocsOp, define, vjp
@@ -210,6 +214,7 @@ BROADCAST_ATTENTION = define(
         cpu=_cpu,
         triton="attention_triton:broadcast_attention",
         reference=_reference,
+        portable=per_request_attention,
         backward=_backward,
         index_arg=3,
     )

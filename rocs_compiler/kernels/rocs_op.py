@@ -62,6 +62,10 @@ class RocsOp:
     ``backward(needs, grad, *args)`` (``needs``: which arguments want a gradient) returns one gradient per argument (None where there is none; a list
     for a list argument); without it the backward differentiates ``differentiable`` (default:
     ``reference``) again from the saved arguments.
+
+    ``portable`` is the plain-torch form that portable programs run (``export/portable.py``)
+    where the reference's materialized broadcast would cost more than the op itself (default:
+    ``reference``); it equals the reference for every argument the op accepts.
     """
 
     name: str
@@ -75,11 +79,18 @@ class RocsOp:
     dispatch: Callable[..., torch.Tensor] = first_tensor
     backward: Optional[Callable[..., tuple]] = None
     differentiable: Optional[Callable[..., torch.Tensor]] = None
+    portable: Optional[Callable[..., torch.Tensor]] = None
 
     @property
     def schema(self) -> str:
         """The op's schema, defined once for every op in ``op_schemas.SCHEMAS``."""
         return SCHEMAS[self.name]
+
+    @property
+    def portable_form(self) -> Callable[..., torch.Tensor]:
+        """What a portable program computes in place of the op: ``portable``, else the
+        reference."""
+        return self.portable or self.reference
 
     @property
     def overload(self) -> torch._ops.OpOverload:
