@@ -61,6 +61,11 @@ class PipelineResult:
     def length_symbols(self) -> dict[str, Any]:
         """``{input name: size symbol}`` of each input whose example marked a dim past the batch
         dynamic (a history length): the first such dim's symbol."""
+        return {name: size.node.expr for name, size in self.length_sizes().items()}
+
+    def length_sizes(self) -> dict[str, Any]:
+        """``{input name: symbolic size}`` behind :meth:`length_symbols` (its ``node.hint`` is
+        the example's length)."""
         vals = {
             n.name: n.meta.get("val")
             for n in self.captured.graph_module.graph.nodes
@@ -72,7 +77,7 @@ class PipelineResult:
             dims = getattr(val, "shape", ())[1 if self.captured.batched.get(name) else 0 :]
             for size in dims:
                 if not isinstance(size, int):
-                    symbols[name] = size.node.expr
+                    symbols[name] = size
                     break
         return symbols
 

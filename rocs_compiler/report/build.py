@@ -285,14 +285,15 @@ def build_report(
 def _growing(result, costs: dict, lengths: dict) -> set[str]:
     """Names of the nodes whose FLOPs grow with a history length: those counted higher with
     every dynamic length doubled (from ``lengths``, else from the example's value)."""
-    symbols = result.length_symbols()
-    first = {}  # one input names each size: inputs tied to one size share it
-    for name, symbol in symbols.items():
-        first.setdefault(symbol, name)
-    doubled_at = {}
-    for symbol, name in first.items():
-        given = [lengths[n] for n, s in symbols.items() if s == symbol and n in lengths]
-        doubled_at[name] = 2 * max(given[0] if given else _example_value(result, symbol), 1)
+    sizes = result.length_sizes()
+    doubled_at, seen = {}, set()
+    for name, size in sizes.items():  # one input names each size: tied inputs share it
+        symbol = size.node.expr
+        if symbol in seen:
+            continue
+        seen.add(symbol)
+        given = [lengths[n] for n, s in sizes.items() if s.node.expr == symbol and n in lengths]
+        doubled_at[name] = 2 * max(given[0] if given else int(size.node.hint), 1)
     if not doubled_at:
         return set()
     doubled = result.costs_at(doubled_at)
@@ -301,12 +302,3 @@ def _growing(result, costs: dict, lengths: dict) -> set[str]:
         for name, cost in costs.items()
         if (doubled[name].per_row, doubled[name].fixed) != (cost.per_row, cost.fixed)
     }
-
-
-def _example_value(result, symbol) -> int:
-    """The value a size symbol had in the example batch."""
-    for node in result.captured.graph_module.graph.nodes:
-        for size in getattr(node.meta.get("val"), "shape", ()):
-            if not isinstance(size, int) and size.node.expr == symbol:
-                return int(size.node.hint)
-    return 1
