@@ -40,7 +40,11 @@ def _compiled(model):
     example = din.make_batch([4, 3]).replicated()
     for name in ("hist_item_ids", "hist_cat_ids"):
         torch._dynamo.mark_dynamic(example[name], 1)
-    return rocs.compile(model, list(din.REQUEST_INPUTS), example_kwargs=example)
+    # Each call's histories are half padding: jagged calls would cut them (benchmarks/jagged_histories.py);
+    # this table compares eager and rocs at the same width.
+    return rocs.compile(
+        model, list(din.REQUEST_INPUTS), example_kwargs=example, options={"jagged": False}
+    )
 
 
 def _call(length: int, candidates: int, seed: int) -> tuple[dict, torch.Tensor]:

@@ -201,7 +201,7 @@ class DCAHSTU(nn.Module):
 
     def forward(self, hist_item_ids, hist_actions, item_id) -> torch.Tensor:
         length = hist_item_ids.shape[1]
-        positions = self.position(torch.arange(length + 1, device=item_id.device))
+        positions = self.position.weight[: length + 1]  # a slice caps the length at the table
         history = self.item_table(hist_item_ids) + self.action_table(hist_actions)
         history = history + positions[:length]
         candidate = self.item_table(item_id).unsqueeze(1) + positions[length]

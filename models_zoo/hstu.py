@@ -6,7 +6,8 @@ Each layer computes, from x [N, L, D]:
     x = x + W_o (U * LayerNorm(A V))
 The logit comes from the candidate token's final state.
 
-Inputs, replicated layout (N rows, L = 24):
+Inputs, replicated layout (N rows, L = 24 by default; any L from 1 to HIST_LEN, the positional
+table's rows less the candidate's, with the length marked dynamic in the example):
     hist_item_ids  int64 [N, L]  request    engaged items, oldest first, 0 = padding
     hist_actions   int64 [N, L]  request    action type per engagement, 0 = padding
     item_id        int64 [N]     candidate
@@ -49,7 +50,11 @@ class HSTULayer(nn.Module):
         u, v, q, k = F.silu(self.uvqk(self.norm_in(x))).split(self.dim, dim=-1)
         q, k, v = (t.view(n, s, self.heads, -1).transpose(1, 2) for t in (q, k, v))
         attn = F.silu(torch.matmul(q, k.transpose(-2, -1))) / s  # [N, H, L, L]
-        mask = self.causal[:s, :s] & valid[:, None, None, :]
+        # ``causal[:s, :s]`` computed, not sliced from the buffer: an [s, s] slice of a
+        # [max_len, max_len] buffer is contiguous only at s = max_len, and tracing that view
+        # fixes a dynamic length to max_len (the positional table caps the length instead).
+        pos = torch.arange(s, device=x.device)
+        mask = (pos[None, :] <= pos[:, None]) & valid[:, None, None, :]
         attn = attn.masked_fill(~mask, 0.0)
         a = torch.matmul(attn, v).transpose(1, 2).reshape(n, s, self.dim)
         return x + self.out(u * self.norm_attn(a))
@@ -77,8 +82,8 @@ class HSTU(nn.Module):
         hist = self.item_table(hist_item_ids) + self.action_table(hist_actions)
         cand = self.item_table(item_id).unsqueeze(1)
         x = torch.cat([hist, cand], dim=1)  # [N, L + 1, D]
-        positions = torch.arange(x.size(1), device=x.device)
-        x = x + self.position(positions)
+        # The first L + 1 rows of the positional table, which caps the length at HIST_LEN.
+        x = x + self.position.weight[: x.size(1)]
         valid = torch.cat([hist_item_ids, item_id.unsqueeze(1)], dim=1) != 0
         for layer in self.layers:
             x = layer(x, valid)

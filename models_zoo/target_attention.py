@@ -4,7 +4,8 @@ The user's recent items pass through a small transformer encoder (self-attention
 history only); the candidate item then attends over the encoded history with scaled dot-product
 attention. Written for replicated inputs, as a practitioner would.
 
-Inputs, replicated layout (N rows, L = 64):
+Inputs, replicated layout (N rows, L = 64 by default; any L from 1 to HIST_LEN, the rows of the
+positional table, with the length marked dynamic in the example):
     user_profile   int64   [N, 2]  request    user id bucket, country
     hist_item_ids  int64   [N, L]  request    recent items, 0 = padding
     item_id        int64   [N]     candidate
@@ -68,7 +69,8 @@ class TargetAttention(nn.Module):
     def forward(self, user_profile, hist_item_ids, item_id, item_cat) -> torch.Tensor:
         batch = hist_item_ids.size(0)
         key_mask = hist_item_ids != 0
-        h = self.item_table(hist_item_ids) + self.position
+        # The first L rows of the positional table: any length up to its HIST_LEN rows.
+        h = self.item_table(hist_item_ids) + self.position[: hist_item_ids.size(1)]
         for layer in self.encoder:
             h = layer(h, key_mask)
         target = self.item_table(item_id) + self.cat_table(item_cat)

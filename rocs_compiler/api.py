@@ -25,6 +25,8 @@ from .runtime.modes.eval_mode import EvalMode
 from .runtime.follow.guards import Guards
 from .runtime.follow.mislabel import example_finding
 from .runtime.follow.nesting import NestingParameters
+from .runtime.call.jagged import jagged_calls
+from .runtime.call.nested_histories import padded_example
 from .runtime.call.plain import PlainProgram
 from .runtime.training.program import TrainingProgram, draws_per_request, warn_random_fallbacks
 from .runtime.cache.request_cache import RequestCache
@@ -82,6 +84,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     if torch.distributed.is_available():
         refuse_wrapped(model)  # DDP: wrap the compiled model (``runtime/training/distributed.py``)
         refuse_sharded(model)  # FSDP2: shard after compiling
+    example_kwargs = padded_example(example_kwargs)  # nested histories: padded, length dynamic
     prepared = prepare(model, request_inputs, example_inputs, example_kwargs or {})
 
     def _again(memo: dict) -> CompiledModel:  # ``copy.deepcopy(compiled)``
@@ -139,6 +142,10 @@ def compile(  # noqa: A001 - mirrors torch.compile
     if request_cache is not None:
         attach_cache(compiled, request_cache)
     compiled.pipeline_result = result  # logical and shared graphs, for inspection tools
+    if options.jagged and not options.training and not prepared.format.converts:
+        jagged, refused = jagged_calls(result, compiled.contract)
+        object.__setattr__(compiled, "_jagged", jagged)
+        object.__setattr__(compiled, "jagged_refused", refused)
     compiled._mislabel.finding = example_finding(compiled.contract, prepared.args, prepared.kwargs)
     return _copyable(compiled, _again)
 

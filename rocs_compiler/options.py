@@ -49,6 +49,11 @@ class Options:
         "through the model's own parameters (rocs.compile(..., training=True))",
     )
 
+    jagged: bool = _option(
+        True,
+        "run a shared-layout call whose histories are padded past most requests' lengths as "
+        "groups of requests cut to their lengths, where the model provably ignores the padding",
+    )
     request_dropout: str = _option(
         "per_impression",
         "training: 'per_impression' draws dropout on request-side values once per impression, "

@@ -46,11 +46,12 @@ class PipelineResult:
             self._costs = node_costs(self.logical_graph, self.captured.batch_symbol)
         return self._costs
 
-    def unit_flops(self) -> tuple[float, float]:
-        """(FLOPs per request, FLOPs per candidate) of the logical graph: what the runtime's
-        program choice weighs the two programs by."""
+    def unit_flops(self, lengths: Mapping[str, int] | None = None) -> tuple[float, float]:
+        """(FLOPs per request, FLOPs per candidate) of the logical graph, at the history
+        ``lengths`` (``{input: length}``, :meth:`costs_at`) or else the example's: what the
+        runtime's program choice weighs the two programs by."""
         per_role = {Role.REQUEST: 0.0, Role.CANDIDATE: 0.0}
-        costs = self.costs
+        costs = self.costs_at(lengths) if lengths else self.costs
         for node in self.logical_graph.graph.nodes:
             cost = costs.get(node.name)
             role = node.meta.get(ROLE)

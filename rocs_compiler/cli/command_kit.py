@@ -32,12 +32,14 @@ def _ensure_eval(target: Target, console: Console) -> None:
         target.model.eval()
 
 
-def compile_target(target: Target, args):
+def compile_target(target: Target, args, example_kwargs=None):
+    """``target``'s model compiled from its example (``example_kwargs``: another one)."""
     import rocs_compiler as rocs
 
     _ensure_eval(target, args.console)
     return rocs.compile(
-        target.model, target.request_inputs, example_kwargs=target.example_kwargs,
+        target.model, target.request_inputs,
+        example_kwargs=target.example_kwargs if example_kwargs is None else example_kwargs,
         options=args.options,
     )  # fmt: skip
 

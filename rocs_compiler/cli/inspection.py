@@ -25,11 +25,17 @@ class Inspection:
 def inspect_model(target: Target, args) -> Inspection:
     from ..report.render import view_from_exported, view_from_pipeline
     from ..report.build import build_report
+    from ..runtime.call.jagged import jagged_summary
 
-    compiled = compile_target(target, args)
+    specs = getattr(args, "length", None) or []
+    compiled = compile_target(target, args, _marked_example(target, specs) if specs else None)
     result = compiled.pipeline_result
     with stage("costs"):
-        report = build_report(result, num_candidates(args), args.requests, target.model)
+        at = {names[0]: lengths[0] for names, lengths in specs}
+        report = build_report(result, num_candidates(args), args.requests, target.model, at)
+        report.jagged = jagged_summary(compiled._jagged, compiled.jagged_refused)
+        if specs:
+            report.by_length = _by_length(result, target, args, specs)
     _warn_mislabel(compiled, target, report, args.console)
     if args.graph == "shared":
         import rocs_compiler as rocs
@@ -40,6 +46,46 @@ def inspect_model(target: Target, args) -> Inspection:
     else:
         view = view_from_pipeline(result, graph=args.graph)
     return Inspection(report, view, compiled)
+
+
+def _marked_example(target: Target, specs) -> dict:
+    """The target's example with dim 1 of every input ``--length`` names marked dynamic (copies:
+    the target's own tensors stay unmarked)."""
+    import torch
+
+    from ..errors import TargetError
+
+    example = dict(target.example_kwargs or {})
+    for names, _ in specs:
+        for name in names:
+            value = example.get(name)
+            if not isinstance(value, torch.Tensor) or value.dim() < 2:
+                have = ", ".join(n for n, v in example.items() if getattr(v, "dim", lambda: 0)() >= 2)
+                raise TargetError(
+                    f"--length names {name!r}, which is not an example input with a dim past its "
+                    f"rows (inputs with one: {have or 'none'})"
+                )
+            example[name] = value.clone()
+            torch._dynamo.mark_dynamic(example[name], 1)
+    return example
+
+
+def _by_length(result, target: Target, args, specs) -> list[dict]:
+    """FLOPs per request and per candidate at each length of the first ``--length`` (the others
+    at their first length)."""
+    from ..report.build import build_report
+
+    (names, lengths), rest = specs[0], specs[1:]
+    fixed = {other[0]: values[0] for other, values in rest}
+    rows = []
+    for length in lengths:
+        at = build_report(result, num_candidates(args), args.requests, target.model,
+                          {names[0]: length, **fixed})  # fmt: skip
+        rows.append({
+            "input": names[0], "length": length, "request_flops": at.request_flops,
+            "candidate_flops": at.candidate_flops, "ideal_speedup": at.ideal_speedup(),
+        })  # fmt: skip
+    return rows
 
 
 def _warn_mislabel(compiled, target: Target, report, console: Console) -> None:

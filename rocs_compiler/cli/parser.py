@@ -29,6 +29,15 @@ def _names(text: str) -> list[str]:
     return [n.strip() for n in text.split(",") if n.strip()]
 
 
+def _length_spec(text: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """``NAMES=L[,L...]`` -> (names, lengths); NAMES joined by '+'."""
+    names, sep, lengths = text.partition("=")
+    if not sep or not names or not lengths:
+        raise argparse.ArgumentTypeError(f"expected NAMES=L[,L...], got {text!r}")
+    values = tuple(_positive(v) for v in lengths.split(","))
+    return tuple(n.strip() for n in names.split("+") if n.strip()), values
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -178,6 +187,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         metavar="R",
         help="requests per batch, each with --candidates candidates (default 1)",
+    )
+    inspect.add_argument(
+        "--length",
+        type=_length_spec,
+        action="append",
+        metavar="NAMES=L[,L...]",
+        help="count FLOPs at history length L: NAMES (inputs joined by '+', those the model "
+        "ties) get their dim 1 marked dynamic in the example; several lengths print FLOPs per "
+        "request and per candidate at each, e.g. --length hist_item_ids+hist_cat_ids=10,50,2048",
     )
     inspect.add_argument("--format", choices=["text", "json", "dot", "svg", "html"], default="text")
     inspect.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")

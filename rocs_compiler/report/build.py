@@ -53,6 +53,8 @@ class Report:
     note: str = ""
     modules: list[ModuleRow] = field(default_factory=list)
     lengths: dict[str, int] = field(default_factory=dict)  # history lengths counted, by input
+    jagged: str = ""  # whether calls cut each history to its length, and why not
+    by_length: list[dict] = field(default_factory=list)  # FLOPs at several history lengths
     # The pipeline result the report describes, for drawings (not part of the data).
     _pipeline: Any = field(default=None, repr=False, compare=False)
 
@@ -99,6 +101,8 @@ class Report:
             "note": self.note,
             "modules": [asdict(m) for m in self.modules],
             "lengths": dict(self.lengths),
+            "jagged": self.jagged,
+            "by_length": [dict(row) for row in self.by_length],
         }
 
     def to_json(self, **kwargs) -> str:
@@ -118,6 +122,16 @@ class Report:
             at = ", ".join(f"{name}={length}" for name, length in self.lengths.items())
             grows = sum(node.grows for node in self.nodes)
             lines.append(f"history lengths    : {at} ({grows} nodes grow with them)")
+        if self.jagged:
+            lines.append(f"jagged calls       : {self.jagged}")
+        if self.by_length:
+            lines.append(f"by history length  : {self.by_length[0]['input']}")
+            lines.append(f"  {'length':>8} {'FLOPs/request':>14} {'FLOPs/candidate':>16} {'ideal':>8}")
+            for row in self.by_length:
+                lines.append(
+                    f"  {row['length']:>8} {_fmt(row['request_flops']):>14} "
+                    f"{_fmt(row['candidate_flops']):>16} {row['ideal_speedup']:>7.2f}x"
+                )
         if self.pass_counts:
             fired = ", ".join(f"{k}={v}" for k, v in sorted(self.pass_counts.items()) if v)
             lines.append(f"rewrites fired     : {fired or 'none'}")

@@ -28,7 +28,9 @@ from ..formats.base import InputFormat
 from .call import lanes, path
 from .call.contract import InputContract
 from .call.grouping import has_request_work
+from .call.jagged import jagged_summary
 from .call.input_checks import InputSpecs
+from .call.lengths import LengthDims
 from .call.original_arm import OriginalArm
 from .call.plain import PlainProgram, constant_output_positions
 from .choice.program_choice import ProgramChoice
@@ -72,7 +74,7 @@ class CompiledModel(nn.Module):
         fallback_reason: Optional[str] = None,
         weight_names: Optional[Mapping[str, str]] = None,
         plain: Optional[PlainProgram] = None,
-        unit_flops: Optional[Callable[[], tuple[float, float]]] = None,
+        unit_flops: Optional[Callable[..., tuple[float, float]]] = None,  # ``prior.py``
         input_format: Optional[InputFormat] = None,
         weights_from: Optional[nn.Module] = None,
         guards=NO_GUARDS,  # ``runtime/follow/guards.py``: the model is still the one compiled
@@ -101,6 +103,10 @@ class CompiledModel(nn.Module):
         self._weights_read = no_backward.weights_read_by_outputs(graph_module)
         batched = contract.batched if contract is not None else {}
         self._input_specs = InputSpecs.of_graph(graph_module, placeholder_of, batched)
+        # Where a call's dynamic lengths are read, for its bucket's length class; None: no
+        # dynamic length, nothing read per call (``runtime/call/lengths.py``).
+        input_names = contract.input_names if contract is not None else ()
+        object.__setattr__(self, "_lengths", LengthDims.of_specs(self._input_specs, input_names))
         # Not a submodule either: a view of graph_module's tensors, rebuilt when they move or
         # when a weight refresh replaced one of them (a new ``_weights.epoch``).
         object.__setattr__(self, "_runner", None)
@@ -114,7 +120,8 @@ class CompiledModel(nn.Module):
         # Per bucket settled on the plain program, it or the original model (``original_arm.py``).
         arm = OriginalArm() if plain is not None and original is not None else None
         object.__setattr__(self, "_originals", arm)
-        object.__setattr__(self, "_unit_flops", None)  # (per request, per candidate), on first use
+        # Per length class, (FLOPs per request, per candidate), on first use (``prior.py``).
+        object.__setattr__(self, "_unit_flops", {})
         request_names = contract.request_inputs if contract is not None else ()
         self._request_set = frozenset(request_names)
         self._mislabel = MislabelWatch(request_names)  # names a varying request input
@@ -140,6 +147,8 @@ class CompiledModel(nn.Module):
 
     _cache = None  # a ``request_cache.CachedGraph`` when a request cache is attached
     _autocast = None  # ``runtime/modes/autocast.py``: programs for calls under torch.autocast
+    _jagged = None  # ``runtime/call/jagged.py``: calls grouped by history length
+    jagged_refused = None  # why calls keep their padded width (None: no history length, or jagged)
 
     def __setattr__(self, name: str, value: Any) -> None:
         # The compiled model's own state stays its own; anything else (a parameter or submodule
@@ -180,6 +189,7 @@ class CompiledModel(nn.Module):
         if self._report_builder is None:
             raise RuntimeError("this compiled model was built without a report")
         built = self._report_builder(candidates * requests, requests, lengths)
+        built.jagged = jagged_summary(self._jagged, self.jagged_refused)
         report = self._mislabel.annotate(built)
         return report if self._cache is None else self._cache.annotate(report)
 
@@ -193,9 +203,11 @@ class CompiledModel(nn.Module):
     call_replicated = path.call_replicated  # the call path's own function, bound as the method
 
     def program_choices(self) -> dict[tuple, str]:
-        """Per call bucket ``(layout, rows bits, requests bits)``, the program it runs, ``"shared"``
-        or ``"plain"``, for the buckets decided so far (training calls: layouts ``train-*``,
-        ``"plain"`` being the original model; a training compile's calls in eval mode: layouts
+        """Per call bucket ``(layout, rows bits, requests bits, *length class)`` (the length class:
+        the bit length of each dynamic size of the call, ``runtime/call/lengths.py``; none for a
+        model without dynamic lengths), the program it runs, ``"shared"`` or ``"plain"``, for the
+        buckets decided so far (training calls: layouts ``train-*``, ``"plain"`` being the
+        original model; a training compile's calls in eval mode: layouts
         ``eval-*``, decided by its eval-mode program)."""
         choices = {} if self._choice is None else self._choice.decisions()
         training = self._training.choice if self._training is not None else None
@@ -237,6 +249,7 @@ class CompiledModel(nn.Module):
         object.__setattr__(compiled, "_guards", self._guards)
         compiled._weights_read = self._weights_read
         compiled._input_specs = self._input_specs
+        object.__setattr__(compiled, "_lengths", self._lengths)
         return compiled
 
     def refresh_weights(self) -> None:

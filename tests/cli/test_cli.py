@@ -436,3 +436,30 @@ def test_python_dash_m_entry():
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "dlrm" in proc.stdout
+
+
+def test_inspect_counts_flops_at_the_history_lengths_it_is_given(capsys):
+    """``--length NAMES=L,...`` marks the named histories dynamic in the example and counts
+    FLOPs per request and per candidate at each length; DIN's grow linearly with it."""
+    code, out, _ = run(
+        capsys, "inspect", "models_zoo:din", "--length", "hist_item_ids+hist_cat_ids=10,20,40",
+        "--candidates", "64", "--format", "json",
+    )  # fmt: skip
+    assert code == 0
+    data = json.loads(out)
+    rows = {row["length"]: row for row in data["by_length"]}
+    assert set(rows) == {10, 20, 40} and data["lengths"] == {"hist_item_ids": 10}
+    for side in ("request_flops", "candidate_flops"):
+        step = rows[20][side] - rows[10][side]
+        assert step > 0 and rows[40][side] - rows[20][side] == pytest.approx(2 * step)
+    assert data["jagged"].startswith("on:")
+    code, out, _ = run(capsys, "inspect", "models_zoo:din", "--length", "hist_item_ids+hist_cat_ids=10,2048")
+    assert code == 0 and "by history length  : hist_item_ids" in out
+    assert "2048" in out.split("by history length")[1]
+
+
+def test_inspect_refuses_a_length_for_an_input_without_one(capsys):
+    code, _, err = run(capsys, "inspect", "models_zoo:din", "--length", "item_id=10")
+    assert code == 1 and "--length names 'item_id'" in err and "hist_item_ids" in err
+    with pytest.raises(SystemExit):
+        cli.main(["inspect", "models_zoo:din", "--length", "hist_item_ids"])

@@ -92,16 +92,16 @@ def test_a_training_compile_gives_eagers_gradients_at_every_length(layout):
 
 
 def test_a_length_the_model_fixes_is_refused_at_compile_time_with_the_line_that_fixes_it():
-    from models_zoo import target_attention
+    """BST adds its positional table whole (L + 1 rows) and its head reads the flattened
+    positions, a width fixed at L + 1 (the zoo's models that take any length up to a cap:
+    ``test_zoo_history_lengths.py``)."""
+    from models_zoo import bst
 
-    example = target_attention.make_batch([4, 3]).replicated()
+    example = bst.make_batch([4, 3]).replicated()
     torch._dynamo.mark_dynamic(example["hist_item_ids"], 1)
-    with pytest.raises(rocs.CompileError, match=r"(?s)self\.position.*specialized it to be a constant \(64\)"):
-        rocs.compile(
-            target_attention.build().eval(),
-            list(target_attention.REQUEST_INPUTS),
-            example_kwargs=example,
-        )
+    fixed = r"(?s)self\.position.*specialized it to be a constant \(20\)"
+    with pytest.raises(rocs.CompileError, match=fixed):
+        rocs.compile(bst.build().eval(), list(bst.REQUEST_INPUTS), example_kwargs=example)
 
 
 def test_the_cost_model_counts_a_marked_length_at_the_examples_value(compiled):

@@ -528,3 +528,25 @@ def test_backward_through_the_backend_names_the_training_compile():
         out = compiled(**batch.replicated())
     with pytest.raises(RuntimeError, match=r"rocs.compile\(\.\.\., training=True\)"):
         out.sum().backward()
+
+
+@pytest.mark.parametrize("layout", ["shared", "dropin"])
+def test_an_empty_batch_backpropagates_zero_gradients(layout):
+    """A call without candidates (a rank whose data loader ran dry): the table lookups'
+    gradients reshape zero rows, which must not be ambiguous."""
+    entry = ZOO["din"]
+    model = entry.build().eval()
+    cm = rocs.compile(
+        model, list(entry.request_inputs), example_kwargs=entry.make_batch([4, 3]).replicated(),
+        training=True,
+    )  # fmt: skip
+    batch = entry.make_batch([2, 3])
+    if layout == "shared":
+        kwargs = {n: v[:0] for n, v in batch.kwargs.items()}
+        out = cm(**kwargs, candidate_to_request=torch.zeros(0, dtype=torch.int64))
+    else:
+        out = cm(**{n: v[:0] for n, v in batch.replicated().items()})
+    assert out.shape == (0,)
+    out.sum().backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(not g.any() for g in grads)

@@ -27,9 +27,9 @@ written after they are made.
 
 Whether it pays: hashing the request inputs and putting rows together cost time on every
 call; where the request region is cheap or requests rarely repeat, that is a loss. Per call
-bucket (layout sizes, as the program choice buckets them) the cache runs alone for a warm-up,
-then ``CACHE_TRIALS`` calls per arm alternate with and without it, and the bucket keeps the cache
-only if its mean time (the highest and lowest call aside) leads by ``CACHE_MARGIN``
+bucket (sizes and length class, as the program choice buckets them) the cache runs alone for a
+warm-up, then ``CACHE_TRIALS`` calls per arm alternate with and without it, and the bucket keeps
+the cache only if its mean time (the highest and lowest call aside) leads by ``CACHE_MARGIN``
 (``CacheChoice``); a bucket that drops it computes exactly as without one.
 """
 
@@ -270,7 +270,8 @@ class CachedGraph:
         self.cache.follow(stamp)
         if not self.cache.autotune:
             return self._cached(programs, inputs, requests, rows, index, stamp)
-        key = bucket("cache", index.shape[0], rows)
+        lengths = () if model._lengths is None else model._lengths.of_inputs(inputs)
+        key = bucket("cache", index.shape[0], rows, lengths)
         choice = self._choice
         program = choice.decided(key)
         if program is None and self._calls.get(key, 0) < WARMUP:
@@ -392,8 +393,9 @@ class CachedGraph:
 
 
 def _describe(key: tuple) -> str:
-    _, n_bits, r_bits = key
-    return f"N<{1 << n_bits}, R<{1 << r_bits}"
+    _, n_bits, r_bits, *length_bits = key
+    lengths = "".join(f", L<{1 << bits}" for bits in length_bits)
+    return f"N<{1 << n_bits}, R<{1 << r_bits}{lengths}"
 
 
 def _split_rows(value: torch.Tensor, axis: BatchAxis, rows: int) -> tuple[torch.Tensor, int]:

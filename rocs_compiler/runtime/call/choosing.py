@@ -1,6 +1,6 @@
-"""The choice of lane for a call: the shared or the plain program per call bucket, measured or
-settled by the FLOP prior (``runtime/choice/program_choice.py`` holds the decisions; this module
-asks them).
+"""The choice of lane for a call: the shared or the plain program per call bucket (its layout,
+sizes and length class, ``lengths.py``), measured or settled by the FLOP prior at the call's
+lengths (``runtime/choice/program_choice.py`` holds the decisions; this module asks them).
 
 Identity: both programs return the original's outputs, so a bucket may run either; only speed
 differs, and the choice keeps the faster one.
@@ -39,7 +39,8 @@ def runs_as_given(cm, call: Call, given: dict, replicated: frozenset) -> bool:
     check_index(cm, call, given)
     num_candidates = call.index.shape[0]
     num_requests = call.requests_reached(num_candidates)
-    return cm._choice.decided(bucket("shared", num_candidates, num_requests)) == PLAIN
+    lengths = () if cm._lengths is None else cm._lengths.of(given)
+    return cm._choice.decided(bucket("shared", num_candidates, num_requests, lengths)) == PLAIN
 
 
 def shared_choosing(cm, call: Call, leaves: dict, given: dict, reducing: float = 0.0):
@@ -52,7 +53,8 @@ def shared_choosing(cm, call: Call, leaves: dict, given: dict, reducing: float =
     first = contract.request_inputs[0] if contract.request_inputs else None
     rows = leaves[first].shape[0] if first is not None and leaves[first].dim() else 0
     num_candidates = index.shape[0] if isinstance(index, torch.Tensor) and index.dim() else 0
-    key = bucket("shared", num_candidates, rows)
+    lengths = () if cm._lengths is None else cm._lengths.of(leaves)
+    key = bucket("shared", num_candidates, rows, lengths)
     program = choice.decided(key)
     if program == PLAIN:  # a decided bucket is called directly: no closures per call
         return shared_plain(cm, call, leaves, given)
@@ -62,9 +64,9 @@ def shared_choosing(cm, call: Call, leaves: dict, given: dict, reducing: float =
         key,
         lambda: run(cm, call, leaves, *check_shared(cm, call, leaves)),
         lambda: shared_plain(cm, call, leaves, given),
-        lambda: settle_if_clear(cm, key, num_candidates, rows),
+        lambda: settle_if_clear(cm, key, num_candidates, rows, leaves),
         shared_extra=reducing,
-        margin=margin(cm, num_candidates, rows),
+        margin=margin(cm, num_candidates, rows, lengths=lengths, leaves=leaves),
         clock=trial_clock(index),
     )
 
@@ -78,33 +80,35 @@ def shared_plain(cm, call: Call, leaves: dict, given: dict):
 
 def dropin_choosing(cm, call: Call, leaves: dict):
     """A drop-in call under the program choice: the requests are found first (their number
-    is part of the bucket) unless every bucket of this row count chose the plain program."""
+    is part of the bucket) unless every bucket of this row class (row count and length class)
+    chose the plain program."""
     choice = cm._choice
     rows = batch_rows(cm, leaves, cm.contract.batched_inputs)
-    row_class = bucket("dropin", rows)[:2]
+    lengths = () if cm._lengths is None else cm._lengths.of(leaves)
+    row_class = ("dropin", rows.bit_length()) + lengths  # ``program_choice.row_class``
     if choice.everywhere(row_class) == PLAIN:
-        return settled_dropin_plain(cm, row_class + (0,), leaves)
+        return settled_dropin_plain(cm, ("dropin", row_class[1], 0) + lengths, leaves)
     clock = trial_clock(leaves[cm.contract.batched_inputs[0]])
     start = clock()
     requests, index, uniform = group(cm, leaves)
     finding = clock() - start
     num_requests = next(iter(requests.values())).shape[0] if requests else rows
-    key = bucket("dropin", rows, num_requests)
+    key = bucket("dropin", rows, num_requests, lengths)
     program = choice.decided(key)
     if program is not None:
         return run_plain(cm, leaves, None) if program == PLAIN else run(
             cm, call, leaves, requests, index, uniform
         )
-    # Finding requests is the shared program's cost only while no bucket of the row count
+    # Finding requests is the shared program's cost only while no bucket of the row class
     # shares; after that every call pays it (``runtime/choice/program_choice.py``).
     alone = not choice.shares_in(row_class)
     return choice.run(
         key,
         lambda: run(cm, call, leaves, requests, index, uniform),
         lambda: run_plain(cm, leaves, None),
-        lambda: settle_if_clear(cm, key, rows, num_requests),
+        lambda: settle_if_clear(cm, key, rows, num_requests, leaves),
         shared_extra=finding if alone else 0.0,
-        margin=margin(cm, rows, num_requests, DROPIN_MARGIN if alone else 0.0),
+        margin=margin(cm, rows, num_requests, DROPIN_MARGIN if alone else 0.0, lengths, leaves),
         clock=clock,
     )
 
@@ -132,12 +136,14 @@ def trial_clock(tensor: Any = None) -> Callable[[], float]:
     return call_clock(isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu")
 
 
-def settle_if_clear(cm, key: tuple, rows: int, num_requests: int) -> Optional[str]:
+def settle_if_clear(
+    cm, key: tuple, rows: int, num_requests: int, leaves: Optional[dict] = None
+) -> Optional[str]:
     """``SHARED`` (and the bucket settled) when, for ``rows`` candidates of ``num_requests``
-    requests, the cost model's FLOP ideal reaches ``CLEAR_GAIN`` and the saving
-    ``CLEAR_SAVING``; else None (measure). Inference calls only (``train`` measures every
-    bucket)."""
-    shared, plain = flops(cm, rows, num_requests)
+    requests at the lengths of the call named ``leaves``, the cost model's FLOP ideal reaches
+    ``CLEAR_GAIN`` and the saving ``CLEAR_SAVING``; else None (measure). Inference calls only
+    (``train`` measures every bucket)."""
+    shared, plain = flops(cm, rows, num_requests, key[3:], leaves)  # at its length class
     if shared <= 0 or plain < CLEAR_GAIN * shared or plain - shared < CLEAR_SAVING:
         return None
     cm._choice.settle(key, SHARED)

@@ -6,9 +6,12 @@ device or feature width would fail deep inside an op ("mat1 and mat2 must have t
 or, worse, compute something eager would not. :meth:`InputSpecs.check` refuses such a call before
 any compute with an ``InputError`` naming the input, what it got and what the model was compiled
 for. Dynamic dims the model ties together (two histories it concatenates: one size symbol in the
-graph) must agree in every call; a call where they differ is refused naming both inputs. A
-compiled model moved with ``.to(device or dtype)`` expects its inputs moved the same way
-(:meth:`InputSpecs.moved`).
+graph) must agree in every call; a call where they differ is refused naming both inputs. A size
+the model caps (a positional table of 64 rows sliced to the history's length: capture leaves the
+length's symbol a range of at most 64) is checked in every call too, and a longer one refused
+naming the input, its size and the cap, where the graph would fail deep inside an op or, sliced
+another way, truncate silently. A compiled model moved with ``.to(device or dtype)`` expects its
+inputs moved the same way (:meth:`InputSpecs.moved`).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Optional
 
+import sympy
 import torch
 from torch import fx
 
@@ -29,6 +33,7 @@ class _Spec:
     sizes: tuple  # every dim but the batch dim (batched) or every dim; None where symbolic
     batched: bool
     symbols: tuple = ()  # per dim of ``sizes``, the graph's size symbol where symbolic
+    caps: tuple = ()  # per dim of ``sizes``, the largest size the graph allows where it caps one
 
 
 class InputSpecs:
@@ -36,7 +41,8 @@ class InputSpecs:
         self._specs = dict(specs)
         # What a call that fits exactly compares: (name, dtype, device, sizes, batched).
         self._exact = [(n, s.dtype, s.device, s.sizes, s.batched) for n, s in self._specs.items()]
-        self._ties = _tied_dims(self._specs)
+        self._ties = {s: dims for s, dims in _symbol_dims(self._specs).items() if len(dims) > 1}
+        self._caps = _capped_dims(self._specs)
 
     @classmethod
     def of_graph(
@@ -55,8 +61,14 @@ class InputSpecs:
             dims = val.shape[1:] if is_batched else val.shape
             sizes = tuple(s if isinstance(s, int) else None for s in dims)
             symbols = tuple(None if isinstance(s, int) else str(s) for s in dims)
-            specs[name] = _Spec(val.dtype, val.device, sizes, is_batched, symbols)
+            caps = tuple(_cap(s) for s in dims)
+            specs[name] = _Spec(val.dtype, val.device, sizes, is_batched, symbols, caps)
         return cls(specs)
+
+    def size_dims(self) -> list[tuple[str, int]]:
+        """``(input, dim)`` per symbolic size past the batch dim (a history length): the first
+        dim that carries it, ``dim`` counted with the batch dim."""
+        return [dims[0] for dims in _symbol_dims(self._specs).values()]
 
     def empty_tensors(self) -> list[torch.Tensor]:
         """An empty tensor of each input's dtype and device (what a move is probed with)."""
@@ -83,6 +95,20 @@ class InputSpecs:
                 self._check_one(name, self._specs[name], value)  # symbolic sizes, or an error
         if self._ties:
             self._check_ties(leaves)
+        if self._caps:
+            self.check_caps(leaves)
+
+    def check_caps(self, leaves: Mapping[str, object]) -> None:
+        """Refuse a call with a dynamic size past the largest the compiled graph allows."""
+        for name, dim, symbol, cap in self._caps:
+            value = leaves.get(name)
+            if isinstance(value, torch.Tensor) and value.dim() > dim and value.shape[dim] > cap:
+                raise InputError(
+                    f"input {name!r} has size {value.shape[dim]} at dim {dim}, but the compiled "
+                    f"model takes at most {cap} there: the model caps that size ({symbol} <= "
+                    f"{cap} in its graph: it slices a table of fixed rows to it, a positional "
+                    f"table say); give it at most {cap}, or grow the table and compile again"
+                )
 
     def _check_ties(self, leaves: Mapping[str, object]) -> None:
         """Refuse a call whose inputs disagree on a dynamic size the graph ties together."""
@@ -122,16 +148,42 @@ class InputSpecs:
             )
 
 
-def _tied_dims(specs: Mapping[str, _Spec]) -> dict[str, list[tuple[str, int]]]:
-    """``{size symbol: [(input, dim), ...]}`` for each symbolic size that two or more dims
-    share (the batch dim of batched inputs is the runtime's: R and N are checked elsewhere)."""
+def _symbol_dims(specs: Mapping[str, _Spec]) -> dict[str, list[tuple[str, int]]]:
+    """``{size symbol: [(input, dim), ...]}`` for each symbolic size (the batch dim of batched
+    inputs is the runtime's: R and N are checked elsewhere)."""
     places: dict[str, list[tuple[str, int]]] = {}
     for name, spec in specs.items():
         offset = 1 if spec.batched else 0
         for i, symbol in enumerate(spec.symbols):
             if symbol is not None:
                 places.setdefault(symbol, []).append((name, i + offset))
-    return {symbol: dims for symbol, dims in places.items() if len(dims) > 1}
+    return places
+
+
+def _capped_dims(specs: Mapping[str, _Spec]) -> list[tuple[str, int, str, int]]:
+    """``[(input, dim, size symbol, cap), ...]`` for each dynamic dim whose symbol the graph
+    bounds from above (``dim`` counted with the batch dim)."""
+    capped = []
+    for name, spec in specs.items():
+        offset = 1 if spec.batched else 0
+        for i, (symbol, cap) in enumerate(zip(spec.symbols, spec.caps)):
+            if cap is not None:
+                capped.append((name, i + offset, symbol, cap))
+    return capped
+
+
+def _cap(size: object) -> Optional[int]:
+    """The largest value the captured graph allows a symbolic ``size``: the upper end of its
+    range in the graph's shape environment, where capture refined it (export turns a guard such
+    as ``s <= 64``, from slicing a 64-row table to ``s`` rows, into the symbol's range); None for
+    a constant size or an unbounded one."""
+    if not isinstance(size, torch.SymInt):
+        return None
+    shape_env = getattr(size.node, "shape_env", None)
+    if shape_env is None:
+        return None
+    upper = shape_env.bound_sympy(size.node.expr).upper
+    return int(upper) if isinstance(upper, sympy.Integer) else None  # not int_oo: no cap
 
 
 def _fits(dims: tuple, sizes: tuple) -> bool:

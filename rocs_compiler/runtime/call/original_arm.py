@@ -16,8 +16,8 @@ input specs, which the original meets or refuses itself, nothing converted.
 Identity: the original model's answer on the replicated call is the plain program's (the plain
 program's identity, ``runtime/call/plain.py``, is stated against it) and the compiled model's contract,
 so the choice changes only the time a call takes. Keys are the program choice's buckets; a
-drop-in row class is one key, ``(layout, rows bits, 0)``, since it is only settled on the plain
-program once every bucket of its row count is.
+drop-in row class is one key, ``(layout, rows bits, 0, *length class)``, since it is only settled
+on the plain program once every bucket of its row class is.
 """
 
 from __future__ import annotations
@@ -50,9 +50,10 @@ class OriginalArm:
         self._pending: set[tuple] = set()
         self._lock = threading.Lock()
         self.active = False
-        # Rows bits of drop-in row classes that kept the original: a drop-in row class settled on
-        # the plain program finds no requests, so no new bucket of it is ever measured again.
-        self.dropin_originals: set[int] = set()
+        # Drop-in row classes that kept the original (:func:`dropin_row_class`): a drop-in row
+        # class settled on the plain program finds no requests, so no new bucket of it is ever
+        # measured again.
+        self.dropin_originals: set[int | tuple] = set()
         self.shared_originals: set[tuple] = set()  # shared-layout buckets that kept the original
         self.kept: dict[tuple, str] = {}  # bucket -> PROGRAM or ORIGINAL, read without a lock
 
@@ -86,7 +87,7 @@ class OriginalArm:
             self._pending.discard(key)
             arm = self.kept[key] = _ARM[self._choice.decided(key)]
             if arm == ORIGINAL and key[0] == "dropin":
-                self.dropin_originals.add(key[1])
+                self.dropin_originals.add(dropin_row_class(key))
             elif arm == ORIGINAL and key[0] == "shared":
                 self.shared_originals.add(key)
             self.active = bool(self._pending) or ORIGINAL in self.kept.values()
@@ -101,3 +102,10 @@ class OriginalArm:
     def decisions(self) -> dict[tuple, str]:
         """``{bucket: "plain program" | "original"}`` decided so far."""
         return dict(self.kept)
+
+
+def dropin_row_class(key: tuple) -> int | tuple:
+    """What ``CompiledModel.forward`` finds a drop-in call of the bucket ``key`` by in
+    :attr:`OriginalArm.dropin_originals`: its rows bits, or for a model with dynamic lengths
+    ``(rows bits, *length class)``."""
+    return key[1] if len(key) == 3 else (key[1], *key[3:])

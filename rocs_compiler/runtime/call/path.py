@@ -23,6 +23,7 @@ from .bound import Call
 from .checks import check_replicated, check_shared, reduce_leaves
 from .choosing import dropin_choosing, runs_as_given, shared_choosing, trial_clock
 from .grouping import group
+from .jagged import NOT_SPLIT
 from .choosing import settle_if_clear
 from .prior import margin
 from .lanes import run, run_original, run_plain
@@ -50,6 +51,11 @@ def forward(cm, *args, candidate_to_request: Optional[torch.Tensor] = None, **kw
     if nesting is not None and not decided_for(nesting):
         with fast_path_state(nesting):  # eager's decision for this call's grad and autocast state
             return forward(cm, *args, candidate_to_request=candidate_to_request, **kwargs)
+    jagged = cm._jagged  # ``jagged.py``: None unless the model's histories may be cut
+    if jagged is not None and jagged.applies():
+        result = jagged.run(cm, args, kwargs, candidate_to_request)
+        if result is not NOT_SPLIT:  # groups of requests cut to their lengths, or padded nested
+            return result
     originals = cm._originals
     # Buckets that kept the original model (``runtime/call/original_arm.py``), before the
     # guards: a drop-in row class, or a shared-layout bucket of a call as made.
@@ -61,8 +67,13 @@ def forward(cm, *args, candidate_to_request: Optional[torch.Tensor] = None, **kw
     )
     if kept and candidate_to_request is None:
         rows = cm.contract.first_rows(args, kwargs)
-        if rows is not None and rows.bit_length() in originals.dropin_originals:
-            return cm._call_original(args, kwargs)  # the call as made: no call value needed
+        if rows is not None:
+            row_class = rows.bit_length()  # ``OriginalArm.dropin_originals``
+            lengths = cm._lengths
+            if lengths is not None and originals.dropin_originals:
+                row_class = (row_class, *lengths.of_call(cm.contract, args, kwargs))
+            if row_class in originals.dropin_originals:
+                return cm._call_original(args, kwargs)  # the call as made: no call value needed
     call = Call(args, kwargs, candidate_to_request)  # the call, bound once (``bound.py``)
     if kept and call.index is not None and originals.shared_originals:
         if not cm.input_format.converts:
@@ -114,6 +125,8 @@ def forward_format(cm, call: Call, replicated: bool):
         and not torch.compiler.is_compiling()
     )
     offers = choosing and not replicated and input_format.offers_original
+    # The original model's buckets have no length class: a converting format's lengths (a KJT
+    # key's padded width) are known only once the call is converted, which they skip.
     if offers and index is None:
         sizes = input_format.original_sizes(args, kwargs)
         if sizes is not None and cm._choice.decided(
@@ -242,12 +255,13 @@ def call_replicated_leaves(cm, call: Call, choosing: bool, as_called=None):
         return run(cm, call, leaves, requests, index)
     first = next(iter(requests.values()), None)
     num_requests = first.shape[0] if first is not None else 0
-    key = bucket("replicated", index.shape[0], num_requests)
+    lengths = () if cm._lengths is None else cm._lengths.of(leaves)
+    key = bucket("replicated", index.shape[0], num_requests, lengths)
     return choice.run(
         key,
         lambda: run(cm, call, leaves, requests, index),
         lambda: run_plain(cm, leaves, None),  # the replicated rows, as the model takes them
-        lambda: settle_if_clear(cm, key, index.shape[0], num_requests),
-        margin=margin(cm, index.shape[0], num_requests),
+        lambda: settle_if_clear(cm, key, index.shape[0], num_requests, leaves),
+        margin=margin(cm, index.shape[0], num_requests, lengths=lengths, leaves=leaves),
         clock=trial_clock(index),
     )

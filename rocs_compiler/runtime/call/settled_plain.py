@@ -73,13 +73,17 @@ def run_as_original(model: Any, call: Call) -> Any:
         rows = contract.first_rows(args, kwargs)
         if rows is None:
             return NOT_TAKEN  # placed by the general path, which runs the plain program
-        row_class = ("dropin", rows.bit_length())
-        key = row_class + (0,)
+        lengths = model._lengths
+        length_class = () if lengths is None else lengths.of_call(contract, args, kwargs)
+        row_class = ("dropin", rows.bit_length()) + length_class
+        key = ("dropin", row_class[1], 0) + length_class
         if not arm.measuring(key) or choice.everywhere(row_class) != PLAIN:
             return NOT_TAKEN
 
         def original():
             contract.first_rows(args, kwargs)
+            if lengths is not None:
+                lengths.of_call(contract, args, kwargs)
             return model._call_original(args, kwargs)
     else:
         if type(index) is not torch.Tensor:
@@ -116,6 +120,8 @@ def run_kept_original(model: Any, call: Call, measured: bool = False) -> Any:
         return NOT_TAKEN
     num_candidates, num_requests = index.shape[0], first.shape[0]
     key = ("shared", num_candidates.bit_length(), num_requests.bit_length())
+    if model._lengths is not None:
+        key += model._lengths.of(leaves)
     if not measured and key not in model._originals.shared_originals:
         return NOT_TAKEN
     if num_requests == num_candidates > 1 and distinct_values(index) != num_candidates:
@@ -160,9 +166,10 @@ def run_settled_as_called(model: Any, call: Call) -> Any:
         not v.dim() or v.shape[0] != rows for v in map(leaves.get, batched)
     ):
         return NOT_TAKEN  # the general path names the disagreeing rows
+    lengths = () if model._lengths is None else model._lengths.of(leaves)
     if index is None:
-        key = ("dropin", rows.bit_length(), 0)
-        if model._choice.everywhere(key[:2]) != PLAIN:
+        key = ("dropin", rows.bit_length(), 0) + lengths
+        if model._choice.everywhere(key[:2] + lengths) != PLAIN:
             return NOT_TAKEN
     else:
         if (
@@ -174,7 +181,7 @@ def run_settled_as_called(model: Any, call: Call) -> Any:
         ):
             return NOT_TAKEN
         num_requests = call.requests_reached(rows)
-        key = ("shared", rows.bit_length(), num_requests.bit_length())
+        key = ("shared", rows.bit_length(), num_requests.bit_length()) + lengths
         if model._choice.decided(key) != PLAIN:
             return NOT_TAKEN
     arm = model._originals
@@ -234,6 +241,8 @@ def _settled_gather(
     if num_requests == num_candidates > 1 and distinct_values(index) != num_candidates:
         return None, NOT_TAKEN  # one row per candidate, grouped: the general path refuses it
     key = (layout, num_candidates.bit_length(), num_requests.bit_length())
+    if model._lengths is not None:
+        key += model._lengths.of(leaves)
     if choice.decided(key) != PLAIN or (original is not None and not original(key)):
         return None, NOT_TAKEN
     candidate_inputs = contract.candidate_inputs

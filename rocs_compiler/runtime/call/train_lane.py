@@ -39,14 +39,15 @@ def chooses_training(cm) -> bool:
 
 
 def trains_as_original(cm, leaves: dict) -> bool:
-    """True for a drop-in training call whose row count's buckets all chose the original
+    """True for a drop-in training call whose row class's buckets all chose the original
     model (``train``): it is called as made, without finding the requests first, which
     only the training program needs (a call whose request inputs require grad goes on to be
     refused by the program's path, whichever bucket it falls in)."""
     if not trains(cm) or not chooses_training(cm):
         return False
     rows = batch_rows(cm, leaves, cm.contract.batched_inputs)
-    if cm._training.choice.everywhere(bucket("train-dropin", rows)[:2]) != PLAIN:
+    lengths = () if cm._lengths is None else cm._lengths.of(leaves)
+    if cm._training.choice.everywhere(("train-dropin", rows.bit_length()) + lengths) != PLAIN:
         return False
     return not any(leaves[n].requires_grad for n in cm.contract.request_inputs)
 
@@ -70,7 +71,9 @@ def train(cm, call, leaves, requests, index, uniform):
     shared = requests is leaves
     first = cm.contract.request_inputs[0] if cm.contract.request_inputs else None
     num_requests = requests[first].shape[0] if first is not None else index.shape[0]
-    key = bucket("train-shared" if shared else "train-dropin", index.shape[0], num_requests)
+    lengths = () if cm._lengths is None else cm._lengths.of(leaves)
+    layout = "train-shared" if shared else "train-dropin"
+    key = bucket(layout, index.shape[0], num_requests, lengths)
 
     def original():
         if not shared:  # drop-in and replicated calls: the original call as made
@@ -90,6 +93,6 @@ def train(cm, call, leaves, requests, index, uniform):
         program,
         original,
         lambda: None,
-        margin=margin(cm, index.shape[0], num_requests),
+        margin=margin(cm, index.shape[0], num_requests, lengths=lengths, leaves=leaves),
         clock=call_clock(index.device.type == "cpu"),
     )

@@ -2,24 +2,27 @@
 
 Both programs return the model's outputs (``runtime/call/plain.py`` states the plain program's
 identity), so the choice changes only the time a call takes, and it is measured rather than
-predicted. Calls are grouped into buckets by layout and size (rows and requests, rounded up to
-powers of two); the first calls of a bucket alternate between the programs, shared first, and
-once each has run :data:`TRIALS` times the bucket keeps the one with the lower minimum time (noise
-only adds time). A decision is never revisited; a call being measured runs one program, never
-both.
+predicted. Calls are grouped into buckets (:func:`bucket`) by layout, by size (rows and requests,
+rounded up to powers of two) and by *length class*: the bit length of each dynamic size past the
+batch dim (a history length the example marked dynamic, ``runtime/call/lengths.py``; none for a
+model without one, whose buckets are ``(layout, rows bits, requests bits)``). What sharing saves
+changes with the length, so a bucket measured at long histories decides nothing for short ones.
+The first calls of a bucket alternate between the programs, shared first, and once each has run
+:data:`TRIALS` times the bucket keeps the one with the lower minimum time (noise only adds time).
+A decision is never revisited; a call being measured runs one program, never both.
 
-A bucket whose FLOP ideal (the pipeline's FLOPs per request and per candidate) reaches
-:data:`CLEAR_GAIN` with a saving of at least :data:`CLEAR_SAVING` FLOPs is settled on the shared
-program without trials, whose cost would be the slower program's; one whose ideal is below
-:data:`LOW_GAIN` keeps the shared program only if it leads by :data:`LOW_GAIN_MARGIN`
-(:func:`margin_for`).
+A bucket whose FLOP ideal (the pipeline's FLOPs per request and per candidate, counted at the
+call's lengths once per length class: ``runtime/call/prior.py``) reaches :data:`CLEAR_GAIN` with
+a saving of at least :data:`CLEAR_SAVING` FLOPs is settled on the shared program without trials,
+whose cost would be the slower program's; one whose ideal is below :data:`LOW_GAIN` keeps the
+shared program only if it leads by :data:`LOW_GAIN_MARGIN` (:func:`margin_for`).
 
 A drop-in call finds its requests before it knows its bucket: that time counts toward the shared
-program only, and once every bucket of a row count (a *row class*,
-:meth:`ProgramChoice.everywhere`) chose the plain program, calls of that row count skip finding
-requests. While no bucket of a row class shares, the shared program must lead by
-:data:`DROPIN_MARGIN` (a close win at one request count would tax every call of the row count);
-once one shares, the others compare with finding included in both and no margin.
+program only, and once every bucket of a row count and length class (a *row class*,
+:func:`row_class`, :meth:`ProgramChoice.everywhere`) chose the plain program, calls of that row
+class skip finding requests. While no bucket of a row class shares, the shared program must lead
+by :data:`DROPIN_MARGIN` (a close win at one request count would tax every call of the row
+class); once one shares, the others compare with finding included in both and no margin.
 docs/SPEED.md ("Program choice") has the measurements behind these rules.
 """
 
@@ -75,16 +78,16 @@ class ProgramChoice:
             self._decided.setdefault(key, program)
             self._times.pop(key, None)
             self._margins.pop(key, None)
-            self._summarize(key[:2])
+            self._summarize(row_class(key))
 
-    def everywhere(self, row_class: tuple) -> str | None:
-        """The program every bucket of ``row_class`` (a bucket's first two fields) chose, when they
-        all chose the same one and none is still being measured; else None."""
-        return self._row_classes.get(row_class)
+    def everywhere(self, rows: tuple) -> str | None:
+        """The program every bucket of the row class ``rows`` (:func:`row_class`) chose, when
+        they all chose the same one and none is still being measured; else None."""
+        return self._row_classes.get(rows)
 
-    def shares_in(self, row_class: tuple) -> bool:
-        """Whether some decided bucket of ``row_class`` runs the shared program."""
-        return any(p == SHARED for k, p in list(self._decided.items()) if k[:2] == row_class)
+    def shares_in(self, rows: tuple) -> bool:
+        """Whether some decided bucket of the row class ``rows`` runs the shared program."""
+        return any(p == SHARED for k, p in list(self._decided.items()) if row_class(k) == rows)
 
     def next_trial(self, key: tuple, margin: float = 0.0) -> str:
         """The program the next call of an undecided bucket runs; the bucket keeps the shared
@@ -93,7 +96,7 @@ class ProgramChoice:
             if key not in self._times:
                 self._times[key] = {SHARED: [], PLAIN: []}
                 self._margins[key] = margin
-                self._row_classes.pop(key[:2], None)
+                self._row_classes.pop(row_class(key), None)
             times = self._times[key]
             return PLAIN if len(times[PLAIN]) < len(times[SHARED]) else SHARED
 
@@ -108,16 +111,16 @@ class ProgramChoice:
                 lead = 1.0 - self._margins.pop(key, 0.0)
                 self._decided[key] = SHARED if best[SHARED] <= best[PLAIN] * lead else PLAIN
                 del self._times[key]
-                self._summarize(key[:2])
+                self._summarize(row_class(key))
 
-    def _summarize(self, row_class: tuple) -> None:
-        if any(k[:2] == row_class for k in self._times):
+    def _summarize(self, rows: tuple) -> None:
+        if any(row_class(k) == rows for k in self._times):
             return
-        chosen = {p for k, p in self._decided.items() if k[:2] == row_class}
+        chosen = {p for k, p in self._decided.items() if row_class(k) == rows}
         if len(chosen) == 1:
-            self._row_classes[row_class] = chosen.pop()
+            self._row_classes[rows] = chosen.pop()
         else:
-            self._row_classes.pop(row_class, None)
+            self._row_classes.pop(rows, None)
 
     def run(
         self,
@@ -154,9 +157,17 @@ def margin_for(ideal: float, margin: float = 0.0) -> float:
     return max(margin, LOW_GAIN_MARGIN) if 0.0 < ideal < LOW_GAIN else margin
 
 
-def bucket(layout: str, rows: int, requests: int = 0) -> tuple:
-    """The bucket of a call: its layout and its sizes rounded up to powers of two."""
-    return (layout, rows.bit_length(), requests.bit_length())
+def bucket(layout: str, rows: int, requests: int = 0, lengths: tuple = ()) -> tuple:
+    """The bucket of a call: its layout, its sizes rounded up to powers of two and its length
+    class ``lengths`` (``runtime/call/lengths.py``; empty for a model without dynamic lengths,
+    whose buckets are ``(layout, rows bits, requests bits)``)."""
+    return (layout, rows.bit_length(), requests.bit_length()) + lengths
+
+
+def row_class(key: tuple) -> tuple:
+    """The row class of the bucket ``key``: every field but its requests (layout, rows bits,
+    length class)."""
+    return key[:2] + key[3:]
 
 
 now = time.perf_counter

@@ -61,7 +61,7 @@ class _Lookup:
         if self.mode is not None:
             return bag_gradient_rows(grad, indices, self.mode, self.padding_idx, num_rows)
         ids = indices.reshape(-1)
-        rows = grad.reshape(ids.shape[0], -1)
+        rows = grad.reshape(ids.shape[0], grad.shape[-1])  # [*indices, D]: one row per id
         if self.padding_idx is not None:
             rows = rows.masked_fill((ids == self.padding_idx).unsqueeze(1), 0)
         return ids, rows

@@ -1,0 +1,109 @@
+"""Jagged histories: a batch whose histories are padded to its longest one, run padded and as
+jagged calls (requests grouped by length, each group cut to its longest).
+
+    OMP_NUM_THREADS=1 python benchmarks/jagged_histories.py [--repeats 6] [--candidates 8]
+
+DIN (``models_zoo/din.py``), compiled once with its history length marked dynamic. One call:
+one request with a history of 2,048 events and 63 with 30 events each (``--short``), padded with
+0 to 2,048, ``--candidates`` candidates per request. One thread, interleaved rounds, medians:
+
+- ``eager``: the original model on the replicated, padded batch;
+- ``rocs padded``: the compiled model with jagged calls off (``options={"jagged": False}``);
+- ``rocs jagged``: the compiled model as it is: the truncation proof (``analysis/truncation.py``)
+  shows DIN ignores its padding, so the call runs as groups (``runtime/call/jagged.py``).
+
+Every output is checked against eager first. Then the same at a few other tails: the longest
+history at 256 and 512, and histories uniform over 1..2,048.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import rocs_compiler as rocs  # noqa: E402
+from models_zoo import din  # noqa: E402
+from rocs_compiler.timing import interleaved_medians  # noqa: E402
+
+HISTORIES = ("hist_item_ids", "hist_cat_ids")
+
+
+def _compiled(model, jagged: bool):
+    example = din.make_batch([4, 3]).replicated()
+    for name in HISTORIES:
+        torch._dynamo.mark_dynamic(example[name], 1)
+    options = {"jagged": jagged}
+    return rocs.compile(model, list(din.REQUEST_INPUTS), example_kwargs=example, options=options)
+
+
+def _call(lengths: torch.Tensor, candidates: int, seed: int):
+    """Shared-layout inputs: request r has ``lengths[r]`` events, padded to the longest."""
+    requests = lengths.shape[0]
+    batch = din.make_batch([candidates] * requests, seed=seed, shuffle=True)
+    g = torch.Generator().manual_seed(seed)
+    width = int(lengths.max())
+    kwargs = dict(batch.kwargs)
+    for name, vocab in zip(HISTORIES, (din.NUM_ITEMS, din.NUM_CATS)):
+        ids = torch.randint(1, vocab, (requests, width), generator=g)
+        kwargs[name] = ids.masked_fill(torch.arange(width) >= lengths[:, None], 0)
+    return kwargs, batch.candidate_to_request
+
+
+def _tails(short: int):
+    g = torch.Generator().manual_seed(0)
+    one_long = torch.full((64,), short)
+    one_long[0] = 2048
+    yield "1 x 2048 + 63 x %d" % short, one_long
+    for longest in (256, 512):
+        t = torch.full((64,), short)
+        t[0] = longest
+        yield f"1 x {longest} + 63 x {short}", t
+    yield "64 uniform in 1..2048", torch.randint(1, 2049, (64,), generator=g)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=6)
+    parser.add_argument("--candidates", type=int, default=8)
+    parser.add_argument("--short", type=int, default=30)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    model = din.build(seed=0).eval()
+    padded, jagged = _compiled(model, False), _compiled(model, True)
+    print(f"DIN, 64 requests x {args.candidates} candidates, one thread, medians of "
+          f"{args.repeats} interleaved calls\n")  # fmt: skip
+    print("| histories | eager ms | rocs padded ms | rocs jagged ms | jagged vs padded "
+          "| jagged vs eager | max diff |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for label, lengths in _tails(args.short):
+        kwargs, index = _call(lengths, args.candidates, seed=int(lengths.sum()))
+        replicated = {n: v[index] if n in din.REQUEST_INPUTS else v for n, v in kwargs.items()}
+        with torch.no_grad():
+            want = model(**replicated)
+            diff = max(
+                (padded(**kwargs, candidate_to_request=index) - want).abs().max(),
+                (jagged(**kwargs, candidate_to_request=index) - want).abs().max(),
+            )
+            split = jagged._jagged.split_calls
+            ms = interleaved_medians(
+                {
+                    "eager": lambda: model(**replicated),
+                    "padded": lambda: padded(**kwargs, candidate_to_request=index),
+                    "jagged": lambda: jagged(**kwargs, candidate_to_request=index),
+                },
+                args.repeats,
+            )
+        assert split > 0, "the jagged compile did not split the call"
+        print(f"| {label} | {ms['eager']:.1f} | {ms['padded']:.1f} | {ms['jagged']:.1f} "
+              f"| {ms['padded'] / ms['jagged']:.1f}x | {ms['eager'] / ms['jagged']:.1f}x "
+              f"| {diff:.1e} |", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

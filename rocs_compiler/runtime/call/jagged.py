@@ -1,0 +1,222 @@
+"""Jagged calls: a call whose histories are padded past most requests' lengths runs as a few
+calls, requests grouped by length and each group's histories cut to its longest; histories given
+as jagged nested tensors are padded first (``nested_histories.py``).
+
+Identity (``analysis/truncation.py``): the truncation proof shows that every output row is the
+same for a history padded to the call's width and cut to any width at or past its own request's
+length, and that no output row reads another; so a group's call (its requests, at its width, and
+their candidates) returns these candidates' rows of the whole call, and the rows of all groups,
+put back in the candidates' order, are the call's outputs. In the drop-in layout each row is its
+own request.
+
+A request's length is read from the call (``LengthSource``): one past its last id other than the
+padding id, or the lengths input itself (refused when negative or past the histories' width).
+How requests are grouped: ``jagged_groups.py``. A call that stays one group at its own width runs
+as it is; so does a call under autograd or tracing, and every call of a model whose proof failed
+(its nested histories padded to the longest first).
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+
+import torch
+from torch.utils import _pytree as pytree
+
+from ...analysis.truncation import Refusal, Truncation, history_inputs, prove_truncation
+from ...errors import InputError
+from .jagged_groups import UnitCosts, plan_groups, unit_costs
+from .nested_histories import is_nested, padded_histories
+
+NOT_SPLIT = object()
+
+
+class JaggedCalls:
+    """A compiled model's jagged calls (``cm._jagged``): the histories (``cut``: ``{input:
+    dims}``), the truncation proof (None: calls keep their width) and the unit costs the grouping
+    weighs."""
+
+    def __init__(self, contract, cut: dict, truncation: Truncation | None, costs: UnitCosts | None):
+        self.signature: inspect.Signature = contract.signature
+        self.request_names = frozenset(contract.request_inputs)
+        self.batched_names = frozenset(contract.batched_inputs)
+        self.cut = dict(cut)
+        self.truncation = truncation
+        self.source = truncation.source if truncation is not None else None
+        self.costs = costs
+        source = self.source
+        pad = source.pad if source is not None and source.pad is not None else 0
+        self.pads = {name: pad for name in self.cut}
+        self.lengths_input = source.input if source is not None and source.pad is None else None
+        self._inside = threading.local()
+        self.split_calls = 0  # calls run as groups (for reports and tests)
+
+    def applies(self) -> bool:
+        """Not a group's own call."""
+        return not getattr(self._inside, "active", False)
+
+    def run(self, cm, args: tuple, kwargs: dict, index):
+        """The call as groups (each through ``cm.forward``, the call path), the call with its
+        nested histories padded, or :data:`NOT_SPLIT`."""
+        try:
+            bound = self.signature.bind(*args, **kwargs).arguments
+        except TypeError:
+            return NOT_SPLIT  # the call path names the mistake
+        nested = [name for name in self.cut if is_nested(bound.get(name))]
+        if nested:
+            if len(nested) < len(self.cut):
+                dense = sorted(set(self.cut) - set(nested))
+                raise InputError(
+                    f"histories {nested} are nested tensors and {dense} are not: give all of "
+                    "them one way"
+                )
+            bound = padded_histories(bound, nested, self.pads, self.lengths_input)
+        cm._input_specs.check_caps(bound)  # the call's width, before any group is cut below it
+        if self.truncation is not None and not (
+            torch.is_grad_enabled() or torch.compiler.is_compiling()
+        ):
+            result = self._split(cm, bound, index)
+            if result is not NOT_SPLIT:
+                return result
+        if not nested:
+            return NOT_SPLIT
+        self._inside.active = True
+        try:
+            if index is None:
+                return cm.forward(**bound)
+            return cm.forward(**bound, candidate_to_request=index)
+        finally:
+            self._inside.active = False
+
+    def _split(self, cm, bound: dict, index):
+        source = bound.get(self.source.input)
+        if not isinstance(source, torch.Tensor):
+            return NOT_SPLIT
+        width = self._width(bound)
+        if width is None or width <= 1:
+            return NOT_SPLIT
+        lengths = self.lengths(source, width)
+        rows = lengths.shape[0]
+        if not rows:
+            return NOT_SPLIT
+        if index is None:
+            counts = torch.ones_like(lengths)
+        else:
+            if not isinstance(index, torch.Tensor) or index.dim() != 1:
+                return NOT_SPLIT  # the call path checks and refuses
+            if index.dtype != torch.int64 or not index.numel() or int(index.min()) < 0:
+                return NOT_SPLIT
+            counts = torch.bincount(index, minlength=rows)
+            if counts.shape[0] != rows:
+                return NOT_SPLIT  # an index out of range: the call path refuses it
+        needs_content = bool(self.truncation.needs_content)
+        groups = plan_groups(lengths, counts, width, self.costs, needs_content)
+        if len(groups) == 1 and groups[0][1] == width:
+            return NOT_SPLIT
+        self.split_calls += 1
+        return self._run_groups(cm.forward, bound, index, groups, rows)
+
+    def lengths(self, source: torch.Tensor, width: int) -> torch.Tensor:
+        """Each request's length (int64 ``[R]``), read from ``source``."""
+        name = self.source.input
+        if self.source.pad is None:
+            lengths = source.to(torch.int64)
+            if lengths.numel():
+                low, high = int(lengths.min()), int(lengths.max())
+                if low < 0:
+                    row = int((lengths < 0).nonzero()[0])
+                    raise InputError(f"input {name!r} holds a negative length ({low}) at row {row}")
+                if high > width:
+                    row = int((lengths > width).nonzero()[0])
+                    raise InputError(
+                        f"input {name!r} holds length {high} at row {row}, past the histories' "
+                        f"width {width} ({', '.join(map(repr, self.cut))})"
+                    )
+            return lengths
+        content = source.movedim(self.source.dim, -1) != self.source.pad
+        content = content.reshape(content.shape[0], -1, content.shape[-1]).any(1)
+        positions = torch.arange(1, content.shape[-1] + 1, device=source.device)
+        return (content * positions).amax(1) if content.shape[-1] else content.sum(1)
+
+    def _width(self, bound: dict) -> int | None:
+        widths = set()
+        for name, dims in self.cut.items():
+            value = bound.get(name)
+            if not isinstance(value, torch.Tensor) or value.dim() <= max(dims):
+                return None
+            widths.update(value.shape[d] for d in dims)
+        return widths.pop() if len(widths) == 1 else None  # disagreeing widths: the path refuses
+
+    def _run_groups(self, forward, bound: dict, index, groups, num_requests: int):
+        device = next(iter(bound.values())).device if index is None else index.device
+        group_of_request = torch.empty(num_requests, dtype=torch.int64, device=device)
+        for g, (requests, _) in enumerate(groups):
+            group_of_request[requests] = g
+        group_of_candidate = group_of_request if index is None else group_of_request[index]
+        total = group_of_candidate.shape[0]
+        leaves, spec = None, None
+        self._inside.active = True
+        try:
+            for g, (requests, width) in enumerate(groups):
+                candidates = (group_of_candidate == g).nonzero().squeeze(1)
+                if not candidates.numel():
+                    continue  # requests without candidates return no rows
+                sub = self._group_inputs(bound, requests, candidates, width, index is None)
+                if index is None:
+                    out = forward(**sub)
+                else:
+                    remap = torch.full_like(group_of_request, -1)
+                    remap[requests] = torch.arange(requests.shape[0], device=device)
+                    out = forward(**sub, candidate_to_request=remap[index[candidates]])
+                flat, spec = pytree.tree_flatten(out)
+                if leaves is None:
+                    leaves = [leaf.new_empty((total, *leaf.shape[1:])) for leaf in flat]
+                for whole, part in zip(leaves, flat):
+                    whole.index_copy_(0, candidates, part)
+        finally:
+            self._inside.active = False
+        return pytree.tree_unflatten(leaves, spec)
+
+    def _group_inputs(self, bound, requests, candidates, width: int, dropin: bool) -> dict:
+        """The group's call: its requests' rows cut to ``width``, its candidates' rows."""
+        sub = {}
+        for name, value in bound.items():
+            if name in self.cut:
+                for d in self.cut[name]:
+                    value = value.narrow(d, 0, width)
+                sub[name] = value.index_select(0, requests)
+            elif name in self.request_names or (dropin and name in self.batched_names):
+                sub[name] = value.index_select(0, requests)
+            elif name in self.batched_names and isinstance(value, torch.Tensor) and value.dim():
+                sub[name] = value.index_select(0, candidates)
+            else:
+                sub[name] = value
+        return sub
+
+
+def jagged_calls(result, contract) -> tuple[JaggedCalls | None, str | None]:
+    """A compiled model's jagged calls and why its calls keep their width (None: they may be
+    cut, or the model has no history length, and then no jagged calls either)."""
+    captured = result.captured
+    cut = history_inputs(captured.graph_module, captured.placeholder_of, captured.batch_symbol)
+    if not cut:
+        return None, None
+    if contract._keyword_names is None:
+        return None, "the forward's parameters are not exactly its tensor inputs"
+    proof = prove_truncation(
+        captured.graph_module, captured.placeholder_of, contract.request_inputs,
+        captured.batch_symbol,
+    )  # fmt: skip
+    if isinstance(proof, Refusal):
+        return JaggedCalls(contract, cut, None, None), proof.reason
+    name, size = next(iter(result.length_sizes().items()))
+    costs = unit_costs(result, name, int(size.node.hint))
+    return JaggedCalls(contract, proof.inputs, proof, costs), None
+
+
+def jagged_summary(jagged: JaggedCalls | None, refused: str | None) -> str:
+    """The report's line on jagged calls ("" for a model without a history length)."""
+    if jagged is not None and jagged.truncation is not None:
+        return f"on: each request's history cut to its length, read from {jagged.source.describe()}"
+    return f"off: {refused}" if refused else ""

@@ -1,0 +1,88 @@
+"""The zoo's models that take any history length up to a cap (target attention, HSTU), through
+the export doors: ``rocs.export`` (plain and portable) takes every length up to the cap, exact,
+and refuses a longer one naming the input and the cap (export's range of the length's symbol,
+checked by ``program.module()`` before the graph runs); ONNX Runtime takes every length up to
+the cap, and fails loudly past it (ONNX keeps no ranges: its Add of the positional table cannot
+broadcast); an AOTInductor package refuses a longer one by its input checks (``rocs.compile``
+itself: ``tests/runtime/test_zoo_history_lengths.py``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.fx._pytree as fx_pytree
+
+import rocs_compiler as rocs
+from rocs_compiler.export import input_signature
+
+from dynamic_histories import CAPPED
+
+
+@pytest.fixture(scope="module", params=sorted(CAPPED))
+def compiled(request):
+    zoo = CAPPED[request.param]
+    model = zoo.model()
+    return zoo, model, zoo.compile(model)
+
+
+@pytest.mark.parametrize("portable", [False, True])
+def test_an_exported_program_takes_every_length_up_to_the_cap_and_refuses_a_longer_one(
+    compiled, portable
+):
+    zoo, model, cm = compiled
+    program = rocs.export(cm, portable=portable)
+    shapes = input_signature(program)
+    assert isinstance(shapes["hist_item_ids"]["shape"][1], str)  # a size, not a constant
+    run = program.module()
+    with torch.no_grad():
+        for i, length in enumerate((1, 7, zoo.cap)):
+            kwargs, index, as_replicated = zoo.call(length, seed=30 + i)
+            got = run(**kwargs, candidate_to_request=index)
+            want = model(**as_replicated)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=f"length {length}")
+        kwargs, index, _ = zoo.call(zoo.cap + 1, seed=33)
+        with pytest.raises(AssertionError, match=rf"hist_item_ids.*<= {zoo.cap}"):
+            run(**kwargs, candidate_to_request=index)
+
+
+def test_onnx_runtime_takes_every_length_up_to_the_cap_and_fails_past_it(compiled, tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    zoo, model, cm = compiled
+    program = rocs.export(cm, portable=True)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.log_severity_level = 4  # the failure below is expected: ORT need not print it
+    session = ort.InferenceSession(rocs.export_onnx(program, tmp_path / "m.onnx"), options)
+
+    def feeds(kwargs, index):
+        flat = fx_pytree.tree_flatten_spec(
+            ((), {**kwargs, "candidate_to_request": index}), program.call_spec.in_spec
+        )
+        return {spec.name: t.numpy() for spec, t in zip(session.get_inputs(), flat)}
+
+    with torch.no_grad():
+        for i, length in enumerate((1, 7, zoo.cap)):
+            kwargs, index, as_replicated = zoo.call(length, seed=40 + i)
+            want = model(**as_replicated).numpy()
+            got = session.run(None, feeds(kwargs, index))[0]
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"length {length}")
+    kwargs, index, _ = zoo.call(zoo.cap + 1, seed=43)
+    with pytest.raises(Exception, match="broadcast"):  # loud, but not in the compiled model's words
+        session.run(None, feeds(kwargs, index))
+
+
+@pytest.mark.slow  # an AOTInductor build takes a minute or more on two cores
+def test_an_aoti_package_refuses_a_length_past_the_cap(tmp_path):
+    zoo = CAPPED["target_attention"]
+    model = zoo.model()
+    package = rocs.aoti_package(rocs.export(zoo.compile(model), portable=True), tmp_path / "m.pt2")
+    runner = torch._inductor.aoti_load_package(package)
+    with torch.no_grad():
+        for i, length in enumerate((1, zoo.cap)):
+            kwargs, index, as_replicated = zoo.call(length, seed=50 + i)
+            got = runner(**kwargs, candidate_to_request=index)
+            torch.testing.assert_close(got, model(**as_replicated), rtol=1e-5, atol=1e-5)
+        kwargs, index, _ = zoo.call(zoo.cap + 1, seed=52)
+        with pytest.raises(RuntimeError, match=rf"too large at 1, expected to be <= {zoo.cap}"):
+            runner(**kwargs, candidate_to_request=index)
