@@ -40,6 +40,8 @@ _LAZY = {
     "trusted_index": ".kernels.index_contract",
     "CompiledModel": ".runtime",
     "RequestCache": ".runtime.cache.request_cache",
+    "RequestBalancer": ".distributed.balance",
+    "RequestBatch": ".distributed.batch",
     "apply_glm": ".transforms",
     "apply_dca": ".transforms",
     "glm_from_zero_blocks": ".transforms",
@@ -55,6 +57,7 @@ __all__ = [
     "backend", "shared_call", "export", "save", "load", "aoti_package", "export_onnx", "LoadedProgram",
     "apply_glm", "apply_dca", "GLMLinear", "GLMLinearCompression", "GroupLayerNorm",
     "GLMFactorizationMachine", "DCABlock", "trusted_index", "glm_from_zero_blocks", "RequestCache",
+    "RequestBalancer", "RequestBatch",
 ]  # fmt: skip
 __version__ = "0.1.0"
 

@@ -25,7 +25,7 @@ MAX_ROOMS = 24
 LAYERS = [
     {"demo", "cli"},  # commands over the doors
     {"backend", "serving"},  # doors that build on the library door and saved programs
-    {"api", "export", "integrations", "layers"},  # doors and public homes
+    {"api", "export", "integrations", "layers", "distributed"},  # doors and public homes
     {"pipeline"},
     {"transforms", "report"},
     {"passes"},
