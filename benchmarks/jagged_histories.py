@@ -2,6 +2,7 @@
 jagged calls (requests grouped by length, each group cut to its longest).
 
     OMP_NUM_THREADS=1 python benchmarks/jagged_histories.py [--repeats 6] [--candidates 8]
+        [--training]
 
 DIN (``models_zoo/din.py``), compiled once with its history length marked dynamic. One call:
 one request with a history of 2,048 events and 63 with 30 events each (``--short``), padded with
@@ -13,7 +14,8 @@ one request with a history of 2,048 events and 63 with 30 events each (``--short
   shows DIN ignores its padding, so the call runs as groups (``runtime/call/jagged.py``).
 
 Every output is checked against eager first. Then the same at a few other tails: the longest
-history at 256 and 512, and histories uniform over 1..2,048.
+history at 256 and 512, and histories uniform over 1..2,048. ``--training`` times a training
+step instead (training compiles; forward and backward of the outputs' sum).
 """
 
 from __future__ import annotations
@@ -34,12 +36,26 @@ from rocs_compiler.timing import interleaved_medians  # noqa: E402
 HISTORIES = ("hist_item_ids", "hist_cat_ids")
 
 
-def _compiled(model, jagged: bool):
+def _compiled(model, jagged: bool, training: bool):
     example = din.make_batch([4, 3]).replicated()
     for name in HISTORIES:
         torch._dynamo.mark_dynamic(example[name], 1)
     options = {"jagged": jagged}
-    return rocs.compile(model, list(din.REQUEST_INPUTS), example_kwargs=example, options=options)
+    return rocs.compile(
+        model, list(din.REQUEST_INPUTS), example_kwargs=example, options=options,
+        training=training,
+    )  # fmt: skip
+
+
+def _step(fn, training: bool):
+    """``fn`` as one timed call: a forward, and under ``training`` its backward too."""
+    if not training:
+        return fn
+
+    def step():
+        fn().sum().backward()
+
+    return step
 
 
 def _call(lengths: torch.Tensor, candidates: int, seed: int):
@@ -72,37 +88,40 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=6)
     parser.add_argument("--candidates", type=int, default=8)
     parser.add_argument("--short", type=int, default=30)
+    parser.add_argument("--training", action="store_true", help="time training steps")
     args = parser.parse_args()
     torch.set_num_threads(1)
     model = din.build(seed=0).eval()
-    padded, jagged = _compiled(model, False), _compiled(model, True)
+    padded = _compiled(model, False, args.training)
+    jagged = _compiled(model, True, args.training)
+    what = "training steps (forward and backward)" if args.training else "calls"
     print(f"DIN, 64 requests x {args.candidates} candidates, one thread, medians of "
-          f"{args.repeats} interleaved calls\n")  # fmt: skip
+          f"{args.repeats} interleaved {what}\n")  # fmt: skip
     print("| histories | eager ms | rocs padded ms | rocs jagged ms | jagged vs padded "
           "| jagged vs eager | max diff |")  # fmt: skip
     print("|---|---:|---:|---:|---:|---:|---:|")
     for label, lengths in _tails(args.short):
         kwargs, index = _call(lengths, args.candidates, seed=int(lengths.sum()))
         replicated = {n: v[index] if n in din.REQUEST_INPUTS else v for n, v in kwargs.items()}
-        with torch.no_grad():
+        grad = torch.enable_grad() if args.training else torch.no_grad()
+        with grad:
             want = model(**replicated)
             diff = max(
                 (padded(**kwargs, candidate_to_request=index) - want).abs().max(),
                 (jagged(**kwargs, candidate_to_request=index) - want).abs().max(),
             )
             split = jagged._jagged.split_calls
-            ms = interleaved_medians(
-                {
-                    "eager": lambda: model(**replicated),
-                    "padded": lambda: padded(**kwargs, candidate_to_request=index),
-                    "jagged": lambda: jagged(**kwargs, candidate_to_request=index),
-                },
-                args.repeats,
-            )
+            calls = {
+                "eager": lambda: model(**replicated),
+                "padded": lambda: padded(**kwargs, candidate_to_request=index),
+                "jagged": lambda: jagged(**kwargs, candidate_to_request=index),
+            }
+            steps = {name: _step(fn, args.training) for name, fn in calls.items()}
+            ms = interleaved_medians(steps, args.repeats)
         assert split > 0, "the jagged compile did not split the call"
         print(f"| {label} | {ms['eager']:.1f} | {ms['padded']:.1f} | {ms['jagged']:.1f} "
               f"| {ms['padded'] / ms['jagged']:.1f}x | {ms['eager'] / ms['jagged']:.1f}x "
-              f"| {diff:.1e} |", flush=True)  # fmt: skip
+              f"| {float(diff):.1e} |", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -142,7 +142,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     if request_cache is not None:
         attach_cache(compiled, request_cache)
     compiled.pipeline_result = result  # logical and shared graphs, for inspection tools
-    if options.jagged and not options.training and not prepared.format.converts:
+    if options.jagged and not prepared.format.converts:
         jagged, refused = jagged_calls(result, compiled.contract)
         object.__setattr__(compiled, "_jagged", jagged)
         object.__setattr__(compiled, "jagged_refused", refused)

@@ -25,6 +25,7 @@ import torch
 from torch import fx
 
 from ..ir.symbolic import expr_of
+from .op_groups import draws_in_training
 from .padded_tails import ANY, CLEAN, Const, Context, Refused, Size, Value, rule_for
 
 
@@ -167,6 +168,8 @@ def _state(node: fx.Node, ctx: Context, by_node: dict, cut: dict, source: Length
         return CLEAN
     if node.op != "call_function":
         raise Refused("is not a function call")
+    if draws_in_training(node):
+        raise Refused("draws random numbers: a group's draws would not be the padded call's")
     rule = rule_for(node.target)
     if rule is None:
         if _reads_tracked(node, ctx):

@@ -107,6 +107,14 @@ def test_a_call_under_autograd_keeps_its_width(compiled):
     assert cm._jagged.split_calls == before
 
 
+def _compiled_pooled(model, **options):
+    """``model`` (a :class:`Pooled`) compiled from a small example, its history marked."""
+    hist, _, item, index = _pooled_call([2, 3, 1], 0, 8)
+    example = {"hist": hist[index], "item": item}
+    torch._dynamo.mark_dynamic(example["hist"], 1)
+    return rocs.compile(model, ["hist"], example_kwargs=example, **options)
+
+
 def _pooled_call(rows_counts, seed, width, empty_every=0):
     g = torch.Generator().manual_seed(seed)
     R = len(rows_counts)
@@ -132,10 +140,7 @@ def free_calls(monkeypatch):
 
 def test_a_small_model_keeps_its_width_when_a_call_costs_more_than_it_saves():
     model = Pooled("masked_sum").eval()
-    hist, _, item, index = _pooled_call([2, 3, 1], 0, 8)
-    example = {"hist": hist[index], "item": item}
-    torch._dynamo.mark_dynamic(example["hist"], 1)
-    cm = rocs.compile(model, ["hist"], example_kwargs=example)
+    cm = _compiled_pooled(model)
     hist, _, item, index = _pooled_call([3, 1, 4, 2, 5], 1, 64)
     with torch.no_grad():
         got = cm(hist=hist, item=item, candidate_to_request=index)
@@ -146,10 +151,7 @@ def test_a_small_model_keeps_its_width_when_a_call_costs_more_than_it_saves():
 @pytest.mark.parametrize("pool", ["softmax", "large_negative", "max", "masked_sum"])
 def test_a_model_that_normalizes_over_the_history_is_exact_with_empty_histories(pool, free_calls):
     model = Pooled(pool).eval()
-    hist, _, item, index = _pooled_call([2, 3, 1], 0, 8)
-    example = {"hist": hist[index], "item": item}
-    torch._dynamo.mark_dynamic(example["hist"], 1)
-    cm = rocs.compile(model, ["hist"], example_kwargs=example)
+    cm = _compiled_pooled(model)
     hist, _, item, index = _pooled_call([3, 1, 4, 2, 5, 1, 2], 1, 64, empty_every=3)
     with torch.no_grad():
         want = model(hist[index], item)
@@ -160,10 +162,7 @@ def test_a_model_that_normalizes_over_the_history_is_exact_with_empty_histories(
 
 def test_a_model_that_reads_its_padding_keeps_the_width_and_says_why():
     model = Pooled("mean").eval()
-    hist, _, item, index = _pooled_call([2, 3, 1], 0, 8)
-    example = {"hist": hist[index], "item": item}
-    torch._dynamo.mark_dynamic(example["hist"], 1)
-    cm = rocs.compile(model, ["hist"], example_kwargs=example)
+    cm = _compiled_pooled(model)
     assert cm._jagged.truncation is None and "mean" in cm.jagged_refused
     assert f"jagged calls       : off: {cm.jagged_refused}" in cm.report().summary()
     hist, _, item, index = _pooled_call([3, 1, 4, 2], 1, 64)
@@ -253,10 +252,7 @@ def test_histories_given_as_nested_tensors_are_exact(compiled):
 
 def test_nested_histories_a_model_reads_padded_are_padded_to_the_longest():
     model = Pooled("mean").eval()
-    hist, lengths, item, index = _pooled_call([2, 3, 1], 0, 8)
-    example = {"hist": hist[index], "item": item}
-    torch._dynamo.mark_dynamic(example["hist"], 1)
-    cm = rocs.compile(model, ["hist"], example_kwargs=example)
+    cm = _compiled_pooled(model)
     hist, lengths, item, index = _pooled_call([3, 1, 4, 2], 1, 16)
     with torch.no_grad():
         want = model(hist[index], item)  # padded to the longest (16, row 0)
@@ -382,3 +378,44 @@ def test_an_example_with_nested_histories_compiles_a_model_of_every_length():
         torch.testing.assert_close(
             cm(**nested, candidate_to_request=index), want, rtol=1e-5, atol=1e-5
         )
+
+
+@pytest.mark.parametrize("layout", ["shared", "dropin"])
+def test_a_training_compile_gives_eagers_gradients_on_jagged_calls(layout):
+    """Under autograd a training compile's call splits too: each group's call backpropagates
+    into the model's parameters, and their sum is eager's gradient on the padded batch."""
+    model, twin = din_model(), din_model()
+    cm = rocs.compile(
+        model, list(din.REQUEST_INPUTS), example_kwargs=marked_example(), training=True
+    )
+    assert cm._jagged.truncation is not None, cm.jagged_refused
+    for seed in range(2):
+        batch = din.make_batch([5, 1, 7, 3][: 3 + seed], seed=70 + seed, shuffle=True)
+        kwargs = heavy_tailed(batch, 70 + seed)
+        index = batch.candidate_to_request
+        as_replicated = replicated(kwargs, index)
+        model.zero_grad(), twin.zero_grad()
+        before = cm._jagged.split_calls
+        want = twin(**as_replicated)
+        got = (
+            cm(**kwargs, candidate_to_request=index) if layout == "shared" else cm(**as_replicated)
+        )
+        assert cm._jagged.split_calls == before + 1
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        weights = torch.linspace(-1, 1, want.shape[0])
+        (want * weights).sum().backward()
+        (got * weights).sum().backward()
+        for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+            if q.grad is None:
+                assert p.grad is None or not p.grad.any(), name
+                continue
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_a_model_that_draws_random_numbers_keeps_its_width():
+    """Dropout in training mode: a group's draws would not be the padded call's."""
+    model = Pooled("masked_sum").train()
+    model.proj = torch.nn.Sequential(model.proj, torch.nn.Dropout(0.1))
+    with pytest.warns(UserWarning, match="draw random numbers"):
+        cm = _compiled_pooled(model, training=True)
+    assert cm._jagged.truncation is None and "draws random numbers" in cm.jagged_refused

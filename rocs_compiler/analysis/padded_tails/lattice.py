@@ -139,19 +139,12 @@ def _tensor_args(node: fx.Node) -> list[fx.Node]:
 
 def _no_sizes(node: fx.Node, ctx: Context, allowed: tuple = ()) -> None:
     """Refuse a node that reads the history's width or the row count as a value."""
-    for i, arg in enumerate(node.args):
-        if i in allowed:
+    for where, arg in [*enumerate(node.args), *node.kwargs.items()]:
+        if where in allowed:
             continue
         for a in _flat(arg):
-            st = ctx.state(a)
-            if isinstance(st, Size) and st.symbols:
-                raise Refused(f"reads the padded width or the row count as a value ({a.name})")
-    for k, arg in node.kwargs.items():
-        if k in allowed:
-            continue
-        for a in _flat(arg):
-            st = ctx.state(a)
-            if isinstance(st, Size) and st.symbols:
+            state = ctx.state(a)
+            if isinstance(state, Size) and state.symbols:
                 raise Refused(f"reads the padded width or the row count as a value ({a.name})")
 
 

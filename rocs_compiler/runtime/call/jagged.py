@@ -12,8 +12,10 @@ own request.
 A request's length is read from the call (``LengthSource``): one past its last id other than the
 padding id, or the lengths input itself (refused when negative or past the histories' width).
 How requests are grouped: ``jagged_groups.py``. A call that stays one group at its own width runs
-as it is; so does a call under autograd or tracing, and every call of a model whose proof failed
-(its nested histories padded to the longest first).
+as it is; so does a call under tracing, a call under autograd of an inference compile, and every
+call of a model whose proof failed (its nested histories padded to the longest first). A training
+compile's calls split under autograd too: each group's call backpropagates into the model's
+parameters, and the gradient of the whole call is the sum of the groups'.
 """
 
 from __future__ import annotations
@@ -73,9 +75,7 @@ class JaggedCalls:
                 )
             bound = padded_histories(bound, nested, self.pads, self.lengths_input)
         cm._input_specs.check_caps(bound)  # the call's width, before any group is cut below it
-        if self.truncation is not None and not (
-            torch.is_grad_enabled() or torch.compiler.is_compiling()
-        ):
+        if self.truncation is not None and _may_split(cm):
             result = self._split(cm, bound, index)
             if result is not NOT_SPLIT:
                 return result
@@ -154,8 +154,7 @@ class JaggedCalls:
         for g, (requests, _) in enumerate(groups):
             group_of_request[requests] = g
         group_of_candidate = group_of_request if index is None else group_of_request[index]
-        total = group_of_candidate.shape[0]
-        leaves, spec = None, None
+        parts, rows, spec = [], [], None
         self._inside.active = True
         try:
             for g, (requests, width) in enumerate(groups):
@@ -170,12 +169,14 @@ class JaggedCalls:
                     remap[requests] = torch.arange(requests.shape[0], device=device)
                     out = forward(**sub, candidate_to_request=remap[index[candidates]])
                 flat, spec = pytree.tree_flatten(out)
-                if leaves is None:
-                    leaves = [leaf.new_empty((total, *leaf.shape[1:])) for leaf in flat]
-                for whole, part in zip(leaves, flat):
-                    whole.index_copy_(0, candidates, part)
+                parts.append(flat)
+                rows.append(candidates)
         finally:
             self._inside.active = False
+        # The groups' rows in the call's order: one gather of their concatenation (autograd
+        # flows through it to each group's call).
+        order = torch.argsort(torch.cat(rows))
+        leaves = [torch.cat(column).index_select(0, order) for column in zip(*parts)]
         return pytree.tree_unflatten(leaves, spec)
 
     def _group_inputs(self, bound, requests, candidates, width: int, dropin: bool) -> dict:
@@ -193,6 +194,14 @@ class JaggedCalls:
             else:
                 sub[name] = value
         return sub
+
+
+def _may_split(cm) -> bool:
+    """Outside tracing; under autograd only for a training compile (whose calls backpropagate
+    into the model's parameters through each group's call)."""
+    if torch.compiler.is_compiling():
+        return False
+    return not torch.is_grad_enabled() or cm._training is not None
 
 
 def jagged_calls(result, contract) -> tuple[JaggedCalls | None, str | None]:
