@@ -98,8 +98,8 @@ class JaggedCalls:
             return NOT_SPLIT
         lengths = self.lengths(source, width)
         rows = lengths.shape[0]
-        if not rows:
-            return NOT_SPLIT
+        if not rows or int(lengths.min()) > (1 << (width - 1).bit_length()) // 2:
+            return NOT_SPLIT  # every request's power-of-two width is the call's: nothing to cut
         if index is None:
             counts = torch.ones_like(lengths)
         else:
