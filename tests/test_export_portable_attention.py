@@ -168,3 +168,40 @@ def test_a_portable_attention_compiles_with_aot_inductor(tmp_path):
     )
     for i, (counts, shuffle) in enumerate(BATCHES):
         _check(runner, model, _Batch(counts, 90 + i, shuffle), f"candidate attention {counts}")
+
+
+class PackedKeyValueAttention(nn.Module):
+    """``nn.MultiheadAttention`` with the key and the value the same tensor: torch projects them
+    with one packed GEMM and hands the attention two views of its output, which share storage."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.history = nn.Linear(8, 16)
+        self.query = nn.Linear(4, 16)
+        self.attention = nn.MultiheadAttention(16, 2, batch_first=True)
+        self.out = nn.Linear(16, 3)
+
+    def forward(self, history, lengths, item):
+        states = self.history(history)
+        padded = torch.arange(history.shape[1]) >= lengths[:, None]
+        query = self.query(item)[:, None, :]
+        attended, _ = self.attention(
+            query, states, states, key_padding_mask=padded, need_weights=False
+        )
+        return self.out(attended[:, 0]) * 10
+
+
+def test_a_portable_attention_over_packed_keys_and_values_lowers_like_aot_inductor():
+    """Keys and values that share storage reach the portable attention's ``torch.cond`` as
+    copies: the program's decomposition (the step AOTInductor and the ONNX exporter run first)
+    refused operands that alias each other."""
+    model = PackedKeyValueAttention().eval()
+    batch = _Batch([2, 3], 0, False)
+    batch.kwargs["lengths"].clamp_(min=1)
+    cm = _compiled(model, ["history", "lengths"], batch.replicated())
+    run = rocs.export(cm, portable=True).run_decompositions({}).module()
+    for i, (counts, shuffle) in enumerate(BATCHES):
+        batch = _Batch(counts, 100 + i, shuffle)
+        batch.kwargs["lengths"].clamp_(min=1)  # a history of no item is NaN in eager MHA
+        _check(run, model, batch, f"packed keys and values {counts}")

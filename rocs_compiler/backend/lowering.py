@@ -11,12 +11,18 @@ import torch
 from torch import fx, nn
 
 from ..analysis.batch_axis import LEADING
+from ..export.portable import portable_graph_module
 from ..ir.graph_meta import BATCH_AXIS, PLACEMENT
 from ..ir.roles import Role
 
 
 class Lowered(nn.Module):
     """Runs the rewritten FX graph through Inductor; through FX if Inductor fails (with a warning).
+
+    Inductor compiles the graph with every ``rocs::`` op in its portable form
+    (``export/portable.py``: the request term at R rows and its gather in ATen ops), which it fuses
+    with the kernels around it; an opaque op would also check its index on every call, which the
+    runtime has done once before the graph runs.
 
     The graph is compiled lazily at the first call, dynamic in R and N. R and N are first marked
     *unbacked* so that neither dynamo's 0/1 specialization nor Inductor's size guards recompile for
@@ -37,6 +43,9 @@ class Lowered(nn.Module):
     def __init__(self, gm: fx.GraphModule, use_inductor: bool, functional: bool = True):
         super().__init__()
         self.gm = gm
+        # Inductor compiles the ops' portable forms, which it fuses with the kernels around them;
+        # the runtime has checked the index once for the call before the graph runs.
+        self._portable = portable_graph_module(gm) if use_inductor else gm
         self._copy_layouts = functional  # a graph that writes to its inputs must get the originals
         self._batched = [
             n.meta.get(PLACEMENT, Role.CONST) != Role.CONST for n in gm.graph.nodes if n.op == "placeholder"
@@ -45,7 +54,8 @@ class Lowered(nn.Module):
         if _batch_moves(gm):
             self._strategies = self._strategies[1:]
         self._compiled = {
-            s: torch.compile(gm, backend="inductor", dynamic=True) for s in self._strategies
+            s: torch.compile(self._portable, backend="inductor", dynamic=True)
+            for s in self._strategies
         }
         self._errors: list[str] = []
         self._succeeded = False
@@ -84,11 +94,13 @@ class Lowered(nn.Module):
     def _prepare(self, strategy: str, args: tuple) -> tuple:
         from torch._dynamo.decorators import mark_unbacked
 
+        # Marks matter to the compile only: the compiled graph has no guard on an unbacked size.
+        mark = strategy == "unbacked" and not self._succeeded
         out = []
         for value, batched in zip(args, self._batched):
             if isinstance(value, torch.Tensor):
                 value = _with_contiguous_strides(value, self._copy_layouts)
-                if strategy == "unbacked" and batched and value.dim():
+                if mark and batched and value.dim():
                     value = value.detach()  # mark an alias, never the caller's tensor
                     mark_unbacked(value, 0)
             out.append(value)

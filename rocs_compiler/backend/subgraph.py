@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextvars
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
 
 import torch
@@ -143,12 +143,15 @@ class Subgraph:
         # guards on the frame being compiled must not see that.
         leaves = {s.path: args[i].detach() for i, s in enumerate(self.slots) if s.kind == "input"}
         model = graph_model(decompose_fast_paths(self.gm), self.slots, list(args))
+        # Lowered with Inductor, the shared program always runs: the runtime's measured choice
+        # would time it against a plain program that runs eagerly, not as Inductor compiles it.
+        options = replace(self.options, autotune=False) if self.options.inductor else self.options
         try:
             compiled = api.compile(
                 model,
                 self.request_inputs,
                 example_kwargs=nest(leaves),
-                options=self.options,
+                options=options,
             )
         except CompileError as err:
             hint = ""

@@ -11,6 +11,11 @@ a package that a C++ program runs, and exports to ONNX. The sharing is kept: the
 still runs at R rows, and reaches the candidates by gathers (``index``/``index_select`` of R rows
 with the index); attention reads its keys and values per request.
 
+The same forms are what Inductor compiles in the ``torch.compile`` door
+(:func:`portable_graph_module`): written in ATen ops, a request term's gather and its add fuse into
+the kernels around them, where an opaque ``rocs::`` call would stand between Inductor's kernels and
+check its index again on every call.
+
 Identity: ``rocs::<name>(*args) == ROCS_OPS[name].portable_form(*args)`` for every argument the op
 accepts (the op registry's tests check each op and each portable form against the reference).
 """
@@ -47,6 +52,23 @@ class PortableInterpreter(fx.Interpreter):
         if op is None:
             return super().call_function(target, args, kwargs)
         return op.portable_form(*_positional(target, args, kwargs))
+
+
+def portable_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of ``gm`` whose ``rocs::`` nodes call their portable forms (plain Python functions
+    of torch ops, which dynamo traces into the graph it hands Inductor). The index is not checked
+    by the forms: the caller checks it once per call, as the runtime does."""
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for node in gm.graph.nodes:
+        op = rocs_op_for(node.target) if node.op == "call_function" else None
+        if op is None:
+            env[node] = graph.node_copy(node, env.__getitem__)
+            continue
+        args = fx.map_arg(_positional(node.target, node.args, node.kwargs), env.__getitem__)
+        env[node] = graph.call_function(op.portable_form, args)
+        env[node].meta = dict(node.meta)
+    return fx.GraphModule(gm, graph)
 
 
 def rocs_ops_in(program: torch.export.ExportedProgram) -> list[str]:

@@ -27,6 +27,11 @@ order.
 Which case holds depends on the index's values, so a traced program (export, torch.compile) holds
 both as the branches of a ``torch.cond``; an eager call takes its branch in Python.
 
+- **one request** (R = 1, the common serving call): every candidate attends ``k[0]``, ``v[0]``, so
+  the candidates' queries are one sequence of ``N Lq`` rows against them, one attention with no
+  ranks, tiles or gathers. A traced program tests ``R == 1`` in a ``torch.cond`` of its own, ahead
+  of the tiles.
+
 Cost: keys and values are read in place once per request, plus a gather of R rows when a request
 spills; never N rows. Queries are padded to ``R (T + 1) Lq`` rows (about N Lq), twice that when a
 request spills.
@@ -143,7 +148,27 @@ def _attend_in_tiles(
             queries[tile_queries[num_requests:]], extra_k, extra_v, extra_mask, scale, extra_bias
         )
         out = torch.cat([out, extra])
-    return out[tiles, columns].transpose(1, 2).contiguous()
+    # Contiguous strides, size-1 dims included: a cond's branches must agree on them.
+    return out[tiles, columns].transpose(1, 2).clone(memory_format=torch.contiguous_format)
+
+
+def _one_request_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_mask: torch.Tensor | None,
+    scale: float | None,
+    key_bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """The op's value when ``k`` holds one request: every query attends ``k[0]``, ``v[0]``."""
+    num_candidates, heads, query_len, dim = q.shape
+    queries = q.transpose(1, 2).reshape(1, num_candidates * query_len, heads, dim)
+    # ``[:1]``: one row, also to a tracer, which traces this branch for any R.
+    k, v, key_mask, key_bias = (None if t is None else t[:1] for t in (k, v, key_mask, key_bias))
+    out = _attention(queries, k, v, key_mask, scale, key_bias)
+    out = out.reshape(num_candidates, query_len, heads, dim).transpose(1, 2)
+    # Contiguous strides, size-1 dims included: a cond's branches must agree on them.
+    return out.clone(memory_format=torch.contiguous_format)
 
 
 def per_request_attention(
@@ -157,6 +182,35 @@ def per_request_attention(
 ) -> torch.Tensor:
     """``rocs::broadcast_attention`` (same arguments and value) with each request's keys and
     values read per request, in ops that export with dynamic R and N (module docstring)."""
+    if not torch.compiler.is_compiling():
+        if k.shape[0] == 1:
+            return _one_request_attention(q, k, v, key_mask, scale, key_bias)
+        return _in_tiles(q, k, v, candidate_to_request, key_mask, scale, key_bias)
+    # A cond's operands must not share storage, and keys and values often do (views of one
+    # packed projection, ``nn.MultiheadAttention``'s K/V): the request-side operands (R rows)
+    # are copied, which costs R rows, never N.
+    has_mask, has_bias = key_mask is not None, key_bias is not None
+    masks = [t.clone() for t in (key_mask, key_bias) if t is not None]
+    k, v = k.clone(), v.clone()
+
+    def unpack(masks):
+        given = iter(masks)
+        return (next(given) if has_mask else None), (next(given) if has_bias else None)
+
+    def one_request(q, k, v, candidate_to_request, *masks):
+        mask, bias = unpack(masks)
+        return _one_request_attention(q, k, v, mask, scale, bias)
+
+    def in_tiles(q, k, v, candidate_to_request, *masks):
+        mask, bias = unpack(masks)
+        return _in_tiles(q, k, v, candidate_to_request, mask, scale, bias)
+
+    operands = (q, k, v, candidate_to_request, *masks)
+    return torch.cond(k.shape[0] == 1, one_request, in_tiles, operands)
+
+
+def _in_tiles(q, k, v, candidate_to_request, key_mask, scale, key_bias) -> torch.Tensor:
+    """:func:`per_request_attention` for any number of requests, in tiles (module docstring)."""
     num_candidates, num_requests = q.shape[0], k.shape[0]
     rank, counts = candidate_ranks(candidate_to_request, num_requests)
     spills = (counts > tile_rows_for(num_candidates, num_requests)).any()

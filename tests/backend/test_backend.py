@@ -473,3 +473,35 @@ def test_an_inductor_failure_without_a_message_still_names_its_reason():
         text = describe_failure(err)
     assert text.startswith("Quiet (no message, raised at test_backend.py:"), text
     assert describe_failure(ValueError("\n\nbad shape\nmore")) == "ValueError: bad shape"
+
+
+def test_inductor_compiles_the_rocs_ops_in_their_portable_forms_and_runs_the_shared_program():
+    """The lowered graph hands Inductor ATen ops only (each ``rocs::`` op in its portable form,
+    which Inductor fuses with its neighbours), exact in both layouts; the compiled model never
+    trials its eagerly run plain program against the Inductor-compiled shared one."""
+    from rocs_compiler.kernels import rocs_op_for
+
+    torch.manual_seed(0)
+    model = _TutorialRanker().eval()
+    backend = rocs.backend(["user_dense", "history"])
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    with torch.no_grad():
+        for i, counts in enumerate([(3, 1, 5), (1,), (4, 4, 2)]):
+            batch = _tutorial_batch(counts, seed=20 + i)
+            _assert_close(compiled(**batch), model(**batch), f"drop-in {counts}")
+            index = request_index(counts)
+            firsts = torch.cumsum(torch.tensor([0, *counts[:-1]]), 0)
+            shared = {**batch, "user_dense": batch["user_dense"][firsts],
+                      "history": batch["history"][firsts]}  # fmt: skip
+            out = rocs.shared_call(compiled, **shared, candidate_to_request=index)
+            _assert_close(out, model(**batch), f"shared {counts}")
+    (variant,) = [v for s in backend.subgraphs for v in s.variants.values()]
+    assert variant.runner.program_choices() == {}, "a bucket was trialled against eager"
+    lowered = variant.runner.graph_module
+    assert isinstance(lowered, Lowered)
+
+    def rocs_nodes(gm):
+        return [n.name for n in gm.graph.nodes if rocs_op_for(n.target) is not None]
+
+    assert rocs_nodes(lowered.gm), "the rewritten graph shares through rocs:: ops"
+    assert not rocs_nodes(lowered._portable), "Inductor was handed an opaque rocs:: op"
