@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
+import weakref
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
@@ -49,7 +50,9 @@ from torch import fx, nn
 
 from ..kernels.index_contract import check_candidate_to_request
 from ..errors import InputError
-from ..formats.leaves import bind_inputs, is_tensor, named_leaves, replace_leaves
+from ..formats.leaves import (
+    bind_inputs, given_by_name, is_tensor, named_leaves, parameter_order, replace_leaves,
+)  # fmt: skip
 from ..options import BackendOptions
 from .graph_compiler import RocsBackend
 from .request_names import request_covers
@@ -115,9 +118,9 @@ def shared_call(
     names = (
         list(request_inputs) if request_inputs is not None else _backend_request_inputs(compiled)
     )
-    original = _original_callable(compiled)
-    signature = inspect.signature(original)
-    leaves = named_leaves(bind_inputs(signature, args, kwargs))
+    signature, order = _signature_of(_original_callable(compiled))
+    named = given_by_name(order, args, kwargs)
+    leaves = named_leaves(named if named is not None else bind_inputs(signature, args, kwargs))
     requests = [
         n for n in leaves if any(request_covers(r, n) for r in names) and is_tensor(leaves[n])
     ]
@@ -130,7 +133,10 @@ def shared_call(
         raise InputError(f"request inputs disagree on the number of rows R: {rows}")
     check_candidate_to_request(index, None, next(iter(rows.values())))
     replicated = {n: leaves[n].index_select(0, index) for n in requests}
-    call_args, call_kwargs = replace_leaves(signature, args, kwargs, replicated)
+    if named is not None and all(n in named for n in requests):  # top-level tensors: no tree
+        call_args, call_kwargs = (), {**named, **replicated}
+    else:
+        call_args, call_kwargs = replace_leaves(signature, args, kwargs, replicated)
     state = SharedCall(index, {n: leaves[n] for n in requests}, replicated)
     token = SHARED_CALL.set(state)
     try:
@@ -145,6 +151,26 @@ def shared_call(
             stacklevel=2,
         )
     return out
+
+
+_SIGNATURES: "weakref.WeakKeyDictionary[Callable, tuple]" = weakref.WeakKeyDictionary()
+
+
+def _signature_of(original: Callable) -> tuple[inspect.Signature, Optional[tuple[str, ...]]]:
+    """The signature of the model's forward and its parameter order (``parameter_order``), read
+    once per callable."""
+    key = getattr(original, "__func__", original)  # a bound method is made anew on every read
+    try:
+        return _SIGNATURES[key]
+    except (KeyError, TypeError):
+        pass
+    signature = inspect.signature(original)
+    found = (signature, parameter_order(signature))
+    try:
+        _SIGNATURES[key] = found
+    except TypeError:  # not weakly referenceable: read it every call
+        pass
+    return found
 
 
 def _original_callable(compiled: Callable) -> Callable:

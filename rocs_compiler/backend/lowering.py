@@ -30,7 +30,8 @@ class Lowered(nn.Module):
     with unbacked sizes, the ordinary dynamic-shape compile is tried next. A graph whose request
     values hold the batch elsewhere than dim 0 (``[L, R, D]``, heads merged into ``[R*H, L, d]``)
     is compiled dynamic only: with unbacked sizes Inductor computed wrong values for such graphs
-    (an ``nn.TransformerEncoder`` over ``[L, B, D]``).
+    (an ``nn.TransformerEncoder`` over ``[L, B, D]``); so is a graph with an attention, whose
+    mask's broadcast asks whether a size is 1, which an unbacked size cannot answer.
 
     Tensors reach the compiled graph with the strides of a contiguous tensor of their shape:
     dynamo guards on strides, and the runtime hands over views whose strides change with the
@@ -51,7 +52,7 @@ class Lowered(nn.Module):
             n.meta.get(PLACEMENT, Role.CONST) != Role.CONST for n in gm.graph.nodes if n.op == "placeholder"
         ]
         self._strategies = ["unbacked", "dynamic"] if use_inductor else []
-        if _batch_moves(gm):
+        if _batch_moves(gm) or _attends(gm):
             self._strategies = self._strategies[1:]
         self._compiled = {
             s: torch.compile(self._portable, backend="inductor", dynamic=True)
@@ -135,6 +136,17 @@ def _batch_moves(gm: fx.GraphModule) -> bool:
         if any(axis is not None and axis != LEADING for axis in axes):
             return True
     return False
+
+
+def _attends(gm: fx.GraphModule) -> bool:
+    """True when ``gm`` holds an attention: its mask's broadcast asks whether a size is 1, which
+    an unbacked size cannot answer (dynamo breaks the graph there and runs the attention
+    uncompiled between two compiled regions)."""
+    targets = {"broadcast_attention", "scaled_dot_product_attention"}
+    return any(
+        node.op == "call_function" and getattr(node.target, "_opname", None) in targets
+        for node in gm.graph.nodes
+    )
 
 
 def describe_failure(err: BaseException) -> str:

@@ -152,6 +152,13 @@ def _attend_in_tiles(
     return out[tiles, columns].transpose(1, 2).clone(memory_format=torch.contiguous_format)
 
 
+def _only_row(t: torch.Tensor | None) -> torch.Tensor | None:
+    """``t`` of one row as ``[1, ...]``, with a size of 1 a tracer can read."""
+    if t is None:
+        return None
+    return t.any(0, keepdim=True) if t.dtype == torch.bool else t.sum(0, keepdim=True)
+
+
 def _one_request_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -162,10 +169,16 @@ def _one_request_attention(
 ) -> torch.Tensor:
     """The op's value when ``k`` holds one request: every query attends ``k[0]``, ``v[0]``."""
     num_candidates, heads, query_len, dim = q.shape
-    queries = q.transpose(1, 2).reshape(1, num_candidates * query_len, heads, dim)
-    # ``[:1]``: one row, also to a tracer, which traces this branch for any R.
-    k, v, key_mask, key_bias = (None if t is None else t[:1] for t in (k, v, key_mask, key_bias))
-    out = _attention(queries, k, v, key_mask, scale, key_bias)
+    rows = num_candidates * query_len
+    # Two spare zero queries, computed and never read: a sequence of at least 2 rows, which
+    # spares a tracer the question whether the mask's one row broadcasts against 1 query.
+    queries = torch.cat([q.transpose(1, 2).reshape(rows, heads, dim), q.new_zeros(2, heads, dim)])
+    queries = queries[None]
+    # A tracer traces this branch for any R, and ``k[:1]`` has ``min(1, R)`` rows to it, which an
+    # unbacked R cannot decide; a reduction over the rows has one row, and over one row it is
+    # that row.
+    k, v, key_mask, key_bias = (_only_row(t) for t in (k, v, key_mask, key_bias))
+    out = _attention(queries, k, v, key_mask, scale, key_bias)[0, :rows]
     out = out.reshape(num_candidates, query_len, heads, dim).transpose(1, 2)
     # Contiguous strides, size-1 dims included: a cond's branches must agree on them.
     return out.clone(memory_format=torch.contiguous_format)
