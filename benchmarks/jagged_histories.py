@@ -2,7 +2,7 @@
 jagged calls (requests grouped by length, each group cut to its longest).
 
     OMP_NUM_THREADS=1 python benchmarks/jagged_histories.py [--repeats 6] [--candidates 8]
-        [--training]
+        [--training] [--door inductor]
 
 DIN (``models_zoo/din.py``), compiled once with its history length marked dynamic. One call:
 one request with a history of 2,048 events and 63 with 30 events each (``--short``), padded with
@@ -15,7 +15,9 @@ one request with a history of 2,048 events and 63 with 30 events each (``--short
 
 Every output is checked against eager first. Then the same at a few other tails: the longest
 history at 256 and 512, and histories uniform over 1..2,048. ``--training`` times a training
-step instead (training compiles; forward and backward of the outputs' sum).
+step instead (training compiles; forward and backward of the outputs' sum). ``--door inductor``
+times the same through ``torch.compile(model, backend=rocs.backend(...), dynamic=True)``, called
+with ``rocs.shared_call`` (the rewrite lowered with Inductor; "eager" stays the original model).
 """
 
 from __future__ import annotations
@@ -45,6 +47,26 @@ def _compiled(model, jagged: bool, training: bool):
         model, list(din.REQUEST_INPUTS), example_kwargs=example, options=options,
         training=training,
     )  # fmt: skip
+
+
+class _Door:
+    """``torch.compile(model, backend=rocs.backend(...))`` called in shared layout, as the
+    compiled model is (``--door inductor``)."""
+
+    def __init__(self, model, jagged: bool):
+        self.backend = rocs.backend(list(din.REQUEST_INPUTS), jagged=jagged)
+        self.compiled = torch.compile(model, backend=self.backend, dynamic=True)
+        for length in (16, 40):  # the rewrite takes the length dynamic at its second value
+            kwargs, index = _call(torch.full((4,), length), 2, seed=length)
+            self(**kwargs, candidate_to_request=index)
+
+    def __call__(self, candidate_to_request, **kwargs):
+        return rocs.shared_call(self.compiled, **kwargs, candidate_to_request=candidate_to_request)
+
+    @property
+    def _jagged(self):
+        runners = [v.runner for s in self.backend.subgraphs for v in s.variants.values()]
+        return next(r._jagged for r in runners if getattr(r, "_jagged", None) is not None)
 
 
 def _step(fn, training: bool):
@@ -89,13 +111,24 @@ def main() -> None:
     parser.add_argument("--candidates", type=int, default=8)
     parser.add_argument("--short", type=int, default=30)
     parser.add_argument("--training", action="store_true", help="time training steps")
+    parser.add_argument(
+        "--door", choices=("rocs", "inductor"), default="rocs",
+        help="rocs.compile, or torch.compile(backend=rocs.backend(...)) through rocs.shared_call",
+    )  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(1)
     model = din.build(seed=0).eval()
-    padded = _compiled(model, False, args.training)
-    jagged = _compiled(model, True, args.training)
+    if args.door == "inductor":
+        if args.training:
+            parser.error("the torch.compile backend compiles for inference only")
+        with torch.no_grad():
+            padded, jagged = _Door(model, False), _Door(model, True)
+    else:
+        padded = _compiled(model, False, args.training)
+        jagged = _compiled(model, True, args.training)
     what = "training steps (forward and backward)" if args.training else "calls"
-    print(f"DIN, 64 requests x {args.candidates} candidates, one thread, medians of "
+    door = "torch.compile(backend=rocs)" if args.door == "inductor" else "rocs.compile"
+    print(f"DIN through {door}, 64 requests x {args.candidates} candidates, one thread, medians of "
           f"{args.repeats} interleaved {what}\n")  # fmt: skip
     print("| histories | eager ms | rocs padded ms | rocs jagged ms | jagged vs padded "
           "| jagged vs eager | max diff |")  # fmt: skip

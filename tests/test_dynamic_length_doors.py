@@ -65,23 +65,38 @@ def test_onnx_runtime_takes_every_length(model_and_compiled, tmp_path):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"length {length}")
 
 
-def test_the_torch_compile_backend_takes_every_length_with_one_graph():
+@pytest.mark.parametrize("inductor", [False, True])
+def test_the_torch_compile_backend_takes_every_length_with_one_graph_and_one_rewrite(inductor):
+    """Dynamo traces the length as a size; once it changes, the rewrite of its graph takes it
+    dynamic too, so one rocs program (and, with Inductor, one lowered graph) serves every later
+    length: a rewrite per length cost seconds per new length with Inductor."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     model = din_model()
-    options = {"request_inputs": list(din.REQUEST_INPUTS), "inductor": False}
-    compiled = torch.compile(model, backend="rocs", options=options, dynamic=True)
+    backend = rocs.backend(list(din.REQUEST_INPUTS), inductor=inductor)
+    compiled = torch.compile(model, backend=backend, dynamic=True)
     graphs, start = [], counters["stats"]["unique_graphs"]  # a count over the whole process
     with torch.no_grad():
-        for length, kwargs, index in _calls():
+        for length, kwargs, index in [*_calls(), *list(_calls())[1:]]:
             as_replicated = replicated(kwargs, index)
             want = model(**as_replicated)
-            torch.testing.assert_close(compiled(**as_replicated), want, rtol=1e-5, atol=1e-5)
+            got = compiled(**as_replicated)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=f"length {length}")
+            assert (want - want[0]).abs().max() > 1e-3, "outputs barely vary across rows"
+            got = rocs.shared_call(compiled, **kwargs, candidate_to_request=index)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=f"shared {length}")
             graphs.append(counters["stats"]["unique_graphs"] - start)
     # Dynamo specializes a size of 1 (its own rule, whatever the backend): the first length, 1,
-    # compiles a graph of its own; every other length shares one graph.
-    assert graphs == [1, 2, 2, 2], graphs
+    # compiles a graph of its own; every other length shares one graph. Its rewrite fixes the
+    # length it first sees and takes it dynamic once a second one comes (as dynamo's automatic
+    # dynamic shapes do); no later length compiles anything. (With Inductor the count also
+    # holds the lowered graphs' own frames.)
+    assert len(set(graphs[2:])) == 1, f"a new length compiled a graph: {graphs}"
+    if not inductor:
+        assert graphs[:2] == [1, 2], graphs
+    rewrites = [len(subgraph.variants) for subgraph in backend.subgraphs]
+    assert rewrites == [1, 1], f"rocs programs per dynamo graph: {rewrites}"
 
 
 @pytest.mark.slow  # an AOTInductor build takes minutes on two cores
@@ -94,3 +109,34 @@ def test_an_aoti_package_takes_every_length(model_and_compiled, tmp_path):
             want = model(**replicated(kwargs, index))
             got = runner(**kwargs, candidate_to_request=index)
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=f"length {length}")
+
+
+def _padded_histories(lengths: list[int], seed: int):
+    """Shared-layout DIN inputs whose request r has ``lengths[r]`` events, padded with 0."""
+    batch = din.make_batch([3, 1, 4, 2][: len(lengths)], seed=seed, shuffle=True)
+    g = torch.Generator().manual_seed(seed)
+    width, kwargs = max(lengths), dict(batch.kwargs)
+    valid = torch.arange(width) < torch.tensor(lengths)[:, None]
+    for name, vocab in zip(("hist_item_ids", "hist_cat_ids"), (din.NUM_ITEMS, din.NUM_CATS)):
+        ids = torch.randint(1, vocab, (len(lengths), width), generator=g)
+        kwargs[name] = ids.masked_fill(~valid, 0)
+    return kwargs, batch.candidate_to_request
+
+
+def test_the_torch_compile_backend_runs_a_shared_call_jagged():
+    """Through ``torch.compile`` too, a shared call whose histories are padded far past most
+    requests' lengths runs as groups cut to their lengths (the rewrite's truncation proof, as
+    ``rocs.compile`` has it), exact against the model on the padded, replicated batch."""
+    model = din_model()
+    backend = rocs.backend(list(din.REQUEST_INPUTS))
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    with torch.no_grad():
+        for i, lengths in enumerate(([5, 9, 3], [7, 2], [300, 4, 6, 5], [200, 3, 2])):
+            kwargs, index = _padded_histories(lengths, seed=40 + i)
+            want = model(**replicated(kwargs, index))
+            got = rocs.shared_call(compiled, **kwargs, candidate_to_request=index)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=str(lengths))
+            assert (want - want[0]).abs().max() > 1e-3, "outputs barely vary across rows"
+    runners = [v.runner for s in backend.subgraphs for v in s.variants.values()]
+    jagged = [r._jagged for r in runners if getattr(r, "_jagged", None) is not None]
+    assert jagged and sum(j.split_calls for j in jagged) >= 2, "no call ran jagged"

@@ -20,7 +20,7 @@ from ..errors import InputError, OptionsError
 from ..options import BackendOptions
 from .lowering import lower_plain
 from .request_names import request_covers, unknown_request_names, without_kjt_keys
-from .subgraph import Subgraph
+from .subgraph import Subgraph, symbolic_dims_of
 from .unshared import UNSHARED, frame_code
 
 
@@ -90,6 +90,7 @@ class RocsBackend:
             # The rewrite runs at the first call, not here: export inside dynamo's tracing context
             # would share dynamo's shape environment and add guards on export's own inputs.
             subgraph.static_rows = rows
+            subgraph.symbolic_dims = symbolic_dims_of(gm, slots)
             subgraph.retrace = functools.partial(UNSHARED.retrace, gm, present, frame_code())
             _warn_if_grad(example_inputs)
         self.subgraphs.append(subgraph)

@@ -71,6 +71,13 @@ class Subgraph:
     retrace: Optional[Callable[[str], bool]] = None
     fallback_reason: Optional[str] = None
     static_rows: Optional[int] = None  # the batch size of a graph dynamo traced with static shapes
+    # Per input, the dims past the batch that dynamo traced as sizes (``symbolic_dims``), and
+    # those of them whose size changed between calls (``dynamic_dims``: a history length): the
+    # rewrite takes the changed ones dynamic, and one variant serves every value of them. A size
+    # that never changes (a feature width dynamo also traced as a symbol) stays fixed.
+    symbolic_dims: dict = field(default_factory=dict)
+    dynamic_dims: dict = field(default_factory=dict)
+    _first_sizes: dict = field(default_factory=dict)
 
     @property
     def compiled_model(self):
@@ -83,7 +90,11 @@ class Subgraph:
         if self._state_changed(args):
             self.variants.clear()  # weights or scalars changed since compile time: rewrite again
         leaves = {s.path: args[i] for i, s in enumerate(self.slots) if s.kind == "input"}
-        variant = self.variants.get(self._key(leaves)) or self._compile(args)
+        variant = self.variants.get(self._key(leaves))
+        if variant is None:
+            if self._sizes_changed(leaves):
+                self.variants.clear()  # the next rewrite serves every value of the new sizes
+            variant = self._compile(args)
         if variant is None:
             return self.plain(*args)
         state = SHARED_CALL.get()
@@ -126,7 +137,51 @@ class Subgraph:
         return set(model.contract.request_inputs) if model is not None else set()
 
     def _key(self, leaves: dict) -> tuple:
-        return tuple((tuple(t.shape[1:]), t.dim(), t.dtype, t.device) for t in leaves.values())
+        dynamic = self.dynamic_dims
+        return tuple(
+            (_static_sizes(t.shape, dynamic.get(path, ())), t.dim(), t.dtype, t.device)
+            for path, t in leaves.items()
+        )
+
+    def _sizes_changed(self, leaves: dict) -> bool:
+        """Note the sizes dynamo traced as symbols; True when one of them changed since the
+        first call (it joins :attr:`dynamic_dims`)."""
+        if not self._first_sizes:
+            self._first_sizes = {p: tuple(leaves[p].shape) for p in self.symbolic_dims}
+            return False
+        changed = False
+        for path, dims in self.symbolic_dims.items():
+            first, now = self._first_sizes[path], leaves[path].shape
+            for d in dims:
+                if now[d] != first[d] and d not in self.dynamic_dims.get(path, ()):
+                    self.dynamic_dims[path] = (*self.dynamic_dims.get(path, ()), d)
+                    changed = True
+        return changed
+
+    def _rewrite(self, api, model, leaves: dict, options: BackendOptions):
+        """``rocs.compile`` of the graph, its inputs' dynamic dims marked dynamic on the example
+        (one program for every length); where that fails, with every such size fixed at this
+        call's, one variant per value (:meth:`_key`)."""
+        if self.dynamic_dims:
+            marked = {}
+            for path, leaf in leaves.items():
+                leaf = leaf.detach()
+                for d in self.dynamic_dims.get(path, ()):
+                    torch._dynamo.mark_dynamic(leaf, d)
+                marked[path] = leaf
+            try:
+                return api.compile(
+                    model, self.request_inputs, example_kwargs=nest(marked), options=options
+                )
+            except CompileError as err:
+                warnings.warn(
+                    "rocs: the rewrite of a dynamo graph with its dynamic sizes failed; each "
+                    "size it sees compiles a program of its own: "
+                    + str(err).splitlines()[0],
+                    stacklevel=3,
+                )
+                self.dynamic_dims, self.symbolic_dims = {}, {}
+        return api.compile(model, self.request_inputs, example_kwargs=nest(leaves), options=options)
 
     def _compile(self, args: tuple) -> Optional[_Variant]:
         from .. import api
@@ -147,12 +202,7 @@ class Subgraph:
         # would time it against a plain program that runs eagerly, not as Inductor compiles it.
         options = replace(self.options, autotune=False) if self.options.inductor else self.options
         try:
-            compiled = api.compile(
-                model,
-                self.request_inputs,
-                example_kwargs=nest(leaves),
-                options=options,
-            )
+            compiled = self._rewrite(api, model, leaves, options)
         except CompileError as err:
             hint = ""
             if self.static_rows is not None:
@@ -186,6 +236,27 @@ class Subgraph:
         variant = _Variant(compiled, runner)
         self.variants[self._key(leaves)] = variant
         return variant
+
+
+def _static_sizes(shape: torch.Size, dynamic: tuple[int, ...]) -> tuple:
+    """The sizes past the batch dim, a dynamic one as None."""
+    return tuple(None if d in dynamic else size for d, size in enumerate(shape) if d)
+
+
+def symbolic_dims_of(gm: fx.GraphModule, slots: list[Slot]) -> dict:
+    """Per input path, the dims past the batch whose size dynamo traced as a symbol."""
+    found = {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for node, slot in zip(placeholders, slots):
+        value = node.meta.get("example_value")
+        if slot.kind != "input" or not isinstance(value, torch.Tensor):
+            continue
+        dims = tuple(
+            d for d, size in enumerate(value.shape) if d and isinstance(size, torch.SymInt)
+        )
+        if dims:
+            found[slot.path] = dims
+    return found
 
 
 def _same_value(now: torch.Tensor, baked: torch.Tensor) -> bool:

@@ -250,6 +250,8 @@ class CompiledModel(nn.Module):
         compiled._weights_read = self._weights_read
         compiled._input_specs = self._input_specs
         object.__setattr__(compiled, "_lengths", self._lengths)
+        object.__setattr__(compiled, "_jagged", self._jagged)  # calls grouped by length
+        object.__setattr__(compiled, "jagged_refused", self.jagged_refused)
         return compiled
 
     def refresh_weights(self) -> None:
