@@ -42,6 +42,8 @@ _LAZY = {
     "RequestCache": ".runtime.cache.request_cache",
     "RequestBalancer": ".distributed.balance",
     "RequestBatch": ".distributed.batch",
+    "calibrate": ".runtime.program.calibration",
+    "Calibration": ".runtime.program.calibration",
     "apply_glm": ".transforms",
     "apply_dca": ".transforms",
     "glm_from_zero_blocks": ".transforms",
@@ -57,7 +59,7 @@ __all__ = [
     "backend", "shared_call", "export", "save", "load", "aoti_package", "export_onnx", "LoadedProgram",
     "apply_glm", "apply_dca", "GLMLinear", "GLMLinearCompression", "GroupLayerNorm",
     "GLMFactorizationMachine", "DCABlock", "trusted_index", "glm_from_zero_blocks", "RequestCache",
-    "RequestBalancer", "RequestBatch",
+    "RequestBalancer", "RequestBatch", "calibrate", "Calibration",
 ]  # fmt: skip
 __version__ = "0.1.0"
 

@@ -193,6 +193,16 @@ class CompiledModel(nn.Module):
         report = self._mislabel.annotate(built)
         return report if self._cache is None else self._cache.annotate(report)
 
+    def cost(self):
+        """FLOPs, bytes and ops of a shared-layout call as sympy expressions over R, N and each
+        dynamic length, per op (``runtime/program/cost.py``); ``.predict_ms(rocs.calibrate(),
+        R=..., N=...)`` gives milliseconds. Computed at each call: keep the result."""
+        from .program.cost import program_cost
+
+        if not isinstance(self.graph_module, fx.GraphModule):
+            raise RuntimeError("this compiled model runs no graph of its own: it has no cost")
+        return program_cost(self.graph_module, self.placeholder_of)
+
     def cache_stats(self) -> Optional[dict]:
         """Hits, misses, evictions and bytes of the request cache (``runtime/cache/request_cache.py``);
         None when the model has none."""

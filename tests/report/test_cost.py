@@ -1,0 +1,169 @@
+"""The cost of a call read from the graph (``cm.cost()``, ``analysis/call_cost.py``) and the
+calibration that turns it into milliseconds (``rocs.calibrate``,
+``runtime/program/calibration.py``). No test times anything or asserts on a time.
+
+The FLOPs oracle knows nothing of the walk: ``analysis/flops.py::node_costs`` runs every node on
+concrete fake tensors at two batch sizes; a REQUEST node of the shared graph runs at R rows and
+any other at N, so a call's FLOPs are ``per_row * rows(placement) + fixed`` summed over nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import sympy
+import torch
+
+import rocs_compiler as rocs
+from models_zoo import din, dlrm
+from rocs_compiler.analysis.flops import node_costs
+from rocs_compiler.ir.graph_meta import PLACEMENT
+from rocs_compiler.ir.roles import Role
+from rocs_compiler.runtime.program.calibration import Calibration, Rates
+
+HISTORIES = ("hist_item_ids", "hist_cat_ids")
+
+
+@pytest.fixture(scope="module")
+def dlrm_model():
+    model = dlrm.build(seed=0).eval()
+    example = dlrm.make_batch([4, 3]).replicated()
+    return rocs.compile(model, list(dlrm.REQUEST_INPUTS), example_kwargs=example)
+
+
+@pytest.fixture(scope="module")
+def din_model():
+    model = din.build(seed=0).eval()
+    example = din.make_batch([4, 3]).replicated()
+    for name in HISTORIES:
+        torch._dynamo.mark_dynamic(example[name], 1)
+    return rocs.compile(model, list(din.REQUEST_INPUTS), example_kwargs=example)
+
+
+def _oracle_flops(cm, requests: int, candidates: int, length: int | None = None) -> float:
+    result = cm.pipeline_result
+    lengths = {s: length for s in result.length_symbols().values()} if length else None
+    costs = node_costs(cm.graph_module, result.captured.batch_symbol, lengths)
+    total = 0.0
+    for node in cm.graph_module.graph.nodes:
+        cost = costs.get(node.name)
+        if cost is not None:
+            rows = requests if node.meta.get(PLACEMENT) is Role.REQUEST else candidates
+            total += cost.per_row * rows + cost.fixed
+    return total
+
+
+@pytest.mark.parametrize("requests, candidates", [(1, 7), (3, 40), (5, 5)])
+def test_flops_equal_the_node_costs_of_the_graph(dlrm_model, requests, candidates):
+    cost = dlrm_model.cost()
+    assert cost.at(requests, candidates).flops == pytest.approx(
+        _oracle_flops(dlrm_model, requests, candidates), rel=1e-9
+    )
+
+
+@pytest.mark.parametrize("requests, candidates, length", [(1, 7, 3), (2, 30, 50), (4, 9, 17)])
+def test_flops_equal_the_node_costs_at_a_history_length(din_model, requests, candidates, length):
+    cost = din_model.cost()
+    at = cost.at(requests, candidates, hist_item_ids=length)
+    assert at.flops == pytest.approx(
+        _oracle_flops(din_model, requests, candidates, length), rel=1e-9
+    )
+
+
+def test_expressions_are_over_R_N_and_one_symbol_per_length(din_model, dlrm_model):
+    cost = din_model.cost()
+    length = cost.lengths["hist_item_ids"]
+    assert str(length) == "L_hist_item_ids"
+    assert cost.lengths["hist_cat_ids"] == length  # one size, one symbol
+    assert cost.flops.free_symbols == {cost.R, cost.N, length}
+    assert cost.example_lengths == {length: 50}
+    assert cost.at(2, 30) == cost.at(2, 30, L_hist_item_ids=50)
+    with pytest.raises(ValueError, match="hist_item_ids"):
+        cost.at(2, 30, history=5)
+    assert dlrm_model.cost().flops.free_symbols == {dlrm_model.cost().R, dlrm_model.cost().N}
+    families = cost.families
+    assert {"gemm", "gather", "memory"} <= set(families)
+    assert sum(f["ops"] for f in families.values()) == cost.ops > 0
+
+
+def test_per_request_is_affine_in_candidates_and_grows_with_the_history(din_model):
+    cost = din_model.cost()
+    for length in (5, 50):
+        k1, k2, k3 = (cost.per_request(length, k) for k in (1, 2, 3))
+        assert k3.flops - k2.flops == pytest.approx(k2.flops - k1.flops)
+        assert k3.bytes - k2.bytes == pytest.approx(k2.bytes - k1.bytes)
+        assert k1.ops == 0
+    short, long = cost.per_request(5, 8), cost.per_request(50, 8)
+    assert long.flops > short.flops > 0
+    assert long.bytes > short.bytes > 0
+
+
+def test_bytes_are_positive_and_grow_with_candidates(dlrm_model, din_model):
+    for cost in (dlrm_model.cost(), din_model.cost()):
+        sizes = [cost.at(2, n).bytes for n in (2, 64, 512)]
+        assert 0 < sizes[0] < sizes[1] < sizes[2]
+        for term in cost.terms:
+            if term.family == "view":
+                assert term.counts["bytes"] == 0
+            else:
+                assert term.counts["bytes"].subs({cost.R: 1, cost.N: 1}) >= 0
+
+
+def _hand_calibration() -> Calibration:
+    rates = Rates(ops_s=2e-6, flops_s=1e-11, bytes_s=2e-11, items_s=1e-8)
+    families = {f: rates for f in ("gemm", "bmm", "attention", "gather", "memory", "view")}
+    return Calibration(families, {"aten::relu": Rates(ops_s=1e-6, bytes_s=1e-11)},
+                       launch_s=1e-6, spill_s=3e-11, cache_bytes=2**20, fresh_s=4e-11,
+                       fresh_bytes=2**17, cold_row_s=5e-9, mapped_s=1e-10, call_s=5e-5)  # fmt: skip
+
+
+def test_predicted_milliseconds_are_the_expression_at_the_sizes(din_model):
+    cost, calibration = din_model.cost(), _hand_calibration()
+    seconds = cost.seconds(calibration)
+    assert seconds.free_symbols <= {cost.R, cost.N, cost.lengths["hist_item_ids"]}
+    for requests, candidates, length in ((1, 16, 10), (4, 512, 50)):
+        sizes = cost.sizes(requests, candidates, hist_item_ids=length)
+        predicted = cost.predict_ms(calibration, R=requests, N=candidates, hist_item_ids=length)
+        assert predicted == pytest.approx(1e3 * float(seconds.subs(sizes)), rel=1e-9)
+    floor = 1e3 * (calibration.call_s + cost.ops * (calibration.launch_s + 1e-6))
+    assert cost.predict_ms(calibration, R=1, N=1) > floor  # every op launches at least once
+
+
+def test_a_short_calibration_round_trips_through_json_and_predicts_more_for_more_candidates(
+    dlrm_model,
+):
+    calibration = rocs.calibrate(seconds=0.05)
+    assert isinstance(calibration, rocs.Calibration)
+    assert Calibration.from_json(calibration.to_json()) == calibration
+    assert json.loads(calibration.to_json())["threads"] == 1
+    assert torch.get_num_threads() == 1  # the calling process's count, restored
+    assert {"gemm", "gather", "memory", "view"} <= set(calibration.families)
+    numbers = [calibration.launch_s, calibration.spill_s, calibration.fresh_s,
+               calibration.cold_row_s, calibration.mapped_s]  # fmt: skip
+    for rates in [*calibration.families.values(), *calibration.ops.values()]:
+        numbers += [rates.ops_s, rates.flops_s, rates.bytes_s, rates.items_s]
+    assert all(math.isfinite(x) and x >= 0 for x in numbers)
+    cost = dlrm_model.cost()
+    times = [cost.predict_ms(calibration, R=4, N=n) for n in (4, 256, 4096)]
+    assert 0 < times[0] < times[1] < times[2]
+
+
+def test_a_model_without_a_graph_has_no_cost():
+    class Opaque(torch.nn.Module):
+        def forward(self, user, item):
+            return (user * item.sum()).sum(1) if bool(user.sum() > 0) else item.sum(1)
+
+    example = {"user": torch.randn(4, 3), "item": torch.randn(4, 3)}
+    with pytest.warns(UserWarning, match="fallback"):
+        cm = rocs.compile(Opaque().eval(), ["user"], example_kwargs=example, fallback="eager")
+    assert cm.is_fallback
+    with pytest.raises(RuntimeError, match="no graph"):
+        cm.cost()
+
+
+def test_cost_symbols_are_plain_sympy_symbols(dlrm_model):
+    cost = dlrm_model.cost()
+    assert isinstance(cost.R, sympy.Symbol) and str(cost.R) == "R"
+    assert isinstance(cost.N, sympy.Symbol) and str(cost.N) == "N"
