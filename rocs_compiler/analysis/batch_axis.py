@@ -128,11 +128,12 @@ def reshape_axis(
     are the same before and after a reshape; the output axis is the dim whose trailing
     elements divide that count, with the quotient as its new ``inner`` factor.
     """
-    after = axis.inner * _product(source.shape[axis.dim + 1:])
-    before = axis.outer * _product(source.shape[: axis.dim])
+    after = _product(source.shape[axis.dim + 1:])
+    before = _product(source.shape[: axis.dim])
     dims = batch_dims(out, symbol)
     if after is None or before is None or len(dims) != 1:
         return "reshape mixes the batch with a dynamic size"
+    after, before = axis.inner * after, axis.outer * before
     (dim,) = dims
     trailing = _product(out.shape[dim + 1:])
     leading = _product(out.shape[:dim])

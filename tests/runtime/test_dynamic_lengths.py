@@ -138,3 +138,33 @@ def test_the_report_counts_flops_per_request_at_a_given_history_length(compiled)
         cm.report(lengths={"item_id": 3})
     with pytest.raises(ValueError, match="have one length"):
         cm.report(lengths={"hist_item_ids": 3, "hist_cat_ids": 4})
+
+
+def test_a_bag_whose_reshape_merges_the_batch_with_a_dynamic_length_runs_per_candidate():
+    """two_tower pools its history with ``embedding_bag`` over ids flattened to ``[B * L]``: with
+    the length marked dynamic, the batch axis of that reshape cannot be read (the rule crashed on
+    the unknown product and failed the compile). The node now runs per candidate, named in the
+    report, and the model is exact at every length in both layouts."""
+    from models_zoo import get_entry
+
+    entry = get_entry("two_tower")
+    model = entry.build().eval()
+    example = entry.make_batch([4, 3]).replicated()
+    torch._dynamo.mark_dynamic(example["hist_item_ids"], 1)
+    cm = rocs.compile(model, list(entry.request_inputs), example_kwargs=example)
+    fallbacks = {f.node: f.reason for f in cm.report().fallbacks}
+    assert fallbacks.get("reshape") == "reshape mixes the batch with a dynamic size", fallbacks
+    with torch.no_grad():
+        for length, counts in ((1, [4, 1]), (10, [3, 1, 5]), (80, [2, 2])):
+            batch = entry.make_batch(counts, seed=length, shuffle=True)
+            generator = torch.Generator().manual_seed(length)
+            kwargs = dict(batch.kwargs)
+            shape = (len(counts), length)
+            kwargs["hist_item_ids"] = torch.randint(0, 1000, shape, generator=generator)
+            index = batch.candidate_to_request
+            dropin = {n: v[index] if n in entry.request_inputs else v for n, v in kwargs.items()}
+            want = model(**dropin)
+            assert (want["score"] - want["score"][0]).abs().max() > 0.1, "scores barely vary"
+            for got in (cm(**kwargs, candidate_to_request=index), cm(**dropin)):
+                for key in want:
+                    torch.testing.assert_close(got[key], want[key], rtol=1e-5, atol=1e-5)
