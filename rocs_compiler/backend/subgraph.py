@@ -158,10 +158,12 @@ class Subgraph:
                     changed = True
         return changed
 
-    def _rewrite(self, api, model, leaves: dict, options: BackendOptions):
+    def _rewrite(self, model, leaves: dict, options: BackendOptions):
         """``rocs.compile`` of the graph, its inputs' dynamic dims marked dynamic on the example
         (one program for every length); where that fails, with every such size fixed at this
         call's, one variant per value (:meth:`_key`)."""
+        from .. import api
+
         if self.dynamic_dims:
             marked = {}
             for path, leaf in leaves.items():
@@ -184,8 +186,6 @@ class Subgraph:
         return api.compile(model, self.request_inputs, example_kwargs=nest(leaves), options=options)
 
     def _compile(self, args: tuple) -> Optional[_Variant]:
-        from .. import api
-
         self.consts = [
             (i, args[i], tensor_version(args[i]))
             for i, s in enumerate(self.slots)
@@ -202,7 +202,7 @@ class Subgraph:
         # would time it against a plain program that runs eagerly, not as Inductor compiles it.
         options = replace(self.options, autotune=False) if self.options.inductor else self.options
         try:
-            compiled = self._rewrite(api, model, leaves, options)
+            compiled = self._rewrite(model, leaves, options)
         except CompileError as err:
             hint = ""
             if self.static_rows is not None:
