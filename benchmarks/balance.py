@@ -1,31 +1,40 @@
 """Balanced data parallelism: the bubble of 2 real DDP ranks with random, equal-count and
-equal-cost request assignment, and the bubble the cost model predicts at 8, 64 and 256 ranks.
+equal-cost request assignment, and the bubble the cost model predicts at 2 to 256 ranks.
 
-    python benchmarks/balance.py [--steps 6] [--requests 16] [--sim-steps 20]
+    python benchmarks/balance.py [--steps 12] [--repeats 9] [--requests 16] [--sim-steps 20]
 
 **Measured** (2 ranks, gloo on 127.0.0.1, one torch thread each): DIN (``models_zoo/din.py``,
 eval mode so that no batch statistic depends on the split) compiled for training with its history
-length marked dynamic, ``DDP(cm)``, SGD at learning rate 0. Each rank's loader draws
-``--requests`` requests per step: history lengths log-normal, median 60, clipped to 8..2048, padded
-to the rank's longest; 1..64 impressions per request. Every policy trains on the same loaded
-batches, interleaved step by step (background load hits all three alike), each with its next
-batch's exchange started before its step (``balancer.start``), so the exchange overlaps it:
+length marked dynamic, ``DDP(cm)``, SGD at learning rate 0. The training call groups each rank's
+requests by history length (``runtime/call/jagged.py``), which the balancer reads from the
+compiled model. Each rank's loader draws ``--requests`` requests per step: history lengths
+log-normal, median 60, clipped to 8..2048, padded to the rank's longest; 1..64 impressions per
+request. Every policy trains on the same loaded batches, interleaved step by step (background
+load hits all alike), each with its next batch's exchange started before its step
+(``balancer.start``), so the exchange overlaps it:
 
 - ``random``: ``policy="keep"``, every request stays where the loader put it;
-- ``count``: equal request counts (sorted by cost and dealt);
-- ``cost``: equal predicted cost (``docs/distributed.md``, "Balanced data parallelism");
+- ``count``: equal request counts (sorted by the calibrated cost and dealt);
+- ``cost (FLOPs)``: equal predicted cost, the compiled model's FLOPs (``costs.flops_cost``);
+- ``cost (ms)``: equal predicted cost in milliseconds, the compiled graph priced by one
+  ``rocs.calibrate()`` of this machine (``costs.calibrated_cost``);
 - ``same batch (noise floor)``: both ranks train on rank 0's batch: the bubble that timing noise
   alone makes (a perfect balance measures this much).
 
 Per step and rank: **compute**, the calling thread's CPU time of forward, backward and the SGD
-step (DDP's all-reduce runs on gloo's threads, and a wait takes no CPU); the **exposed exchange**,
+step (DDP's all-reduce runs on gloo's threads, and a wait takes no CPU), the median of
+``--repeats`` runs of the step (learning rate 0: the same work each time); then each rank runs
+the other's batch the same way, so that every batch is also timed on both ranks (their mean
+takes out what makes one rank of this machine faster than the other). The **exposed exchange**:
 wall time in ``start`` (costs gathered, partition, packing) and ``wait`` (what of the all-to-all
 the step did not hide). **Bubble fraction** = sum over steps of (slowest rank - mean rank) / sum
-of slowest, of compute; **steps/s** = steps / rank 0's wall time of its steps and exchanges.
+of slowest, of compute; **steps/s** = steps / rank 0's wall time of its steps and exchanges;
+**bound**: the mean over steps of the slowest rank's compute under random assignment over this
+one's, what balancing can give steps/s at most.
 
 **Simulated**: the same draws at ``--ranks`` ranks with ``--sim-requests`` requests each, loads
-predicted by the cost model (``flops_cost`` of the compiled DIN), ranks running padded histories
-(the training call) and jagged ones (each request at its own length).
+predicted by the calibrated cost, ranks running padded histories or grouped ones (the training
+call's default).
 """
 
 from __future__ import annotations
@@ -51,10 +60,17 @@ sys.path.insert(0, str(ROOT))
 
 import rocs_compiler as rocs
 from models_zoo import din
+from rocs_compiler.distributed.histories import content_lengths
 
 WORLD = 2
 HISTORIES = ("hist_item_ids", "hist_cat_ids")
-POLICIES = {"random": "keep", "count": "count", "cost": "cost"}
+# name: (policy, weighed by a calibration's milliseconds rather than FLOPs)
+POLICIES = {
+    "random": ("keep", False),
+    "count": ("count", True),
+    "cost (FLOPs)": ("cost", False),
+    "cost (ms)": ("cost", True),
+}
 # Not an assignment: both ranks train on rank 0's batch, the bubble of timing noise alone.
 SAME = "same batch (noise floor)"
 
@@ -103,7 +119,7 @@ def compiled_din():
     return cm
 
 
-def _rank(rank: int, port: int, tmp: str, args) -> None:
+def _rank(rank: int, port: int, tmp: str, args, calibration_json: str) -> None:
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -115,8 +131,14 @@ def _rank(rank: int, port: int, tmp: str, args) -> None:
         cm = compiled_din()
         ddp = DDP(cm)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.0)
+        calibration = rocs.Calibration.from_json(calibration_json)
         names = [*POLICIES, SAME]
-        balancers = {p: rocs.RequestBalancer(cm, policy=POLICIES.get(p, "keep")) for p in names}
+        balancers = {}
+        for name in names:
+            policy, by_ms = POLICIES.get(name, ("keep", False))
+            balancers[name] = rocs.RequestBalancer(
+                cm, policy=policy, calibration=calibration if by_ms else None
+            )
         records = {p: [] for p in names}
         pending = {}
 
@@ -127,6 +149,22 @@ def _rank(rank: int, port: int, tmp: str, args) -> None:
             drawn = time.perf_counter()
             pending[policy] = balancers[policy].start(batch)
             return time.perf_counter() - drawn, drawn - begin
+
+        def timed_step(batch) -> tuple[float, float]:
+            """Median CPU and wall seconds of ``--repeats`` runs of a step on ``batch``."""
+            cpus, walls = [], []
+            for _ in range(args.repeats):  # the same step again (lr 0)
+                wall, cpu = time.perf_counter(), time.thread_time()
+                out = ddp(**batch.inputs(leave_out=["label"]))
+                losses = F.binary_cross_entropy_with_logits(
+                    out, batch.candidate["label"], reduction="none"
+                )
+                batch.global_mean(losses).backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                cpus.append(time.thread_time() - cpu)
+                walls.append(time.perf_counter() - wall)
+            return float(np.median(cpus)), float(np.median(walls))
 
         exposed = {p: start(p, 0)[0] for p in names}
         order = random.Random(0)  # both ranks draw the same order: their collectives pair up
@@ -139,24 +177,26 @@ def _rank(rank: int, port: int, tmp: str, args) -> None:
                 local = handle.wait()
                 waited = time.perf_counter() - begin
                 started = start(policy, step + 1)[0] if step < args.steps else 0.0
-                wall, cpu = time.perf_counter(), time.thread_time()
-                out = ddp(**local.inputs(leave_out=["label"]))
-                losses = F.binary_cross_entropy_with_logits(
-                    out, local.candidate["label"], reduction="none"
-                )
-                local.global_mean(losses).backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                cpu = time.thread_time() - cpu
-                wall = time.perf_counter() - wall
+                cpu, wall = timed_step(local)
+                # The peer's batch on this rank: each batch's compute, timed on both ranks.
+                batches = [None] * WORLD
+                dist.all_gather_object(batches, local)
+                swapped, _ = timed_step(batches[1 - rank])
                 if step:
                     records[policy].append({
-                        "compute": cpu, "wall": wall + waited + exposed[policy],
+                        "compute": cpu, "swapped": swapped,
+                        "wall": wall + waited + exposed[policy],
                         "exposed": waited + exposed[policy],
                         "predicted": handle.partition.loads.tolist(),
                         "algorithm": handle.partition.algorithm,
                         "requests": local.num_requests, "candidates": local.num_candidates,
                         "width": local.request["hist_item_ids"].shape[1],
+                        "features": batch_features(local, cm),
+                        "split": cm._jagged.split_calls,
+                        "lengths": content_lengths(local.request[HISTORIES[0]], 0).tolist(),
+                        "counts": torch.bincount(
+                            local.candidate_to_request, minlength=local.num_requests
+                        ).tolist(),
                     })  # fmt: skip
                 exposed[policy] = started
         torch.save(records, os.path.join(tmp, f"{rank}.pt"))
@@ -164,13 +204,35 @@ def _rank(rank: int, port: int, tmp: str, args) -> None:
         dist.destroy_process_group()
 
 
-def measured(args) -> dict:
+def batch_features(batch, cm) -> list[float]:
+    """What a rank's grouped call costs in (``runtime/call/jagged_groups.py``): requests, their
+    power-of-two widths w, candidates k, sum of k * w, distinct widths; then the same at the
+    widths of the groups the call plans (sum of w, sum of k * w, groups)."""
+    from rocs_compiler.runtime.call.jagged_groups import plan_groups, power_of_two_widths
+
+    history = batch.request[HISTORIES[0]]
+    lengths = content_lengths(history, 0)
+    widths = power_of_two_widths(lengths).double()
+    k = torch.bincount(batch.candidate_to_request, minlength=lengths.shape[0]).double()
+    groups = plan_groups(lengths, k.long(), history.shape[1], cm._jagged.costs, False)
+    planned = torch.zeros_like(widths)
+    for members, width in groups:
+        planned[members] = width
+    return [float(lengths.shape[0]), float(widths.sum()), float(k.sum()),
+            float((k * widths).sum()), float(torch.unique(widths).numel()),
+            float(planned.sum()), float((k * planned).sum()), float(len(groups))]  # fmt: skip
+
+
+def measured(args, calibration) -> dict:
     """``{policy: [rank 0's records, rank 1's records]}``."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(_rank, args=(port, tmp, args), nprocs=WORLD, start_method="spawn")
+        mp.start_processes(
+            _rank, args=(port, tmp, args, calibration.to_json()), nprocs=WORLD,
+            start_method="spawn",
+        )  # fmt: skip
         ranks = [torch.load(os.path.join(tmp, f"{r}.pt")) for r in range(WORLD)]
     return {p: [ranks[r][p] for r in range(WORLD)] for p in ranks[0]}
 
@@ -184,33 +246,51 @@ def bubble_fraction(per_step: np.ndarray) -> float:
 def measured_table(runs: dict) -> list[str]:
     lines = [
         (
-            "| assignment | bubble (measured compute) | reduction vs random | bubble (predicted) "
-            "| slowest rank's compute, ms/step | exposed exchange, ms/step | steps/s | requests "
-            "per rank | width per rank |"
+            "| assignment | bubble (measured compute) | reduction vs random | bubble, each batch "
+            "timed on both ranks | reduction vs random | bubble (predicted) "
+            "| slowest rank's compute, ms/step | exposed exchange, ms/step | steps/s | speed-up "
+            "vs random: steps/s / bound | requests per rank | width per rank |"
         ),
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     base = None
     for policy, ranks in runs.items():
         compute = np.array([[s["compute"] for s in r] for r in ranks]).T  # [steps, ranks]
         predicted = np.array([s["predicted"] for s in ranks[0]])
         exposed = np.mean([s["exposed"] for r in ranks for s in r])
-        wall = sum(s["wall"] for s in ranks[0])
-        bubble = bubble_fraction(compute)
-        base = bubble if base is None else base
-        cut = "" if policy in ("random", SAME) else f"{1 - bubble / base:.0%}"
+        steps_per_s = len(ranks[0]) / sum(s["wall"] for s in ranks[0])
+        swapped = np.array([[s["swapped"] for s in r] for r in ranks]).T  # peer's batch
+        both = (compute + swapped[:, ::-1]) / 2  # [steps, ranks]: a batch's mean on both ranks
+        bubble, bubble_both = bubble_fraction(compute), bubble_fraction(both)
+        slowest = compute.max(1).mean()
+        if base is None:
+            base = (bubble, slowest, steps_per_s, bubble_both)
+        cuts = ["" if policy in ("random", SAME) else f"{1 - b / b0:.0%}"
+                for b, b0 in ((bubble, base[0]), (bubble_both, base[3]))]  # fmt: skip
+        speedup = "" if policy == "random" else (
+            f"{steps_per_s / base[2]:.2f} / {base[1] / slowest:.2f}"
+        )  # fmt: skip
         requests = "/".join(f"{np.mean([s['requests'] for s in r]):.1f}" for r in ranks)
         widths = "/".join(f"{np.mean([s['width'] for s in r]):.0f}" for r in ranks)
         lines.append(
-            f"| {policy} | {bubble:.3f} | {cut} | {bubble_fraction(predicted):.3f} | "
-            f"{1e3 * compute.max(1).mean():.0f} | {1e3 * exposed:.1f} | {len(ranks[0]) / wall:.2f} "
+            f"| {policy} | {bubble:.3f} | {cuts[0]} | {bubble_both:.3f} | {cuts[1]} "
+            f"| {bubble_fraction(predicted):.3f} | "
+            f"{1e3 * slowest:.0f} | {1e3 * exposed:.1f} | {steps_per_s:.2f} | {speedup} "
             f"| {requests} | {widths} |"
         )
     return lines
 
 
+HISTORY_MODES = {
+    "padded": "ranks pad to their longest request",
+    "grouped": "requests grouped by length, each at its length rounded up to a power of two "
+    "and at most the rank's longest (the training call's default)",
+}
+
+
 def simulated_table(args, cost) -> list[str]:
     from rocs_compiler.distributed.partition import Requests, partition
+    from rocs_compiler.runtime.call.jagged_groups import power_of_two_widths
 
     (ar, br), (ac, bc) = cost.request, cost.candidate
     lines = [
@@ -221,21 +301,25 @@ def simulated_table(args, cost) -> list[str]:
         ),
         "|---|---|---|---|---|---|---|---|",
     ]
+    names = {"random": "keep", "count": "count", "cost": "cost"}
     for world in args.ranks:
         rng = np.random.default_rng(world)
-        for padded in (True, False):
-            bubbles = {p: [] for p in POLICIES}
-            tops = {p: [] for p in POLICIES}
+        for mode in HISTORY_MODES:
+            bubbles = {p: [] for p in names}
+            tops = {p: [] for p in names}
             single = []
             for _ in range(args.sim_steps):
                 count = world * args.sim_requests
                 lengths = draw_lengths(rng, count)
                 k = rng.integers(1, args.impressions + 1, count)
+                grouped = mode == "grouped"
+                widths = power_of_two_widths(torch.from_numpy(lengths)).numpy()
                 requests = Requests(
                     fixed=ar + k * ac, per_length=br + k * bc, lengths=lengths, candidates=k,
-                    home=np.repeat(np.arange(world), args.sim_requests), padded=padded,
+                    home=np.repeat(np.arange(world), args.sim_requests), padded=not grouped,
+                    widths=widths if grouped else None,
                 )  # fmt: skip
-                for name, policy in POLICIES.items():
+                for name, policy in names.items():
                     loads = partition(requests, world, policy).loads
                     bubbles[name].append((loads.max(), loads.mean()))
                     tops[name].append(loads.max())
@@ -246,7 +330,7 @@ def simulated_table(args, cost) -> list[str]:
                 frac[name] = float((top - mean).sum() / top.sum())
             ratio = [np.sum(tops[p]) / np.sum(tops["random"]) for p in ("count", "cost")]
             lines.append(
-                f"| {world} | {'padded' if padded else 'jagged'} | {frac['random']:.3f} | "
+                f"| {world} | {mode} | {frac['random']:.3f} | "
                 f"{frac['count']:.3f} | {frac['cost']:.4f} | "
                 f"{1 - frac['cost'] / frac['random']:.1%} | {ratio[0]:.2f} / {ratio[1]:.2f} | "
                 f"{max(single):.3f} |"
@@ -256,29 +340,41 @@ def simulated_table(args, cost) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=8, help="counted steps per policy")
+    parser.add_argument("--steps", type=int, default=12, help="counted steps per policy")
     parser.add_argument("--requests", type=int, default=16, help="requests per rank per step")
     parser.add_argument("--impressions", type=int, default=64, help="most candidates per request")
-    parser.add_argument("--ranks", type=int, nargs="+", default=[8, 64, 256])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 8, 64, 256])
+    parser.add_argument("--repeats", type=int, default=9, help="runs of each step (median)")
     parser.add_argument("--sim-requests", type=int, default=128, help="requests per rank")
     parser.add_argument("--sim-steps", type=int, default=20)
     parser.add_argument("--no-measure", action="store_true", help="the simulation only")
     parser.add_argument("--json", help="also write the measured per-step records here")
     args = parser.parse_args()
-    from rocs_compiler.distributed.costs import flops_cost
+    from rocs_compiler.distributed.costs import calibrated_cost, flops_cost
 
-    cost = flops_cost(compiled_din())
-    print(f"cost model (FLOPs): request {cost.request}, candidate {cost.candidate}\n")
+    torch.set_num_threads(1)
+    cm = compiled_din()
+    begin = time.perf_counter()
+    calibration = rocs.calibrate()
+    cost = calibrated_cost(cm, calibration)
+    flops = flops_cost(cm)
+    print(f"calibration: {time.perf_counter() - begin:.0f} s")
+    print(f"cost model (FLOPs): request {flops.request}, candidate {flops.candidate}")
+    print(f"cost model (ms):    request {cost.request}, candidate {cost.candidate}\n")
     if not args.no_measure:
         begin = time.perf_counter()
-        runs = measured(args)
+        runs = measured(args, calibration)
         if args.json:
             Path(args.json).write_text(json.dumps(runs, indent=1))
         print(f"## 2 ranks, measured ({args.steps} steps per policy, {args.requests} requests "
-              f"per rank, {time.perf_counter() - begin:.0f} s)\n")  # fmt: skip
+              f"per rank, median of {args.repeats} runs of each step, "
+              f"{time.perf_counter() - begin:.0f} s)\n")  # fmt: skip
         print("\n".join(measured_table(runs)) + "\n")
-    print(f"## Simulated ({args.sim_requests} requests per rank, {args.sim_steps} steps)\n")
-    print("\n".join(simulated_table(args, cost)))
+    print(f"## Simulated from the calibrated cost ({args.sim_requests} requests per rank, "
+          f"{args.sim_steps} steps)\n")  # fmt: skip
+    for mode, meaning in HISTORY_MODES.items():
+        print(f"- {mode}: {meaning}")
+    print("\n" + "\n".join(simulated_table(args, cost)))
 
 
 if __name__ == "__main__":

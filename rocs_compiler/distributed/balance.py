@@ -35,7 +35,8 @@ import torch.distributed as dist
 from ..errors import InputError
 from .batch import RequestBatch
 from .checks import Checked, check_batch
-from .costs import flops_cost, history_inputs
+from ..runtime.call.jagged_groups import power_of_two_widths
+from .costs import calibrated_cost, flops_cost, history_inputs, runs_grouped
 from .exchange import Routes, Schema, pack, receive_sizes, unpack
 from .partition import POLICIES, Partition, Requests, partition
 
@@ -47,16 +48,22 @@ class RequestBalancer:
     costs are equal.
 
     - ``cost``: a compiled model (its FLOPs per request and per candidate, linear in its first
-      dynamic history length: ``costs.flops_cost``) or ``cost(lengths, candidates) -> [R]``,
-      affine in the length.
+      dynamic history length: ``costs.flops_cost``; with ``calibration``, a ``rocs.Calibration``
+      of this machine, its predicted milliseconds: ``costs.calibrated_cost``) or
+      ``cost(lengths, candidates) -> [R]``, affine in the length.
     - ``policy``: ``"cost"`` (equal cost; counts differ, so train on
       :meth:`RequestBatch.global_mean`), ``"count"`` (equal request counts, sorted by cost and
       dealt) or ``"keep"`` (no exchange; the loss scale only).
     - ``histories``: request inputs padded along dim 1 with ``padding_id`` (default, for a
       compiled model: its request inputs with a dynamic length). Lengths are read from them
       (one past the last id that is not padding), or taken from ``batch.lengths`` and checked.
-    - ``padded``: whether a rank runs its histories padded to its longest request (default:
-      when there are histories), which the predicted costs then count.
+    - ``padded``: whether a rank runs its histories padded to its longest request, which the
+      predicted costs then count (default: when there are histories and the calls do not group
+      requests by length).
+    - ``grouped``: whether a rank's call runs its requests grouped by history length, each
+      request at about its own length rounded up to a power of two (``runtime/call/jagged.py``;
+      default: read from a compiled model, False for a cost function); a request is then
+      costed at that width, at most its rank's longest length.
     """
 
     def __init__(
@@ -67,20 +74,31 @@ class RequestBalancer:
         histories: Sequence[str] | None = None,
         padding_id=0,
         padded: bool | None = None,
+        grouped: bool | None = None,
+        calibration=None,
         group=None,
     ):
         if policy not in POLICIES:
             raise ValueError(f"policy {policy!r} is none of {POLICIES}")
         if callable(cost) and not isinstance(cost, torch.nn.Module):
+            if calibration is not None:
+                raise TypeError("calibration= prices a compiled model's graph, not a cost function")
             self.cost: Cost = cost
-            found = ()
+            found, runs_by_length = (), False
         else:
-            self.cost = flops_cost(cost)
-            found = history_inputs(cost)
+            by_calibration = calibration is not None
+            self.cost = calibrated_cost(cost, calibration) if by_calibration else flops_cost(cost)
+            found, runs_by_length = history_inputs(cost), runs_grouped(cost)
         self.policy = policy
         self.histories = tuple(found if histories is None else histories)
         self.padding_id = padding_id
-        self.padded = bool(self.histories) if padded is None else bool(padded)
+        self.grouped = bool(self.histories) and (
+            runs_by_length if grouped is None else bool(grouped)
+        )
+        default_padded = bool(self.histories) and not self.grouped
+        self.padded = default_padded if padded is None else bool(padded)
+        if self.padded and self.grouped:
+            raise ValueError("padded=True and grouped=True disagree: a grouped call pads no rank")
         self.group = group
 
     def balance(self, batch: RequestBatch) -> RequestBatch:
@@ -163,7 +181,8 @@ class RequestBalancer:
         padded = torch.zeros(max(max(rows), 1), 4, dtype=torch.float64, device=stats.device)
         padded[: stats.shape[0]] = stats  # (gloo gathers no empty tensors)
         every = self._all_gather(padded).cpu()
-        return gathered_requests([every[r, : rows[r]] for r in range(world)], self.padded)
+        parts = [every[r, : rows[r]] for r in range(world)]
+        return gathered_requests(parts, self.padded, self.grouped)
 
 
 def request_stats(checked: Checked, cost: Cost) -> torch.Tensor:
@@ -178,9 +197,13 @@ def request_stats(checked: Checked, cost: Cost) -> torch.Tensor:
     return torch.stack([counts.to(fixed.dtype), length.to(fixed.dtype), fixed, per_length], 1)
 
 
-def gathered_requests(stats: Sequence[torch.Tensor], padded: bool) -> Requests:
-    """The global :class:`Requests` from every rank's :func:`request_stats`, rank by rank."""
+def gathered_requests(
+    stats: Sequence[torch.Tensor], padded: bool, grouped: bool = False
+) -> Requests:
+    """The global :class:`Requests` from every rank's :func:`request_stats`, rank by rank;
+    ``grouped``: each rank's call groups its requests by length (their power-of-two widths)."""
     table = torch.cat(list(stats)).numpy()
+    lengths = torch.from_numpy(table[:, 1].astype(np.int64))
     return Requests(
         fixed=table[:, 2],
         per_length=table[:, 3],
@@ -188,6 +211,7 @@ def gathered_requests(stats: Sequence[torch.Tensor], padded: bool) -> Requests:
         candidates=table[:, 0].astype(np.int64),
         home=np.repeat(np.arange(len(stats)), [s.shape[0] for s in stats]),
         padded=padded,
+        widths=power_of_two_widths(lengths).numpy() if grouped else None,
     )
 
 

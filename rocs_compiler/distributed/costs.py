@@ -6,17 +6,26 @@ history length) and int64 ``[R]`` candidate counts, and returns float64 ``[R]``.
 needs it affine in the length (``a + b * L`` per request, as :class:`LinearCost` is): it reads
 the cost of a request padded to another width from the cost at length 0 and at length 1.
 
-Source: ``runtime/call/jagged_groups.py::unit_costs`` (the pipeline's FLOPs per request and per
-candidate at length 1 and at the example's length), or ``PipelineResult.unit_flops`` for a model
-without a dynamic length. They are forward FLOPs; a training step's are about three times as
-many for every request alike, which leaves a balance unchanged. Milliseconds per op family (a
-calibrated model) are not read here.
+Two sources:
+
+- :func:`flops_cost`: ``runtime/call/jagged_groups.py::unit_costs`` (the pipeline's FLOPs per
+  request and per candidate at length 1 and at the example's length), or
+  ``PipelineResult.unit_flops`` for a model without a dynamic length;
+- :func:`calibrated_cost`: milliseconds, ``cm.cost()`` (every op's FLOPs, bytes, items and
+  launch) priced by a ``rocs.Calibration`` of this machine and fitted by non-negative least
+  squares to ``c + R (a_r + b_r L) + N (a_c + b_c L)`` over calls of a few sizes; ``c``, what a
+  call pays once, is the same on every rank and left out.
+
+Both are forward costs; a training step's backward costs about twice its forward for every
+request alike, which leaves a balance unchanged.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
+import numpy as np
 import torch
 
 from ..errors import InputError
@@ -67,3 +76,46 @@ def history_inputs(cm) -> tuple[str, ...]:
         return ()
     request = set(cm.contract.request_inputs)
     return tuple(name for name in result.length_sizes() if name in request)
+
+
+def calibrated_cost(
+    cm,
+    calibration,
+    *,
+    requests: Sequence[int] = (1, 4, 16, 64),
+    candidates: Sequence[int] = (1, 8, 64),
+    lengths: Sequence[int] = (8, 64, 512),
+) -> LinearCost:
+    """Milliseconds of a request of ``cm`` on the machine ``calibration`` measured
+    (``rocs.calibrate()``): ``cm.cost().predict_ms`` at every ``requests`` x ``candidates`` (per
+    request) x ``lengths`` (of every dynamic length; ignored without one), fitted to
+    ``c + R (a_r + b_r L) + N (a_c + b_c L)`` by non-negative least squares on relative error.
+    The calibrated prediction is not affine where an op's output passes a cache or allocator
+    threshold; the fit is its best affine reading over these sizes."""
+    from ..runtime.program.calibration import nnls
+
+    call = cm.cost()
+    names = list(call.lengths)
+    rows, times = [], []
+    for r in requests:
+        for k in candidates:
+            for length in lengths if names else (0,):
+                at = {name: length for name in names}
+                n = r * k
+                rows.append([1.0, r, r * length, n, n * length])
+                times.append(call.predict_ms(calibration, R=r, N=n, **at))
+    a, b = np.array(rows, dtype=np.float64), np.array(times)
+    if not names:
+        a = a[:, [0, 1, 3]]
+    coef, _ = nnls(a / b[:, None], np.ones_like(b))
+    if not names:
+        coef = np.array([coef[0], coef[1], 0.0, coef[2], 0.0])
+    return LinearCost((float(coef[1]), float(coef[2])), (float(coef[3]), float(coef[4])))
+
+
+def runs_grouped(cm) -> bool:
+    """Whether ``cm``'s calls run their requests grouped by history length
+    (``runtime/call/jagged.py``): each request then costs about its own length rounded up to a
+    power of two, not the call's width."""
+    jagged = getattr(cm, "_jagged", None)
+    return jagged is not None and jagged.truncation is not None

@@ -4,14 +4,20 @@ from the same gathered costs.
 
 A rank's predicted load: with ``padded`` histories (a rank pads them to its longest request,
 ``W``), the sum of its requests' costs at ``W`` (``sum(fixed) + W * sum(per_length)``, the cost
-being affine in the length); otherwise the sum of its requests' costs at their own lengths.
+being affine in the length); with ``widths`` (a rank's call groups its requests by length), the
+sum of its requests' costs each at its width, at most ``W``; otherwise the sum of its requests'
+costs at their own lengths. All three are ``sum(fixed) + sum(per_length * min(w, W))`` with ``w``
+infinite, the group's width or the length (``Requests.run_widths``). The constructive partitions
+weigh a grouped request at its width (``Requests.own``, exact but on the rank's longest group);
+the local search and the choice among them weigh the exact loads.
 
 Policies:
 
 - ``"count"``: equal request counts (within one): requests sorted by cost, most costly first,
   dealt to the ranks in snake order (FreeScale's production choice).
 - ``"cost"``: equal loads, counts differ: the best (lowest largest load) of longest-processing-
-  time-first (LPT), multiway Karmarkar-Karp differencing (KK) and, for padded histories,
+  time-first (LPT) by cost and by length (the latter on the exact loads), multiway
+  Karmarkar-Karp differencing (KK) and, for padded histories,
   contiguous runs of requests sorted by length, cut where the largest load is least; then moves
   and swaps of single requests while they lower the largest load (``refine.py``). KK and the
   search run up to :data:`SEARCH_LIMIT` requests times ranks.
@@ -31,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .refine import refine
-from .requests import Requests
+from .requests import Requests, rank_loads
 
 POLICIES = ("count", "cost", "keep")
 # KK merges one partial of ``world`` sums per request, and a step of the local search weighs every
@@ -61,7 +67,7 @@ def partition(requests: Requests, world: int, policy: str) -> Partition:
     if policy == "count":
         tried = {"deal": deal(requests.own, world)}
     else:
-        tried = {"lpt": lpt(requests.own, world)}
+        tried = {"lpt": lpt(requests.own, world), "lpt-by-length": lpt_by_length(requests, world)}
         small = requests.own.shape[0] * world <= SEARCH_LIMIT
         if small:
             tried["kk"] = karmarkar_karp(requests.own, world)
@@ -80,13 +86,9 @@ def partition(requests: Requests, world: int, policy: str) -> Partition:
 
 def loads(requests: Requests, ranks: np.ndarray, world: int) -> np.ndarray:
     """float64 ``[world]``: each rank's predicted load under ``ranks``."""
-    if not requests.padded:
-        return np.bincount(ranks, weights=requests.own, minlength=world).astype(np.float64)
-    width = np.zeros(world, dtype=np.int64)
-    np.maximum.at(width, ranks, requests.lengths)
-    fixed = np.bincount(ranks, weights=requests.fixed, minlength=world)
-    per_length = np.bincount(ranks, weights=requests.per_length, minlength=world)
-    return fixed + width * per_length
+    return rank_loads(
+        requests.fixed, requests.per_length, requests.lengths, requests.run_widths, ranks, world
+    )
 
 
 def _descending(costs: np.ndarray) -> np.ndarray:
@@ -112,6 +114,25 @@ def lpt(costs: np.ndarray, world: int) -> np.ndarray:
         load, rank = heapq.heappop(heap)
         ranks[request] = rank
         heapq.heappush(heap, (load + float(costs[request]), rank))
+    return ranks
+
+
+def lpt_by_length(requests: Requests, world: int) -> np.ndarray:
+    """Longest history first, each to the least loaded rank by the exact loads: taken in that
+    order, a rank's longest request is its first, so what each later one adds is known when it
+    is placed (``per_length * min(run width, W)``), in every load model."""
+    order = np.lexsort((np.arange(requests.lengths.shape[0]), -requests.own, -requests.lengths))
+    fixed, per_length = requests.fixed.tolist(), requests.per_length.tolist()
+    widths, lengths = requests.run_widths.tolist(), requests.lengths.tolist()
+    top = [0] * world
+    heap = [(0.0, rank) for rank in range(world)]
+    ranks = np.empty(order.shape[0], dtype=np.int64)
+    for request in order.tolist():
+        load, rank = heapq.heappop(heap)
+        top[rank] = top[rank] or lengths[request]
+        ranks[request] = rank
+        added = fixed[request] + per_length[request] * min(widths[request], top[rank])
+        heapq.heappush(heap, (load + added, rank))
     return ranks
 
 
@@ -219,8 +240,8 @@ def fill_empty(requests: Requests, parts: np.ndarray, world: int) -> np.ndarray:
         empty = np.nonzero(sizes == 0)[0]
         if not empty.shape[0] or sizes.max(initial=0) < 2:
             return parts
-        rank_loads = np.where(sizes >= 2, loads(requests, parts, world), -np.inf)
-        donor = int(np.argmax(rank_loads))
+        donors = np.where(sizes >= 2, loads(requests, parts, world), -np.inf)
+        donor = int(np.argmax(donors))
         members = np.nonzero(parts == donor)[0]
         parts[members[int(np.argmax(requests.own[members]))]] = int(empty[0])
 

@@ -17,8 +17,37 @@ class Requests:
     candidates: np.ndarray  # int64
     home: np.ndarray  # int64: the rank that loaded it
     padded: bool  # a rank pads its histories to its longest request
+    # A rank groups its requests by length (``runtime/call/jagged.py``): each request runs at its
+    # length rounded up to a power of two (these ``widths``), at most the rank's longest length.
+    widths: np.ndarray | None = None
 
     @property
     def own(self) -> np.ndarray:
-        """Each request's cost at its own length."""
-        return self.fixed + self.per_length * self.lengths
+        """Each request's cost at its own length (grouped: at its group's width, the most it
+        runs at on any rank)."""
+        width = self.lengths if self.widths is None else self.widths
+        return self.fixed + self.per_length * width
+
+    @property
+    def run_widths(self) -> np.ndarray:
+        """float64 ``[G]``: the width each request runs at on a rank whose longest request has
+        length ``W`` is ``min(run_widths, W)``: infinite when a rank pads to its longest, the
+        group's width when it groups them, the request's length otherwise."""
+        if self.padded:
+            return np.full(self.lengths.shape, np.inf)
+        width = self.lengths if self.widths is None else self.widths
+        return width.astype(np.float64)
+
+
+def rank_loads(
+    fixed: np.ndarray, per_length: np.ndarray, lengths: np.ndarray, widths: np.ndarray,
+    ranks: np.ndarray, world: int,
+) -> np.ndarray:  # fmt: skip
+    """float64 ``[world]``: each rank's ``sum(fixed) + sum(per_length * min(widths, W))``, W
+    the longest of its ``lengths`` (``widths``: :attr:`Requests.run_widths`)."""
+    top = np.zeros(world, dtype=np.int64)
+    np.maximum.at(top, ranks, lengths)
+    runs_at = np.minimum(widths, top[ranks])
+    return np.bincount(ranks, weights=fixed + per_length * runs_at, minlength=world).astype(
+        np.float64
+    )

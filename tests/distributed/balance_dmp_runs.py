@@ -46,8 +46,26 @@ def batch(rank: int, step: int) -> RequestBatch:
 
 
 def _call(net, b: RequestBatch) -> torch.Tensor:
+    """The model on ``b`` in its layout: shared (a user row per request and the index), or
+    drop-in (every row a candidate's, the user's rows replicated, each row its own request)."""
+    if b.layout == "dropin":
+        rows = b.inputs(leave_out=["label"])
+        users, items = _kjt("user_id", rows["user_id"]), _kjt("item_id", rows["item_id"])
+        own = torch.arange(rows["item_id"].shape[0])
+        return net(rows["user_dense"], users, items, own).squeeze(-1)
     users, items = _kjt("user_id", b.request["user_id"]), _kjt("item_id", b.candidate["item_id"])
     return net(b.request["user_dense"], users, items, b.candidate_to_request).squeeze(-1)
+
+
+def loaded(rank: int, step: int, layout: str) -> RequestBatch:
+    """:func:`batch` as the loader gives it in ``layout`` (drop-in: every row replicated, read
+    back with the request of each row)."""
+    b = batch(rank, step)
+    if layout == "shared":
+        return b
+    return RequestBatch.from_replicated(
+        b.replicated(), ["user_dense", "user_id"], b.candidate_to_request
+    )
 
 
 def _dmp(model, sharding: str):
@@ -78,13 +96,13 @@ def _state(dmp) -> dict:
 
 
 def balanced_dmp(rank: int, world: int, configs: list) -> list:
-    """Per ``(sharding, policy)``: this rank's state before and after :data:`STEPS` SGD steps of
-    DMP on balanced batches, and each step's (requests, candidates)."""
+    """Per ``(sharding, policy, layout)``: this rank's state before and after :data:`STEPS` SGD
+    steps of DMP on balanced batches, and each step's (requests, candidates, layout)."""
     from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
     results = []
-    for sharding, policy in configs:
+    for sharding, policy, layout in configs:
         torch.manual_seed(0)
         model = DLRMish()
         compile_dense(model, autotune=False)
@@ -99,14 +117,14 @@ def balanced_dmp(rank: int, world: int, configs: list) -> list:
         balancer = rocs.RequestBalancer(model.dense, policy=policy)
         counts = []
         for step in range(STEPS):
-            local = balancer.balance(batch(rank, step))
+            local = balancer.balance(loaded(rank, step, layout))
             out = _call(dmp, local)
             label = local.candidate["label"]
             losses = F.binary_cross_entropy_with_logits(out, label, reduction="none")
             local.global_mean(losses).backward()
             opt.step()
             opt.zero_grad()
-            counts.append((local.num_requests, local.num_candidates))
+            counts.append((local.num_requests, local.num_candidates, local.layout))
         results.append({"before": before, "after": _state(dmp), "counts": counts})
     return results
 

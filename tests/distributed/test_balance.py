@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 from balance_runs import (
     HISTORIES,
@@ -25,11 +27,19 @@ from balance_runs import (
 from ranks import run_ranks
 
 import rocs_compiler as rocs
-from rocs_compiler.distributed.balance import gathered_requests
-from rocs_compiler.distributed.costs import LinearCost, flops_cost, history_inputs
+from rocs_compiler.distributed.balance import gathered_requests, request_stats
+from rocs_compiler.distributed.checks import check_batch
+from rocs_compiler.distributed.costs import (
+    LinearCost,
+    calibrated_cost,
+    flops_cost,
+    history_inputs,
+    runs_grouped,
+)
 from rocs_compiler.distributed.histories import content_lengths
-from rocs_compiler.distributed.partition import Requests, partition
+from rocs_compiler.distributed.partition import Requests, loads, partition
 from rocs_compiler.runtime.call.jagged_groups import unit_costs
+from rocs_compiler.runtime.program.calibration import Calibration, Rates
 
 DIN_COST = LinearCost((19200.0, 5120.0), (57760.0, 21904.0))  # DIN's, as flops_cost reads them
 POLICIES = ["count", "cost"]
@@ -240,7 +250,58 @@ def test_costs_and_histories_are_read_from_a_compiled_model():
     per_request, per_candidate = result.unit_flops({HISTORIES[0]: 10})
     assert float(cost(lengths, counts)[1]) == pytest.approx(per_request + 2 * per_candidate)
     balancer = rocs.RequestBalancer(cm)
-    assert balancer.histories == HISTORIES and balancer.padded
+    # The training compile's calls group requests by length, so no rank pads to its longest.
+    assert balancer.histories == HISTORIES and runs_grouped(cm)
+    assert balancer.grouped and not balancer.padded
+    assert rocs.RequestBalancer(cm, grouped=False).padded
+    with pytest.raises(ValueError, match="disagree"):
+        rocs.RequestBalancer(cm, grouped=True, padded=True)
+
+
+def test_a_grouped_rank_costs_each_request_at_its_power_of_two_width_at_most_its_longest():
+    checked = check_batch(din_batch(0, 3), HISTORIES, 0)
+    stats = request_stats(checked, DIN_COST)
+    grouped = gathered_requests([stats], padded=False, grouped=True)
+    lengths = checked.lengths
+    widths = 2 ** torch.ceil(torch.log2(lengths.clamp(min=1).double()))
+    assert np.array_equal(grouped.widths, widths.long().numpy())
+    torch.testing.assert_close(
+        torch.from_numpy(grouped.own), DIN_COST(widths, checked.counts), check_dtype=False
+    )
+    # Two ranks: the one holding lengths 3 and 5 runs them at widths 4 and 5 (its longest), the
+    # other runs 100 at 100 (not 128) and 40 at 64.
+    four = Requests(
+        fixed=np.array([1.0, 2.0, 3.0, 4.0]), per_length=np.array([10.0, 20.0, 30.0, 40.0]),
+        lengths=np.array([3, 5, 100, 40]), candidates=np.ones(4, dtype=np.int64),
+        home=np.zeros(4, dtype=np.int64), padded=False, widths=np.array([4, 8, 128, 64]),
+    )  # fmt: skip
+    want = [1 + 10 * 4 + 2 + 20 * 5, 3 + 30 * 100 + 4 + 40 * 64]
+    assert loads(four, np.array([0, 0, 1, 1]), 2).tolist() == want
+
+
+def _uniform(**rates) -> Calibration:
+    """Every family priced by the same ``rates``; no memory or launch terms."""
+    families = ("gemm", "bmm", "attention", "gather", "memory", "view", "elementwise")
+    return Calibration({family: Rates(**rates) for family in families})
+
+
+def test_a_calibrated_cost_is_the_compiled_graphs_priced_work_per_request_and_candidate():
+    _, cm = compiled_din()
+    flops = flops_cost(cm)
+    # Priced at a nanosecond a FLOP, the calibrated cost (ms) is the FLOP count / 1e6.
+    by_flops = calibrated_cost(cm, _uniform(flops_s=1e-9))
+    got = (*by_flops.request, *by_flops.candidate)
+    want = (*flops.request, *flops.candidate)
+    assert got == pytest.approx([w * 1e-6 for w in want], rel=0.1)
+    lengths, counts = torch.tensor([8, 60, 700]), torch.tensor([1, 20, 64])
+    predicted, counted = by_flops(lengths, counts), flops(lengths, counts) * 1e-6
+    torch.testing.assert_close(predicted, counted, rtol=0.1, atol=0)
+    # Priced per launch only, every op runs once per call whatever its rows: a call's fixed
+    # cost, the same on every rank, so nothing is left per request or candidate.
+    by_launch = calibrated_cost(cm, _uniform(ops_s=1e-5))
+    assert max(*by_launch.request, *by_launch.candidate) < 1e-9
+    with pytest.raises(TypeError, match="compiled model"):
+        rocs.RequestBalancer(DIN_COST, calibration=_uniform(flops_s=1e-9))
 
 
 # DDP: policies x layouts with the loss weights, then "cost" without them (the honesty check: it
@@ -290,13 +351,19 @@ def test_without_the_loss_weights_the_cost_policy_does_not_match(ddp_runs, oracl
 @pytest.mark.slow
 def test_balanced_dmp_equals_a_single_process_step_on_the_union():
     """TorchRec's DMP (EBCs sharded table-wise with fused SGD, or data-parallel; the dense part
-    compiled) on balanced batches equals the unsharded eager model trained on the union."""
+    compiled) on balanced batches equals the unsharded eager model trained on the union: both
+    policies, both layouts (drop-in: the user's rows replicated per candidate)."""
     pytest.importorskip("torchrec", reason="the DMP test needs torchrec and fbgemm-gpu-cpu")
     from balance_dmp_runs import balanced_dmp, joined
     from balance_dmp_runs import single_process as dmp_single_process
 
-    configs = [("table_wise", "cost"), ("data_parallel", "count")]
-    runs = run_ranks(balanced_dmp, configs, timeout=500.0)
+    configs = [
+        ("table_wise", "cost", "shared"),
+        ("table_wise", "count", "dropin"),
+        ("data_parallel", "count", "shared"),
+        ("data_parallel", "cost", "dropin"),
+    ]
+    runs = run_ranks(balanced_dmp, configs, timeout=800.0)
     for i, config in enumerate(configs):
         want = dmp_single_process(joined([r[i]["before"] for r in runs]), world=2)
         got = joined([r[i]["after"] for r in runs])
@@ -306,6 +373,7 @@ def test_balanced_dmp_equals_a_single_process_step_on_the_union():
                 msg=lambda m, where=f"{config} {name}": f"{where}: {m}",
             )  # fmt: skip
         assert [c[0] for c in runs[0][i]["counts"]] != [c[0] for c in runs[1][i]["counts"]]
+        assert all(c[2] == config[2] for r in runs for c in r[i]["counts"])
 
 
 def test_refusals_are_raised_on_every_rank_naming_the_rank(ddp_runs):
@@ -313,3 +381,43 @@ def test_refusals_are_raised_on_every_rank_naming_the_rank(ddp_runs):
         no_candidates, dtype = result["refusals"]
         assert "rank 1: request 2 has no candidates" in no_candidates, no_candidates
         assert "rank 1's batch differs from rank 0's" in dtype and "item_cat" in dtype, dtype
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    mode=st.sampled_from(["padded", "grouped", "own"]),
+    world=st.integers(2, 4),
+    count=st.integers(2, 12),
+)
+def test_the_local_search_weighs_each_move_and_swap_as_the_loads_do(seed, mode, world, count):
+    """Every move and swap ``refine`` weighs in closed form gives the larger of the two loads it
+    touches exactly as ``loads`` computes them after it, in the three load models."""
+    from rocs_compiler.distributed.refine import _move, _Ranks, _swap, _Unit
+
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 300, count)
+    requests = Requests(
+        fixed=rng.uniform(0, 5, count), per_length=rng.uniform(0, 2, count), lengths=lengths,
+        candidates=np.ones(count, dtype=np.int64), home=np.zeros(count, dtype=np.int64),
+        padded=mode == "padded",
+        widths=2 ** np.ceil(np.log2(lengths)).astype(np.int64) if mode == "grouped" else None,
+    )  # fmt: skip
+    parts = rng.integers(0, world, count)
+    unit = _Unit(requests.fixed, requests.per_length, requests.lengths, requests.run_widths)
+    ranks = _Ranks.of(unit, parts, world)
+    np.testing.assert_allclose(ranks.load, loads(requests, parts, world))
+    src = int(np.argmax(ranks.load))
+    members = np.nonzero(parts == src)[0]
+    load, moved, dest, _ = _move(unit, ranks, src, members)
+    after = parts.copy()
+    after[moved] = dest
+    assert load == pytest.approx(max(loads(requests, after, world)[[src, dest]]))
+    for dest in range(world):
+        others = np.nonzero(parts == dest)[0]
+        if dest == src or not others.shape[0]:
+            continue
+        load, mine, _, theirs = _swap(unit, ranks, src, members, dest, others)
+        after = parts.copy()
+        after[mine], after[theirs] = dest, src
+        assert load == pytest.approx(max(loads(requests, after, world)[[src, dest]]))

@@ -30,13 +30,18 @@ class UnitCosts:
         return requests * (ar + br * width) + candidates * (ac + bc * width) + CALL_FLOPS
 
 
+def power_of_two_widths(lengths: torch.Tensor, width: int | None = None) -> torch.Tensor:
+    """Each length rounded up to a power of two (at least 1; at most ``width`` when given): the
+    width a request's group runs at before neighbouring groups merge."""
+    padded = torch.clamp(lengths, min=1).to(torch.float64)
+    widths = (2 ** torch.ceil(torch.log2(padded))).to(torch.int64)
+    return widths if width is None else torch.clamp(widths, max=width)
+
+
 def plan_groups(lengths, counts, width: int, costs: UnitCosts, needs_content: bool) -> list:
     """``[(requests, width)]``: each request's power-of-two width (at most ``width``), then
     neighbouring widths merged while a merge saves FLOPs (:meth:`UnitCosts.of`)."""
-    padded = torch.clamp(lengths, min=1)
-    widths = torch.clamp(
-        2 ** torch.ceil(torch.log2(padded.to(torch.float64))).to(torch.int64), max=width
-    )
+    widths = power_of_two_widths(lengths, width)
     if needs_content:
         widths = torch.where(lengths == 0, torch.full_like(widths, width), widths)
     buckets = []  # [width, requests, candidates], ascending

@@ -324,8 +324,8 @@ def _seconds(call: Callable[[], Any], budget: float, clock: Callable[[], float])
     return statistics.median(rounds)
 
 
-def _nnls(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, float]:
-    """Non-negative least squares by trying every subset of columns (at most four here)."""
+def nnls(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, float]:
+    """Non-negative least squares by trying every subset of columns (a few: 2^columns fits)."""
     best, best_error = np.zeros(a.shape[1]), float(np.sum(b**2))
     for used in itertools.product((False, True), repeat=a.shape[1]):
         columns = [i for i, u in enumerate(used) if u]
@@ -346,7 +346,7 @@ def _fit(samples: list[tuple[dict, float]], counts: tuple[str, ...]) -> Rates:
     """Rates for ``counts`` fitted on relative error."""
     a = np.array([[row[c] for c in counts] for row, _ in samples], dtype=np.float64)
     t = np.array([s for _, s in samples], dtype=np.float64)
-    theta, _ = _nnls(a / t[:, None], np.ones_like(t))
+    theta, _ = nnls(a / t[:, None], np.ones_like(t))
     return Rates(**{f"{c}_s": float(v) for c, v in zip(counts, theta)})
 
 
@@ -374,7 +374,7 @@ def _program_terms(calibration: Calibration, measured: list) -> Calibration:
     a = np.array([[counts["ops"] / spent] for _, _, counts, spent in small])
     b = np.array([1.0 - node_seconds(f, c, calibration.rates(f, op), calibration) / spent
                   for op, f, c, spent in small])  # fmt: skip
-    (launch_s,), _ = _nnls(a, b)
+    (launch_s,), _ = nnls(a, b)
     calibration = dataclasses.replace(calibration, launch_s=float(launch_s))
     large = [m for m in measured if m[2]["bytes"] > _IN_CACHE / 8]
     best, best_error = calibration, float("inf")
@@ -388,7 +388,7 @@ def _program_terms(calibration: Calibration, measured: list) -> Calibration:
             a.append([c / spent for c in (spill, fresh_bytes, rows)])
             rates = calibration.rates(family, op)
             b.append(1.0 - node_seconds(family, counts, rates, zero) / spent)
-        theta, error = _nnls(np.array(a), np.array(b))
+        theta, error = nnls(np.array(a), np.array(b))
         if error < best_error:
             names = ("spill_s", "fresh_s", "cold_row_s")
             best = dataclasses.replace(zero, **dict(zip(names, map(float, theta))))
