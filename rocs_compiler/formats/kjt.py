@@ -37,7 +37,7 @@ import inspect
 import re
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -118,6 +118,8 @@ class KJTSplit:
     keys: tuple[str, ...]
     request: frozenset[str]
     weighted: bool
+    # Keys the model reads at the batch's longest row (``kjt_sequences.py``), found by tracing.
+    read_whole: set[str] = field(default_factory=set, compare=False, hash=False)
 
     def request_names(self) -> list[str]:
         """The pieces' names for the inner compile: one per request key (covering its tensors)."""
@@ -174,7 +176,15 @@ class KJTSplit:
         weights = weights.split(sizes) if weights is not None else [None] * len(sizes)
         out = {}
         for key, key_lengths, key_values, key_weights in zip(kjt.keys(), lengths, values, weights):
-            width = max(int(key_lengths.max()) if key_lengths.numel() else 0, min_width)
+            longest = int(key_lengths.max()) if key_lengths.numel() else 0
+            if not longest and key in self.read_whole:
+                raise InputError(
+                    f"KeyedJaggedTensor {self.argument!r}: every row of key {key!r} is empty, and "
+                    "the model reads it with to_padded_dense() at the batch's longest row, which "
+                    "TorchRec gives no columns; the compiled model needs one id in some row (or "
+                    "a desired_length)"
+                )
+            width = max(longest, min_width)
             piece = {
                 "ids": _padded(key_values, key_lengths, width),
                 "lengths": key_lengths,
@@ -274,7 +284,10 @@ class _Pieces(PiecesModel):
 
     def assemble(self, split: KJTSplit, pieces: dict) -> Any:
         return PaddedKJT(
-            {key: PaddedKey(p["ids"], p["lengths"], p.get("weights")) for key, p in pieces.items()}
+            {
+                key: PaddedKey(p["ids"], p["lengths"], p.get("weights"), key, split.read_whole)
+                for key, p in pieces.items()
+            }
         )
 
 

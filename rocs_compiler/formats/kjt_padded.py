@@ -5,7 +5,7 @@ them)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -15,11 +15,19 @@ from ..errors import CompileError
 @dataclass
 class PaddedKey:
     """One key's rows: ids ``[B, W]`` (anything past a row's length), lengths ``[B]``, and
-    weights ``[B, W]`` or None."""
+    weights ``[B, W]`` or None. A call pads them to the batch's longest row (``kjt.py``), so
+    ``W`` is that row's length whenever one row holds an id. ``read_whole``: where the key's
+    name goes when the model reads the rows at ``W`` (``kjt_sequences.py``)."""
 
     ids: torch.Tensor
     lengths: torch.Tensor
     weights: torch.Tensor | None = None
+    name: str = ""
+    read_whole: set[str] | None = field(default=None, repr=False, compare=False)
+
+    def mark_read_whole(self) -> None:
+        if self.read_whole is not None:
+            self.read_whole.add(self.name)
 
 
 class PaddedKJT:

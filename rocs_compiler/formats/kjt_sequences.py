@@ -12,9 +12,12 @@ Identity, for row i of ``n_i`` ids ``x_ij`` padded to width ``W`` and ``L = desi
                                 = cat([where(j < n_i, E[ids_ij], p), p...], 1)[i, j]  (j < L)
 
 the second line padding every row with ``L`` more columns of ``p`` and keeping the first ``L``:
-no branch on ``W``, a size that changes between calls. A reading without ``desired_length`` (the
-batch's longest row) or through the flat ``values()`` is refused: neither is a function of one
-row.
+no branch on ``W``, a size that changes between calls. A reading without ``desired_length``
+pads to the batch's longest row, ``max_i n_i``: a call pads every key's rows to exactly that
+width (``kjt.py``; in the shared layout the request rows' longest is the replicated rows'), so
+it is the rows at ``W``, with ``p`` past each row's length. Where every row is empty TorchRec
+gives no columns and the program one (its widths start at 1): that call is refused, naming the
+key. A reading through the flat ``values()`` is refused: it is not a function of one row.
 """
 
 from __future__ import annotations
@@ -39,16 +42,14 @@ class PaddedEmbeddings:
 
     def to_padded_dense(self, desired_length=None, padding_value: float = 0.0) -> torch.Tensor:
         """``JaggedTensor.to_padded_dense``: ``[B, desired_length, D]``."""
-        if desired_length is None:
-            raise CompileError(
-                "to_padded_dense() without desired_length pads to the batch's longest row, "
-                "which no row determines; give desired_length (rocs compiles row-wise reads)"
-            )
         emb, lengths = self._embeddings, self._key.lengths
         positions = torch.ones_like(self._key.ids, dtype=torch.long).cumsum(1)
         valid = (positions <= lengths.unsqueeze(1)).unsqueeze(2)
         fill = torch.full((), padding_value, dtype=emb.dtype, device=emb.device)
         rows = torch.where(valid, emb, fill)
+        if desired_length is None:  # the batch's longest row: the width the call padded to
+            self._key.mark_read_whole()
+            return rows
         padded = torch.nn.functional.pad(rows, (0, 0, 0, desired_length), value=padding_value)
         return padded[:, :desired_length]
 
@@ -57,7 +58,7 @@ class PaddedEmbeddings:
             raise AttributeError(name)
         raise CompileError(
             f"the model reads an EmbeddingCollection's JaggedTensor through .{name}(); rocs "
-            "compiles reads of one row at a time: to_padded_dense(desired_length=...) and "
+            "compiles reads of its rows: to_padded_dense(desired_length=None or a length) and "
             "lengths()"
         )
 

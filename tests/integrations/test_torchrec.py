@@ -287,10 +287,24 @@ def test_unpooled_rows_are_truncated_and_padded_as_torchrec_does():
     _check_layouts(model, compiled, zoo.draw([2, 1, 3], seed=18, histories=[5, 0, 2]), False)
 
 
-def test_unpooled_reads_of_the_whole_batch_are_refused():
-    whole = _Unpooled(lambda jt: jt.to_padded_dense()).eval()
-    with pytest.raises(rocs.CompileError, match="without desired_length"):
-        _compile(whole)
+def test_unpooled_rows_read_to_the_batchs_longest_row_as_torchrec_pads_them():
+    """``to_padded_dense()`` without ``desired_length``: as wide as the batch's longest history,
+    which changes from call to call; one compile serves every width, in every layout."""
+    whole = _Unpooled(lambda jt: jt.to_padded_dense(padding_value=-2.0)).eval()
+    compiled = _compile(whole)
+    for seed, histories in [(19, [5, 0, 2]), (20, [1, 7, 0, 3]), (21, [0, 1])]:
+        batch = zoo.draw([2, 1, 3, 2][: len(histories)], seed=seed, histories=histories)
+        with torch.no_grad():
+            want = whole(batch.dense, batch.kjt)
+        assert want.shape[1] == 4 * max(histories)  # the batch's longest row
+        assert float(want.std()) > 0.1  # the rows differ far past the tolerance
+        _check_layouts(whole, compiled, batch, False)
+    empty = zoo.draw([2, 1], seed=22, histories=[0, 0])
+    with pytest.raises(rocs.InputError, match=r"every row of key 'history' is empty"):
+        compiled(empty.dense, empty.kjt)
+
+
+def test_unpooled_reads_of_the_flat_values_are_refused():
     flat = _Unpooled(lambda jt: jt.values()[: jt.lengths().shape[0]]).eval()
     with pytest.raises(rocs.CompileError, match=r"through \.values\(\)"):
         _compile(flat)
