@@ -2,8 +2,8 @@
 the export doors: ``rocs.export`` (plain and portable) takes every length up to the cap, exact,
 and refuses a longer one naming the input and the cap (export's range of the length's symbol,
 checked by ``program.module()`` before the graph runs); ONNX Runtime takes every length up to
-the cap, and fails loudly past it (ONNX keeps no ranges: its Add of the positional table cannot
-broadcast); an AOTInductor package refuses a longer one by its input checks (``rocs.compile``
+the cap, and refuses a longer one at the program's input check (ONNX keeps no ranges: the check
+is traced into the graph, ``export/input_checks.py``); an AOTInductor package refuses a longer one by its input checks (``rocs.compile``
 itself: ``tests/runtime/test_zoo_history_lengths.py``)."""
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def test_onnx_runtime_takes_every_length_up_to_the_cap_and_fails_past_it(compile
             got = session.run(None, feeds(kwargs, index))[0]
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"length {length}")
     kwargs, index, _ = zoo.call(zoo.cap + 1, seed=43)
-    with pytest.raises(Exception, match="broadcast"):  # loud, but not in the compiled model's words
+    with pytest.raises(Exception, match=r"rocs input check failed: .*must be at most the cap"):
         session.run(None, feeds(kwargs, index))
 
 

@@ -68,7 +68,9 @@ __all__ = [
 class _SharedLayoutProgram(nn.Module):
     """The rewritten graph behind a named, nested signature, returning the model's outputs."""
 
-    def __init__(self, graph: fx.GraphModule, input_names: list[str], contract, portable: bool):
+    def __init__(
+        self, graph: fx.GraphModule, input_names: list[str], contract, portable: bool, caps=()
+    ):
         super().__init__()
         self._interpreter = checking(PortableInterpreter if portable else fx.Interpreter)
         self.rewritten = graph  # not "graph": that name is taken on the unlifted GraphModule
@@ -77,6 +79,7 @@ class _SharedLayoutProgram(nn.Module):
         requests = [n for n in contract.batched_inputs if n in set(contract.request_inputs)]
         self._request_rows_from = requests[0] if requests else None
         self._jagged = jagged_pieces(self._input_names)
+        self._caps = [(name, dim, cap) for name, dim, _, cap in caps]
 
     def _run(self, args: tuple, kwargs: dict):
         from torch.fx import traceback as fx_traceback
@@ -85,7 +88,9 @@ class _SharedLayoutProgram(nn.Module):
 
         leaves = named_leaves(bind_inputs(inspect.signature(self.forward), args, kwargs))
         index = leaves.pop(INDEX_NAME)
-        index = check_shared_call(leaves, index, self._request_rows_from, self._jagged)
+        index = check_shared_call(
+            leaves, index, self._request_rows_from, self._jagged, self._caps
+        )
         inputs = [leaves[name] for name in self._input_names]
         # Interpreted with node metadata preserved, so the exported nodes keep the source module
         # of the nodes they come from (reports and drawings of a saved program name them).
@@ -126,7 +131,9 @@ def _program_module(compiled, portable: bool) -> _SharedLayoutProgram:
     forward.__signature__ = signature
     cls = type("RocsSharedLayout", (_SharedLayoutProgram,), {"forward": forward})
     contract = compiled.contract
-    return cls(compiled.graph_module, contract.input_names, contract, portable).eval()
+    specs = compiled._input_specs
+    caps = specs.caps if specs is not None else []
+    return cls(compiled.graph_module, contract.input_names, contract, portable, caps).eval()
 
 
 def _nest(flat: Mapping[str, Any]) -> dict:

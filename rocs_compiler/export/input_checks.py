@@ -55,6 +55,10 @@ VALUES_PER_CHANNEL_MESSAGE = (
     f"{PREFIX}Expected more than 1 value per channel when training: a batch norm normalizes by "
     "the statistics of the call's rows, and this call has one value per channel"
 )
+CAP_MESSAGE = (
+    f"{PREFIX}input {{name!r}} is longer at dim {{dim}} than the model takes: at most {{cap}} (the "
+    "model caps that size, slicing a table of fixed rows to it, a positional table say)"
+)
 LENGTHS_MESSAGE = (
     f"{PREFIX}KeyedJaggedTensor piece {{name}}: lengths must lie in [0, W] (W = columns of its "
     "ids); a row claims more ids than it has, or a negative number"
@@ -66,13 +70,16 @@ def check_shared_call(
     index: torch.Tensor,
     request_rows_from: Optional[str],
     jagged: Sequence[str],
+    caps: Sequence[tuple[str, int, int]] = (),
 ) -> torch.Tensor:
     """Trace the shared-layout checks of one call into the current graph; return the index
     guarded by them (equal to ``index`` whenever they pass).
 
     ``request_rows_from`` names a batched request leaf (its rows are R; None: the model has no
     request input, and R is N); ``jagged`` names the padded KJT pieces (``X`` for the leaves
-    ``X.ids`` and ``X.lengths``).
+    ``X.ids`` and ``X.lengths``); ``caps``: ``(leaf, dim, cap)`` for each dynamic size the graph
+    caps (a history length past a positional table's rows), checked as a count of ones, a
+    tensor op of the size (export's range of the size's symbol is lost in ONNX).
     """
     ones = torch.ones_like(index)
     num_candidates = ones.sum()
@@ -98,6 +105,11 @@ def check_shared_call(
         ids, lengths = leaves[f"{name}.ids"], leaves[f"{name}.lengths"]
         fits = ((lengths >= 0) & (lengths <= ids.shape[1])).all()
         torch._assert_async(fits, LENGTHS_MESSAGE.format(name=name))
+        passed = passed & fits
+    for name, dim, cap in caps:
+        size = torch.ones(leaves[name].shape[dim], dtype=torch.int64, device=index.device).sum()
+        fits = size <= cap
+        torch._assert_async(fits, CAP_MESSAGE.format(name=name, dim=dim, cap=cap))
         passed = passed & fits
     return index + _zero_unless_failed(passed, torch.int64, index.device)
 

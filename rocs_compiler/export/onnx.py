@@ -34,7 +34,8 @@ from .size_names import size_names
 
 CHECK_NODE_NAME = (
     "rocs input check failed: candidate_to_request must lie in [0, R), request inputs must have "
-    "one row per request, KeyedJaggedTensor lengths must fit their ids"
+    "one row per request, KeyedJaggedTensor lengths must fit their ids, sizes the model caps "
+    "(a history past a positional table's rows) must be at most the cap"
 )
 
 

@@ -44,6 +44,11 @@ class InputSpecs:
         self._ties = {s: dims for s, dims in _symbol_dims(self._specs).items() if len(dims) > 1}
         self._caps = _capped_dims(self._specs)
 
+    @property
+    def caps(self) -> list[tuple[str, int, str, int]]:
+        """``[(input, dim, size symbol, cap), ...]``: each dynamic size the graph caps."""
+        return list(self._caps)
+
     @classmethod
     def of_graph(
         cls, gm: object, placeholder_of: Mapping[str, str], batched: Mapping[str, bool]
