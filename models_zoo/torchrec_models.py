@@ -71,8 +71,9 @@ def build(name: str, seed: int = 0, weighted: bool = False):
     }
     if name == "dlrm":
         # The pairwise dots of [dense, user_id, history, item_id, item_tags]: the request
-        # keys' K x K block, a [K, D] x [D, K] product.
-        return DLRM(**common).eval(), REQUEST, 2 * K * K * D
+        # keys' K x K block, a [K, D] x [D, K] product; then the over arch's first layer (16)
+        # over the K (K - 1) / 2 dots among the request keys the interaction keeps.
+        return DLRM(**common).eval(), REQUEST, 2 * K * K * D + 2 * (K * (K - 1) // 2) * 16
     if name == "dlrm_dcn":
         # The first cross layer's low-rank projection W (rank 4) over the flattened features:
         # the request keys' K * D columns. Later layers read x0 * (...), mixed per candidate.

@@ -36,7 +36,7 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from ..ir.folded import Fold, fresh_attr
-from ..ir.graph_meta import FOLD, PLACEMENT
+from ..ir.graph_meta import BATCH_AXIS, FOLD, PLACEMENT
 from ..analysis.op_groups import is_mutating, is_random
 from ..ir.roles import Role
 from .engine import Builder, Rewrite, rewrite_to_fixpoint
@@ -154,8 +154,11 @@ def _flat_index_select(b: Builder, node: fx.Node) -> fx.Node | None:
     flat = _flat_index(b, indices[1:], sizes)
     rows = x if len(indices) == 2 else b.call(aten.reshape.default, x, [-1, math.prod(sizes)])
     out = b.call(aten.index_select.default, rows, 1, flat)
+    axis = x.meta.get(BATCH_AXIS)
     for new in b.created:
         new.meta[PLACEMENT] = x.meta.get(PLACEMENT) if new in (rows, out) else Role.CONST
+        if new in (rows, out) and axis is not None and axis.dim == 0:
+            new.meta[BATCH_AXIS] = axis  # dim 0 kept whole: rows stay apart (request cache)
     return out
 
 

@@ -29,8 +29,9 @@ contractions split in their own dtype: the partials' re-association is the bound
 of ``sum |terms|``).
 
 The identities live one module each: ``defer_split.py`` (1, with the float32 partials),
-``defer_distribute.py`` (2) and ``defer_reshape.py`` (2 for reshapes). This module lists them in
-the order the engine tries them and runs them with the normalizations to a fixpoint.
+``defer_distribute.py`` (2), ``defer_reshape.py`` (2 for reshapes) and ``defer_select.py`` (2 for
+constant advanced indexing). This module lists them in the order the engine tries them and runs
+them with the normalizations to a fixpoint.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from torch import fx
 
 from ..analysis.driver import infer_node
 from .defer_distribute import distribute_rewrites
+from .defer_select import select_rewrites
 from .defer_split import split_rewrites
 from .engine import Rewrite, rewrite_to_fixpoint
 from .normalize import normalize_rewrites
@@ -48,7 +50,7 @@ from .normalize import normalize_rewrites
 def defer_rewrites(float32_partials: bool = True) -> list[Rewrite]:
     """The defer rewrites, splits first; ``float32_partials``: see the module docstring
     (precision)."""
-    return split_rewrites(float32_partials) + distribute_rewrites()
+    return split_rewrites(float32_partials) + distribute_rewrites() + select_rewrites()
 
 
 def defer(

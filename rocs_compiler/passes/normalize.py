@@ -139,7 +139,7 @@ def _index_of_cat(b: Builder, node: fx.Node) -> Optional[fx.Node]:
     if found is None:
         return None
     source, dim, index = found
-    info = as_concat(_through_full_slices(source))
+    info = as_concat(through_full_slices(source))
     if info is None or not info.mixed or dim % info.ndim != info.dim:
         return None
     values = _compile_time_ints(index)
@@ -176,7 +176,7 @@ def _column_list(node: fx.Node) -> Optional[tuple[fx.Node, int, fx.Node]]:
     return source, given[0], indices[given[0]]
 
 
-def _through_full_slices(node):
+def through_full_slices(node):
     """``x`` for ``x[:, ...]`` (``slice(x, d, 0, end)`` with ``end`` past every size)."""
     while _is_full_slice(node):
         node = node.args[0]

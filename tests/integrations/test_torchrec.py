@@ -70,8 +70,8 @@ def test_torchrec_model_with_request_keys(name):
 
 def test_user_dense_features_and_keys_together():
     """``dense_features`` named too (the user's dense context): the dense arch, the request
-    block of the interaction and the over arch's share of the dense embedding run per
-    request."""
+    block of the interaction and the over arch's share of the dense embedding and of the request
+    block's dots run per request."""
     model, request, _ = zoo.build("dlrm")
     compiled = _compile(model, request + ["dense_features"])
     batch = zoo.draw([3, 1, 2], seed=3)
@@ -84,7 +84,9 @@ def test_user_dense_features_and_keys_together():
         torch.testing.assert_close(shared, want)
     dense_arch = 2 * (zoo.DENSE * 16 + 16 * zoo.D)
     block = 2 * (zoo.K + 1) ** 2 * zoo.D  # [dense, user_id, history] pairwise dots
-    over = 2 * zoo.D * 16  # the over arch's first layer, the dense embedding's columns
+    # The over arch's first layer: the dense embedding's columns and the K (K + 1) / 2 dots
+    # among [dense, user_id, history] the interaction keeps.
+    over = 2 * zoo.D * 16 + 2 * ((zoo.K + 1) * zoo.K // 2) * 16
     report = compiled.report(candidates=64)
     assert report.request_flops == dense_arch + block + over
 

@@ -176,6 +176,8 @@ SAMPLES: dict[str, Sample] = {
     "distribute_embedding": Sample(
         on_seq(lambda m, x: F.embedding(x, m.w)), ((2,), (3,)), weight(10, 4), ids="uc"
     ),
+    # rows 0-1 = u, 2-4 = c; pairs (3, 1), (0, 3), (1, 0), (4, 2): runs c, u (two), c
+    "distribute_index": Sample(on_seq(lambda m, x: x[:, [3, 0, 1, 4], [1, 3, 0, 2]] * 2), SEQ),
     # ikbo: broadcasts of request values fused into their candidate consumers
     "ikbo_linear": Sample(
         lambda m, u, c: m.lin(c) + m.user(u), VEC,
