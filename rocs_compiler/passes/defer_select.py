@@ -38,9 +38,8 @@ from typing import Optional
 import torch
 from torch import fx
 
-from ..ir.folded import Fold
 from ..ir.roles import Role
-from .concat import Concat, as_concat, role_of, val_of
+from .concat import Concat, as_concat, constant_index_entries, role_of, runs_in_pieces, val_of
 from .engine import Builder, Rewrite
 from .normalize import through_full_slices  # ``x[:, ...]`` as captured
 
@@ -55,7 +54,7 @@ def _distribute_index(b: Builder, node: fx.Node) -> Optional[fx.Node]:
     if info is None or info.dim >= len(indices) or indices[info.dim] is None:
         return None
     given = [k for k, index in enumerate(indices) if index is not None]
-    values = {k: _constant_ints(indices[k]) for k in given}
+    values = {k: constant_index_entries(indices[k], state=True) for k in given}
     if any(v is None for v in values.values()):
         return None
     length = max(len(v) for v in values.values())
@@ -66,7 +65,7 @@ def _distribute_index(b: Builder, node: fx.Node) -> Optional[fx.Node]:
         if not isinstance(shape[k], int) or not all(0 <= v < shape[k] for v in entries):
             return None
     along = values[info.dim]
-    runs = _runs(info, along * length if len(along) == 1 else along)  # broadcast to L positions
+    runs = runs_in_pieces(info, along * length if len(along) == 1 else along)  # broadcast to L
     if len(runs) > _MAX_RUNS or role_of(info.node) == Role.REQUEST:
         return None
     if not any(_holds_request(info.pieces[piece], given) for piece, _, _ in runs):
@@ -76,44 +75,6 @@ def _distribute_index(b: Builder, node: fx.Node) -> Optional[fx.Node]:
     if len(parts) == 1:
         return parts[0]
     return b.call(aten.cat.default, parts, given[0] if adjacent else 0)
-
-
-def _constant_ints(node) -> Optional[list[int]]:
-    """The entries of a 1-D int64/int32 tensor of static length computed from the graph module's
-    attributes only (a buffer, a lifted literal list, through copies, casts or ``arange``), or
-    None: a constant-role placeholder (an unbatched input) varies between calls."""
-    val = val_of(node)
-    if (
-        not isinstance(node, fx.Node)
-        or role_of(node) != Role.CONST
-        or not isinstance(val, torch.Tensor)
-        or val.dim() != 1
-        or val.dtype not in (torch.int64, torch.int32)
-        or not isinstance(val.shape[0], int)
-    ):
-        return None
-    stack, seen = [node], set()
-    while stack:
-        current = stack.pop()
-        if current in seen:
-            continue
-        seen.add(current)
-        if current.op not in ("get_attr", "call_function"):
-            return None
-        stack.extend(current.all_input_nodes)
-    return Fold.of(node).evaluate(node.graph.owning_module).tolist()
-
-
-def _runs(info: Concat, along: list[int]) -> list[tuple[int, int, int]]:
-    """``(piece, first, end)``: the maximal runs of positions of ``along`` inside one piece."""
-    runs: list[list[int]] = []
-    for at, value in enumerate(along):
-        piece = next(k for k, (lo, hi) in enumerate(info.offsets) if lo <= value < hi)
-        if runs and runs[-1][0] == piece:
-            runs[-1][2] = at + 1
-        else:
-            runs.append([piece, at, at + 1])
-    return [tuple(run) for run in runs]
 
 
 def _holds_request(x, indexed: list[int]) -> bool:

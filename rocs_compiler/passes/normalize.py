@@ -31,10 +31,8 @@ from typing import Optional
 import torch
 from torch import fx
 
-from ..ir.folded import Fold
-from ..ir.roles import Role
 from ..ir.symbolic import same_size
-from .concat import as_concat, role_of, val_of
+from .concat import as_concat, constant_index_entries, role_of, runs_in_pieces, val_of
 from .engine import Builder, Rewrite
 
 aten = torch.ops.aten
@@ -142,16 +140,12 @@ def _index_of_cat(b: Builder, node: fx.Node) -> Optional[fx.Node]:
     info = as_concat(through_full_slices(source))
     if info is None or not info.mixed or dim % info.ndim != info.dim:
         return None
-    values = _compile_time_ints(index)
+    # Literals only: a buffer is model state that the runtime follows when it is written after
+    # compile, and the runs built here from its values would not follow it.
+    values = constant_index_entries(index, state=False)
     if not values or not all(0 <= v < sum(info.sizes) for v in values):
         return None
-    runs: list[list[int]] = []  # [piece, first position in I, end position in I]
-    for at, value in enumerate(values):
-        piece = next(k for k, (lo, hi) in enumerate(info.offsets) if lo <= value < hi)
-        if runs and runs[-1][0] == piece:
-            runs[-1][2] = at + 1
-        else:
-            runs.append([piece, at, at + 1])
+    runs = runs_in_pieces(info, values)
     if len(runs) > _MAX_RUNS:
         return None
     parts = [_run_of(b, info, index, values, *run) for run in runs]
@@ -191,35 +185,6 @@ def _is_full_slice(node) -> bool:
 
 
 _MAX_END = 2**63 - 1  # ``x[:, ...]`` as captured: ``slice(x, 0, 0, 9223372036854775807)``
-
-
-def _compile_time_ints(node: fx.Node) -> Optional[list[int]]:
-    """The entries of a 1-D int64/int32 tensor computed from literals only (a list written in
-    forward or kept as a Python list attribute, which export lifts as ``lifted_tensor_*``, through
-    copies or casts, or ``arange``), or None. A buffer or tensor attribute is model state that
-    the runtime follows when it is written after compile; the runs built here from its values
-    would not follow it, so it is left as written."""
-    val = val_of(node)
-    if (
-        role_of(node) != Role.CONST
-        or not isinstance(val, torch.Tensor)
-        or val.dim() != 1
-        or val.dtype not in (torch.int64, torch.int32)
-        or not isinstance(val.shape[0], int)
-    ):
-        return None
-    stack, seen = [node], set()
-    while stack:  # constants only: a constant-role placeholder (an unbatched input) varies
-        current = stack.pop()
-        if current in seen:
-            continue
-        seen.add(current)
-        if current.op not in ("get_attr", "call_function"):
-            return None
-        if current.op == "get_attr" and "lifted_tensor" not in str(current.target):
-            return None  # model state (buffer, tensor attribute) may change after compile
-        stack.extend(current.all_input_nodes)
-    return Fold.of(node).evaluate(node.graph.owning_module).tolist()
 
 
 def _run_of(b: Builder, info, index: fx.Node, values: list[int], piece: int, first: int, end: int):
