@@ -33,9 +33,9 @@ import torch
 import torch.distributed as dist
 
 from ..errors import InputError
+from ..runtime.call.jagged_groups import power_of_two_widths
 from .batch import RequestBatch
 from .checks import Checked, check_batch
-from ..runtime.call.jagged_groups import power_of_two_widths
 from .costs import calibrated_cost, flops_cost, history_inputs, runs_grouped
 from .exchange import Routes, Schema, pack, receive_sizes, unpack
 from .partition import POLICIES, Partition, Requests, partition

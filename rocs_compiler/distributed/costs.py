@@ -100,16 +100,13 @@ def calibrated_cost(
     for r in requests:
         for k in candidates:
             for length in lengths if names else (0,):
-                at = {name: length for name in names}
                 n = r * k
                 rows.append([1.0, r, r * length, n, n * length])
-                times.append(call.predict_ms(calibration, R=r, N=n, **at))
-    a, b = np.array(rows, dtype=np.float64), np.array(times)
-    if not names:
-        a = a[:, [0, 1, 3]]
-    coef, _ = nnls(a / b[:, None], np.ones_like(b))
-    if not names:
-        coef = np.array([coef[0], coef[1], 0.0, coef[2], 0.0])
+                times.append(call.predict_ms(calibration, R=r, N=n, **dict.fromkeys(names, length)))
+    used = [0, 1, 2, 3, 4] if names else [0, 1, 3]  # without a length, no per-length terms
+    a, b = np.array(rows, dtype=np.float64)[:, used], np.array(times)
+    coef = np.zeros(5)
+    coef[used], _ = nnls(a / b[:, None], np.ones_like(b))
     return LinearCost((float(coef[1]), float(coef[2])), (float(coef[3]), float(coef[4])))
 
 

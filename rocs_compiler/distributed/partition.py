@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .refine import refine
-from .requests import Requests, rank_loads
+from .requests import Requests
 
 POLICIES = ("count", "cost", "keep")
 # KK merges one partial of ``world`` sums per request, and a step of the local search weighs every
@@ -85,10 +85,13 @@ def partition(requests: Requests, world: int, policy: str) -> Partition:
 
 
 def loads(requests: Requests, ranks: np.ndarray, world: int) -> np.ndarray:
-    """float64 ``[world]``: each rank's predicted load under ``ranks``."""
-    return rank_loads(
-        requests.fixed, requests.per_length, requests.lengths, requests.run_widths, ranks, world
-    )
+    """float64 ``[world]``: each rank's predicted load under ``ranks``: ``sum(fixed) +
+    sum(per_length * min(w, W))``, ``W`` its longest length, ``w`` ``Requests.run_widths``."""
+    top = np.zeros(world, dtype=np.int64)
+    np.maximum.at(top, ranks, requests.lengths)
+    runs_at = np.minimum(requests.run_widths, top[ranks])
+    own = requests.fixed + requests.per_length * runs_at
+    return np.bincount(ranks, weights=own, minlength=world).astype(np.float64)
 
 
 def _descending(costs: np.ndarray) -> np.ndarray:

@@ -25,8 +25,7 @@ class Requests:
     def own(self) -> np.ndarray:
         """Each request's cost at its own length (grouped: at its group's width, the most it
         runs at on any rank)."""
-        width = self.lengths if self.widths is None else self.widths
-        return self.fixed + self.per_length * width
+        return self.fixed + self.per_length * self._own_widths
 
     @property
     def run_widths(self) -> np.ndarray:
@@ -35,19 +34,8 @@ class Requests:
         group's width when it groups them, the request's length otherwise."""
         if self.padded:
             return np.full(self.lengths.shape, np.inf)
-        width = self.lengths if self.widths is None else self.widths
-        return width.astype(np.float64)
+        return self._own_widths.astype(np.float64)
 
-
-def rank_loads(
-    fixed: np.ndarray, per_length: np.ndarray, lengths: np.ndarray, widths: np.ndarray,
-    ranks: np.ndarray, world: int,
-) -> np.ndarray:  # fmt: skip
-    """float64 ``[world]``: each rank's ``sum(fixed) + sum(per_length * min(widths, W))``, W
-    the longest of its ``lengths`` (``widths``: :attr:`Requests.run_widths`)."""
-    top = np.zeros(world, dtype=np.int64)
-    np.maximum.at(top, ranks, lengths)
-    runs_at = np.minimum(widths, top[ranks])
-    return np.bincount(ranks, weights=fixed + per_length * runs_at, minlength=world).astype(
-        np.float64
-    )
+    @property
+    def _own_widths(self) -> np.ndarray:
+        return self.lengths if self.widths is None else self.widths
