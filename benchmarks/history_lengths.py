@@ -2,14 +2,19 @@
 then called at lengths 1 to 2048.
 
     OMP_NUM_THREADS=1 python benchmarks/history_lengths.py [--repeats 30] [--candidates 256]
+        [--unmarked]
 
 DIN (``models_zoo/din.py``) with the example's history dims marked
 (``torch._dynamo.mark_dynamic(example[name], 1)``, docs/contract.md "Sizes that change between
-calls"), one request of ``--candidates`` candidates per call, histories half full. Per length, one
-thread, interleaved rounds, medians:
+calls"), one request of ``--candidates`` candidates per call, histories half full; with
+``--unmarked``, from an example with nothing marked (the first call at another length compiles the
+model again with its length dynamic, ``runtime/modes/new_sizes.py``). Per length, one thread,
+interleaved rounds, medians:
 
 - ``eager``: the original model on the replicated batch, under ``torch.no_grad()``;
 - ``rocs``: the compiled model's shared-layout call;
+- ``graphs compiled``: how many graphs the compiled model has run so far (the example's, and the
+  one compiled again for another length where the example marked none);
 - ``programs built``: how many straight-line programs the compiled model has built so far (the
   shared and the plain one, ``runtime/program/direct.py``): a length that compiled anything again
   would raise it;
@@ -36,9 +41,9 @@ from rocs_compiler.timing import interleaved_medians  # noqa: E402
 LENGTHS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 
 
-def _compiled(model):
+def _compiled(model, marked: bool = True):
     example = din.make_batch([4, 3]).replicated()
-    for name in ("hist_item_ids", "hist_cat_ids"):
+    for name in ("hist_item_ids", "hist_cat_ids") if marked else ():
         torch._dynamo.mark_dynamic(example[name], 1)
     # Each call's histories are half padding: jagged calls would cut them (benchmarks/jagged_histories.py);
     # this table compares eager and rocs at the same width.
@@ -66,12 +71,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--candidates", type=int, default=256)
+    parser.add_argument("--unmarked", action="store_true", help="compile from an unmarked example")
     args = parser.parse_args()
     torch.set_num_threads(1)
     model = din.build(seed=0).eval()
-    cm = _compiled(model)
-    print("| length | eager ms | rocs ms | speedup | programs built | FLOPs per request | max diff |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    cm = _compiled(model, marked=not args.unmarked)
+    graphs = {id(cm.graph_module)}
+    print("| length | eager ms | rocs ms | speedup | graphs compiled | programs built "
+          "| FLOPs per request | max diff |")  # fmt: skip
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for length in LENGTHS:
         kwargs, index = _call(length, args.candidates, seed=length)
         replicated = {n: v[index] if n in din.REQUEST_INPUTS else v for n, v in kwargs.items()}
@@ -82,9 +90,10 @@ def main() -> None:
                 "rocs": lambda: cm(**kwargs, candidate_to_request=index),
             }
             ms = interleaved_medians(calls, args.repeats)
+        graphs.add(id(cm.graph_module))
         flops = cm.report(candidates=args.candidates, lengths={"hist_item_ids": length})
         print(f"| {length} | {ms['eager']:.2f} | {ms['rocs']:.2f} | {ms['eager'] / ms['rocs']:.2f}x "
-              f"| {_programs(cm)} | {flops.request_flops / 1e6:.2f}M | {diff:.1e} |", flush=True)  # fmt: skip
+              f"| {len(graphs)} | {_programs(cm)} | {flops.request_flops / 1e6:.2f}M | {diff:.1e} |", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -9,9 +9,9 @@ from typing import Any, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
 
 from .capture.failure import without_eager_advice
+from .capture.marked_example import MarkedExample
 from .capture.trace import describe_example
 from .errors import CompileError
 from .formats.base import Prepared
@@ -22,6 +22,7 @@ from .runtime import CompiledModel, InputContract
 from .runtime.modes.autocast import AutocastPrograms, under_autocast
 from .runtime.training.distributed import refuse_sharded, refuse_wrapped
 from .runtime.modes.eval_mode import EvalMode
+from .runtime.modes.new_sizes import SizeGrowth
 from .runtime.follow.guards import Guards
 from .runtime.follow.mislabel import example_finding
 from .runtime.follow.nesting import NestingParameters
@@ -85,6 +86,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
         refuse_wrapped(model)  # DDP: wrap the compiled model (``runtime/training/distributed.py``)
         refuse_sharded(model)  # FSDP2: shard after compiling
     example_kwargs = padded_example(example_kwargs)  # nested histories: padded, length dynamic
+    example = MarkedExample(example_inputs, example_kwargs or {})  # before capture consumes marks
     prepared = prepare(model, request_inputs, example_inputs, example_kwargs or {})
 
     def _again(memo: dict) -> CompiledModel:  # ``copy.deepcopy(compiled)``
@@ -92,9 +94,9 @@ def compile(  # noqa: A001 - mirrors torch.compile
         if cache is not None:  # a fresh one of the same size: a cache serves one model
             cache = RequestCache(cache.max_bytes, autotune=cache.autotune)
         return compile(
-            copy.deepcopy(model, memo), request_inputs, copy.deepcopy(example_inputs, memo),
-            copy.deepcopy(example_kwargs, memo), fallback=fallback, options=options,
-            unbatched_inputs=unbatched, request_cache=cache,
+            copy.deepcopy(model, memo), request_inputs,
+            *example.copy(lambda tensor: copy.deepcopy(tensor, memo)), fallback=fallback,
+            options=options, unbatched_inputs=unbatched, request_cache=cache,
         )  # fmt: skip
 
     try:
@@ -127,18 +129,13 @@ def compile(  # noqa: A001 - mirrors torch.compile
         weight_names=weight_names, plain=plain, unit_flops=result.unit_flops,
         input_format=prepared.format, weights_from=watched,
         guards=Guards(watched, reads, weight_names),
-        recompile=_recompiler(
-            model, request_inputs, example_inputs, example_kwargs or {}, options, unbatched
-        ),
+        recompile=_recompiler(model, request_inputs, example, options, unbatched),
         training=_training_program(result, prepared.model, options) if options.training else None,
-        eval_mode=_eval_mode(
-            model, request_inputs, example_inputs, example_kwargs or {}, options, unbatched
-        ),
+        eval_mode=_eval_mode(model, request_inputs, example, options, unbatched),
         nesting=_nesting(prepared.model, captured.nested_fast_path_params),
     )  # fmt: skip
-    object.__setattr__(compiled, "_autocast", _autocast_programs(
-        model, request_inputs, example_inputs, example_kwargs or {}, options, unbatched
-    ))  # fmt: skip
+    autocast = _autocast_programs(model, request_inputs, example, options, unbatched)
+    object.__setattr__(compiled, "_autocast", autocast)
     if request_cache is not None:
         attach_cache(compiled, request_cache)
     compiled.pipeline_result = result  # logical and shared graphs, for inspection tools
@@ -146,6 +143,10 @@ def compile(  # noqa: A001 - mirrors torch.compile
         jagged, refused = jagged_calls(result, compiled.contract)
         object.__setattr__(compiled, "_jagged", jagged)
         object.__setattr__(compiled, "jagged_refused", refused)
+    if not prepared.format.converts:  # a format converting its inputs marks its own lengths
+        object.__setattr__(compiled, "_growth", _size_growth(
+            model, request_inputs, example, options, unbatched, compiled.contract
+        ))  # fmt: skip
     compiled._mislabel.finding = example_finding(compiled.contract, prepared.args, prepared.kwargs)
     return _copyable(compiled, _again)
 
@@ -158,7 +159,7 @@ def _copyable(compiled: CompiledModel, again) -> CompiledModel:
     return compiled
 
 
-def _recompiler(model, request_inputs, example_inputs, example_kwargs, options, unbatched):
+def _recompiler(model, request_inputs, example: MarkedExample, options, unbatched):
     """``recompile(dtype, device)``: ``model`` compiled again as moved there, on the example moved
     the same way, with the same options; what a compiled model's move to another floating dtype
     runs (``runtime/follow/dtype_move.py``)."""
@@ -176,9 +177,7 @@ def _recompiler(model, request_inputs, example_inputs, example_kwargs, options, 
         def convert(t: torch.Tensor) -> torch.Tensor:
             return t.to(device, dtype) if t.is_floating_point() else t.to(device)
 
-        args, kwargs = pytree.tree_map_only(
-            torch.Tensor, convert, (tuple(example_inputs), dict(example_kwargs))
-        )
+        args, kwargs = example.copy(convert)
         try:
             return compile(
                 moved, request_inputs, args, kwargs, options=options, unbatched_inputs=unbatched
@@ -192,14 +191,35 @@ def _recompiler(model, request_inputs, example_inputs, example_kwargs, options, 
     return recompile
 
 
-def _autocast_programs(model, request_inputs, example_inputs, example_kwargs, options, unbatched):
+def _size_growth(model, request_inputs, example: MarkedExample, options, unbatched, contract):
+    """For a call at sizes past the batch dim that the example did not have
+    (``runtime/modes/new_sizes.py``): ``model`` compiled again on a copy of the example with those
+    dims marked dynamic besides the ones it marked, with the same options."""
+
+    def compile_marked(dims: Mapping[str, tuple[int, ...]]) -> CompiledModel:
+        args, kwargs = example.copy()
+        leaves = contract.leaves(args, kwargs)
+        for name, marked in dims.items():
+            for dim in marked:
+                torch._dynamo.mark_dynamic(leaves[name], dim)
+        try:
+            return compile(
+                model, request_inputs, args, kwargs, options=options, unbatched_inputs=unbatched
+            )
+        except CompileError as err:  # its first line: where the model fixes the size, and how
+            lines = without_eager_advice(str(err)).strip().splitlines()
+            raise CompileError(lines[0] if lines else type(err).__name__) from err
+
+    return SizeGrowth(compile_marked)
+
+
+def _autocast_programs(model, request_inputs, example: MarkedExample, options, unbatched):
     """For calls under ``torch.autocast`` (``runtime/modes/autocast.py``): ``model`` wrapped in that
     autocast, compiled on the same example with the same options, on first use."""
 
     def compile_under(device_type: str, dtype: torch.dtype) -> CompiledModel:
         return _compile_again(
-            under_autocast(model, device_type, dtype), request_inputs, example_inputs,
-            example_kwargs, options, unbatched,
+            under_autocast(model, device_type, dtype), request_inputs, example, options, unbatched,
             f"a call under torch.autocast({device_type!r}, dtype={dtype}) runs the model "
             "compiled under that autocast",
             "; call it outside autocast, or compile the model without rocs",
@@ -210,7 +230,7 @@ def _autocast_programs(model, request_inputs, example_inputs, example_kwargs, op
     return AutocastPrograms(compile_under, device)
 
 
-def _eval_mode(model, request_inputs, example_inputs, example_kwargs, options, unbatched):
+def _eval_mode(model, request_inputs, example: MarkedExample, options, unbatched):
     """For a training compile of a model in training mode, its calls in eval mode
     (``runtime/modes/eval_mode.py``): ``model`` compiled for inference as it is then, on the same
     example, with the same options; None otherwise."""
@@ -220,7 +240,7 @@ def _eval_mode(model, request_inputs, example_inputs, example_kwargs, options, u
 
     def compile_eval() -> CompiledModel:
         return _compile_again(
-            model, request_inputs, example_inputs, example_kwargs, inference, unbatched,
+            model, request_inputs, example, inference, unbatched,
             "a training compile in eval mode runs its model compiled for inference in eval "
             "mode, rocs.compile(model.eval(), ...)",
         )  # fmt: skip
@@ -229,15 +249,14 @@ def _eval_mode(model, request_inputs, example_inputs, example_kwargs, options, u
 
 
 def _compile_again(
-    model, request_inputs, example_inputs, example_kwargs, options, unbatched, why, then=""
+    model, request_inputs, example: MarkedExample, options, unbatched, why, then=""
 ) -> CompiledModel:
     """``model`` compiled on the compile's own example and options, for a call that needs another
     program of it; a failure is a ``CompileError`` saying ``why`` that program runs."""
     try:
         return compile(
-            model, request_inputs, example_inputs, example_kwargs, options=options,
-            unbatched_inputs=unbatched,
-        )  # fmt: skip
+            model, request_inputs, *example.copy(), options=options, unbatched_inputs=unbatched
+        )
     except (CompileError, ValueError) as err:
         raise CompileError(f"{why}, which failed: {err}{then}") from err
 

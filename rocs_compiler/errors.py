@@ -9,6 +9,17 @@ class InputError(ValueError):
     """A call to a compiled model received inputs that do not match its contract."""
 
 
+class SizeChange(InputError):
+    """A call whose inputs differ from the compiled sizes only past the batch dim of batched
+    inputs; ``places`` holds each ``(input, dim)`` that differs (``dim`` counted with the batch
+    dim), across every input of the call. A compiled model may compile itself again with those
+    dims dynamic (``runtime/modes/new_sizes.py``)."""
+
+    def __init__(self, message: str, places: tuple[tuple[str, int], ...]):
+        super().__init__(message)
+        self.places = places
+
+
 class OptionsError(ValueError):
     """Compiler options with an unknown key or a value of the wrong type.
 

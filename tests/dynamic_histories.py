@@ -66,6 +66,20 @@ def histories_at_length(
     return kwargs
 
 
+def assert_eagers_gradients(model, twin, got, want, where: str = "") -> None:
+    """``got`` (the compiled ``model``'s outputs) equals ``want`` (its eager ``twin``'s, same
+    weights), and a weighted sum of each backpropagates into equal gradients."""
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    weights = torch.linspace(-1, 1, want.shape[0])
+    (want * weights).sum().backward()
+    (got * weights).sum().backward()
+    for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+        if q.grad is None:
+            assert p.grad is None or not p.grad.any(), name
+            continue
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=f"{name} {where}")
+
+
 def replicated(
     kwargs: dict, index: torch.Tensor, request_inputs: Sequence[str] = din.REQUEST_INPUTS
 ) -> dict:

@@ -13,6 +13,7 @@ module grouping and a detail panel per node), and notebooks show that page
 
 from __future__ import annotations
 
+import collections
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any, Mapping, Optional, Sequence
 import torch
 
 from ..analysis.driver import Fallback, op_name, source_module
+from ..analysis.flops import NodeCost
 from ..ir.graph_meta import ROLE
 from .modules import ModuleRow, module_rows, parameter_counts, parameter_readers
 from ..ir.roles import Role
@@ -52,7 +54,8 @@ class Report:
     route: str = ""
     note: str = ""
     modules: list[ModuleRow] = field(default_factory=list)
-    lengths: dict[str, int] = field(default_factory=dict)  # history lengths counted, by input
+    # History lengths counted, by input: one length, or each request's (a distribution).
+    lengths: dict[str, int | list[int]] = field(default_factory=dict)
     jagged: str = ""  # whether calls cut each history to its length, and why not
     by_length: list[dict] = field(default_factory=list)  # FLOPs at several history lengths
     # The pipeline result the report describes, for drawings (not part of the data).
@@ -119,7 +122,7 @@ class Report:
             f"R={r} requests",
         ]
         if self.lengths:
-            at = ", ".join(f"{name}={length}" for name, length in self.lengths.items())
+            at = ", ".join(f"{name}={_length_text(v)}" for name, v in self.lengths.items())
             grows = sum(node.grows for node in self.nodes)
             lines.append(f"history lengths    : {at} ({grows} nodes grow with them)")
         if self.jagged:
@@ -231,18 +234,21 @@ def build_report(
     num_candidates: int = 1024,
     num_requests: int = 1,
     model: Any = None,
-    lengths: Mapping[str, int] | None = None,
+    lengths: Mapping[str, Any] | None = None,
 ) -> Report:
     """Report for a :class:`~rocs_compiler.pipeline.PipelineResult`; ``model`` (the original
     ``nn.Module``) gives the parameter counts of the per-module table; ``lengths`` (``{input:
-    length}``) counts the FLOPs at those history lengths (inputs whose example marked a dim
-    dynamic), else at the example's, and marks the nodes whose FLOPs grow with them."""
+    length}``) counts the FLOPs at those history lengths (inputs with a dynamic length), else at
+    the example's, and marks the nodes whose FLOPs grow with them. A length given as a sequence
+    is a distribution, each request's length: FLOPs per request and per candidate are then the
+    mean over those requests (each request's candidates at its length)."""
     from .render.view import shape_text
 
     gm = result.logical_graph
-    lengths = dict(lengths or {})
-    costs = result.costs_at(lengths) if lengths else result.costs
-    grows = _growing(result, costs, lengths)
+    lengths = {name: _length_value(name, v) for name, v in (lengths or {}).items()}
+    costs = _mean_costs(result, lengths) if lengths else result.costs
+    longest = {name: max(v) if isinstance(v, list) else v for name, v in lengths.items()}
+    grows = _growing(result, costs, longest)
     names = {result.captured.batch_symbol: "B"}
     nodes, per_role = [], {Role.CONST: 0.0, Role.REQUEST: 0.0, Role.CANDIDATE: 0.0}
     for node in gm.graph.nodes:
@@ -294,6 +300,46 @@ def build_report(
         lengths=lengths,
         _pipeline=result,
     )
+
+
+def _length_value(name: str, value: Any) -> int | list[int]:
+    """A length as given (an int, or a sequence or 1-D tensor of each request's), checked."""
+    if isinstance(value, torch.Tensor):
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        values = [int(v) for v in value]
+        if not values or min(values) < 0:
+            raise ValueError(f"lengths[{name!r}] must be non-negative lengths, one per request")
+        return values
+    return int(value)
+
+
+def _mean_costs(result, lengths: dict) -> dict:
+    """The graph's costs at ``lengths`` (``result.costs_at``); where they are distributions (of
+    equal size: each request's lengths), the mean over the requests of the costs at each one's."""
+    sizes = {len(v) for v in lengths.values() if isinstance(v, list)}
+    if not sizes:
+        return result.costs_at(lengths)
+    if len(sizes) > 1:
+        raise ValueError("length distributions give one length per request: give them one size")
+    (count,) = sizes
+    per_request = collections.Counter(
+        tuple((name, v[i] if isinstance(v, list) else v) for name, v in sorted(lengths.items()))
+        for i in range(count)
+    )
+    sums: dict = {}
+    for at, requests in per_request.items():
+        for name, cost in result.costs_at(dict(at)).items():
+            total = sums.setdefault(name, [0.0, 0.0])
+            total[0] += requests * cost.per_row
+            total[1] += requests * cost.fixed
+    return {name: NodeCost(p / count, f / count) for name, (p, f) in sums.items()}
+
+
+def _length_text(length: int | list[int]) -> str:
+    if not isinstance(length, list):
+        return str(length)
+    return f"mean {sum(length) / len(length):.1f} over {len(length)} requests (max {max(length)})"
 
 
 def _growing(result, costs: dict, lengths: dict) -> set[str]:

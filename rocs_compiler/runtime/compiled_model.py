@@ -148,6 +148,7 @@ class CompiledModel(nn.Module):
     _cache = None  # a ``request_cache.CachedGraph`` when a request cache is attached
     _autocast = None  # ``runtime/modes/autocast.py``: programs for calls under torch.autocast
     _jagged = None  # ``runtime/call/jagged.py``: calls grouped by history length
+    _growth = None  # ``runtime/modes/new_sizes.py``: compiled again for a call at new sizes
     jagged_refused = None  # why calls keep their padded width (None: no history length, or jagged)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -178,8 +179,9 @@ class CompiledModel(nn.Module):
         """Structured report: roles, FLOPs per request / per candidate, fallbacks, ideal speedup
         at ``requests`` requests of ``candidates`` candidates each, as ``rocs inspect
         --candidates N --requests R``; ``lengths={input: length}`` counts at those history
-        lengths (dims the example marked dynamic) and marks the nodes that grow with them (built
-        by the door that compiled the model; the runtime knows no report)."""
+        lengths (dynamic ones) and marks the nodes that grow with them, and ``{input: [length of
+        each request, ...]}`` gives the mean over that distribution (built by the door that
+        compiled the model; the runtime knows no report)."""
         if renamed:
             raise TypeError(
                 f"report() got {', '.join(sorted(renamed))}=: it takes candidates= (per request, "

@@ -13,7 +13,13 @@ import rocs_compiler as rocs
 from models_zoo import din
 from rocs_compiler.errors import InputError
 
-from dynamic_histories import at_length, din_model, marked_example, replicated
+from dynamic_histories import (
+    assert_eagers_gradients,
+    at_length,
+    din_model,
+    marked_example,
+    replicated,
+)
 
 LENGTHS = (1, 2, 3, 5, 8, 13, 21, 34, 50, 77, 128)  # DIN reads any length: no table caps it
 
@@ -57,13 +63,21 @@ def test_histories_that_disagree_on_their_length_are_refused_naming_both(compile
         cm(**replicated(kwargs, batch.candidate_to_request))
 
 
-def test_a_dim_the_example_did_not_mark_keeps_its_size(compiled):
-    _, cm = compiled
+def test_a_dim_the_example_did_not_mark_is_fixed_by_the_model_or_compiled_again():
+    """A width the model fixes is refused naming the input; the compile keeps serving its marked
+    lengths (another size past the batch dim: ``test_new_sizes.py``)."""
+    model = din_model()
+    cm = rocs.compile(model, list(din.REQUEST_INPUTS), example_kwargs=marked_example())
     batch = din.make_batch([2, 3], seed=2)
     kwargs = at_length(batch, 6, seed=2)
-    kwargs["user_profile"] = torch.cat([kwargs["user_profile"], kwargs["user_profile"][:, :1]], 1)
-    with torch.no_grad(), pytest.raises(InputError, match=r"'user_profile'.*mark_dynamic"):
-        cm(**kwargs, candidate_to_request=batch.candidate_to_request)
+    index = batch.candidate_to_request
+    kwargs["item_id"] = torch.stack([kwargs["item_id"]] * 2, 1)
+    with torch.no_grad(), pytest.raises(InputError, match=r"'item_id' has shape \(5, 2\)"):
+        cm(**kwargs, candidate_to_request=index)
+    kwargs = at_length(batch, 9, seed=2)
+    with torch.no_grad():
+        torch.testing.assert_close(cm(**kwargs, candidate_to_request=index), model(**replicated(kwargs, index)))
+    assert cm._growth is not None and not cm._growth._fixed  # no compile again: no new size
 
 
 @pytest.mark.parametrize("layout", ["shared", "dropin"])
@@ -81,14 +95,7 @@ def test_a_training_compile_gives_eagers_gradients_at_every_length(layout):
         model.zero_grad(), twin.zero_grad()
         want = twin(**as_replicated)
         got = cm(**kwargs, candidate_to_request=index) if layout == "shared" else cm(**as_replicated)
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-        (want * torch.linspace(-1, 1, want.shape[0])).sum().backward()
-        (got * torch.linspace(-1, 1, got.shape[0])).sum().backward()
-        for (name, p), q in zip(model.named_parameters(), twin.parameters()):
-            if q.grad is None:
-                assert p.grad is None or not p.grad.any(), name
-                continue
-            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=f"{name} at {length}")
+        assert_eagers_gradients(model, twin, got, want, f"at {length}")
 
 
 def test_a_length_the_model_fixes_is_refused_at_compile_time_with_the_line_that_fixes_it():
@@ -168,3 +175,26 @@ def test_a_bag_whose_reshape_merges_the_batch_with_a_dynamic_length_runs_per_can
             for got in (cm(**kwargs, candidate_to_request=index), cm(**dropin)):
                 for key in want:
                     torch.testing.assert_close(got[key], want[key], rtol=1e-5, atol=1e-5)
+
+
+def test_the_report_counts_flops_over_a_distribution_of_history_lengths(compiled):
+    """Each request's length given: FLOPs per request and per candidate are the mean over the
+    requests of the counts at each one's length (DIN's both grow linearly: the mean length's)."""
+    _, cm = compiled
+    spread = [30] * 63 + [2048]
+    mean = sum(spread) / len(spread)
+    at = cm.report(candidates=8, requests=64, lengths={"hist_item_ids": spread})
+    low = cm.report(candidates=8, requests=64, lengths={"hist_item_ids": 30})
+    high = cm.report(candidates=8, requests=64, lengths={"hist_item_ids": 2048})
+    for side in ("request_flops", "candidate_flops"):
+        want = (63 * getattr(low, side) + getattr(high, side)) / 64
+        assert getattr(at, side) == pytest.approx(want)
+        assert getattr(low, side) < getattr(at, side) < getattr(high, side)
+    assert f"mean {mean:.1f} over 64 requests (max 2048)" in at.summary()
+    assert at.to_dict()["lengths"] == {"hist_item_ids": spread}
+    tied = cm.report(lengths={"hist_item_ids": spread, "hist_cat_ids": torch.tensor(spread)})
+    assert tied.request_flops == pytest.approx(at.request_flops)
+    with pytest.raises(ValueError, match="one length per request"):
+        cm.report(lengths={"hist_item_ids": [1, 2], "hist_cat_ids": [1, 2, 3]})
+    with pytest.raises(ValueError, match="non-negative"):
+        cm.report(lengths={"hist_item_ids": [3, -1]})

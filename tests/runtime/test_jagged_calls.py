@@ -11,7 +11,7 @@ import rocs_compiler as rocs
 from models_zoo import din
 from rocs_compiler.errors import InputError
 
-from dynamic_histories import din_model, marked_example, replicated
+from dynamic_histories import assert_eagers_gradients, din_model, marked_example, replicated
 from padded_models import VOCAB, Pooled, WithLengths
 
 WIDTH = 256
@@ -401,15 +401,7 @@ def test_a_training_compile_gives_eagers_gradients_on_jagged_calls(layout):
             cm(**kwargs, candidate_to_request=index) if layout == "shared" else cm(**as_replicated)
         )
         assert cm._jagged.split_calls == before + 1
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-        weights = torch.linspace(-1, 1, want.shape[0])
-        (want * weights).sum().backward()
-        (got * weights).sum().backward()
-        for (name, p), q in zip(model.named_parameters(), twin.parameters()):
-            if q.grad is None:
-                assert p.grad is None or not p.grad.any(), name
-                continue
-            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
+        assert_eagers_gradients(model, twin, got, want)
 
 
 def test_a_model_that_draws_random_numbers_keeps_its_width():

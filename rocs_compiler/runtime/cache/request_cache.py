@@ -248,6 +248,12 @@ class CachedGraph:
         self._watch: ContentWatch | None = None
         self._watch_key: Any = None  # (weight generation, runner) the watch was made for
 
+    def over(self, graph_module: Any) -> "CachedGraph":
+        """This cache, emptied, over another graph of the same model (compiled again at new
+        sizes, ``runtime/modes/new_sizes.py``): its entries hold the old graph's boundary."""
+        self.cache.clear()
+        return CachedGraph(self.cache, graph_module)
+
     def run(self, model: Any, runner: Callable, inputs: list, index: torch.Tensor) -> list:
         """The outputs of ``runner(*inputs, index)`` (the compiled graph's program), with the
         request program skipped for the rows the cache holds."""

@@ -10,8 +10,15 @@ graph) must agree in every call; a call where they differ is refused naming both
 the model caps (a positional table of 64 rows sliced to the history's length: capture leaves the
 length's symbol a range of at most 64) is checked in every call too, and a longer one refused
 naming the input, its size and the cap, where the graph would fail deep inside an op or, sliced
-another way, truncate silently. A compiled model moved with ``.to(device or dtype)`` expects its
+another way, truncate silently. A size the model reads at least so much of (a third column of a
+packed input: its symbol's range starts at 3) is checked likewise, where the graph would fail
+deep inside an op; the default floor of 2 that capture gives a dynamic size is not checked (a
+length of 1 runs). A compiled model moved with ``.to(device or dtype)`` expects its
 inputs moved the same way (:meth:`InputSpecs.moved`).
+
+A call that differs from the compiled sizes only past the batch dims of batched inputs (a history
+length the example did not mark) is refused with a :class:`SizeChange`, which names those dims: the
+compiled model may compile itself again with them dynamic (``runtime/modes/new_sizes.py``).
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import sympy
 import torch
 from torch import fx
 
-from ...errors import InputError
+from ...errors import InputError, SizeChange
 
 
 @dataclass(frozen=True)
@@ -34,6 +41,7 @@ class _Spec:
     batched: bool
     symbols: tuple = ()  # per dim of ``sizes``, the graph's size symbol where symbolic
     caps: tuple = ()  # per dim of ``sizes``, the largest size the graph allows where it caps one
+    floors: tuple = ()  # per dim of ``sizes``, the smallest size past 2 the graph asks for
 
 
 class InputSpecs:
@@ -43,6 +51,7 @@ class InputSpecs:
         self._exact = [(n, s.dtype, s.device, s.sizes, s.batched) for n, s in self._specs.items()]
         self._ties = {s: dims for s, dims in _symbol_dims(self._specs).items() if len(dims) > 1}
         self._caps = _capped_dims(self._specs)
+        self._floors = _floored_dims(self._specs)
 
     @property
     def caps(self) -> list[tuple[str, int, str, int]]:
@@ -67,7 +76,8 @@ class InputSpecs:
             sizes = tuple(s if isinstance(s, int) else None for s in dims)
             symbols = tuple(None if isinstance(s, int) else str(s) for s in dims)
             caps = tuple(_cap(s) for s in dims)
-            specs[name] = _Spec(val.dtype, val.device, sizes, is_batched, symbols, caps)
+            floors = tuple(_floor(s) for s in dims)
+            specs[name] = _Spec(val.dtype, val.device, sizes, is_batched, symbols, caps, floors)
         return cls(specs)
 
     def size_dims(self) -> list[tuple[str, int]]:
@@ -97,14 +107,23 @@ class InputSpecs:
                 or value.device != device
                 or (value.shape[1:] if batched and value.dim() else value.shape) != sizes
             ):
-                self._check_one(name, self._specs[name], value)  # symbolic sizes, or an error
+                self._check_one(name, self._specs[name], value, leaves)  # symbolic, or an error
         if self._ties:
             self._check_ties(leaves)
-        if self._caps:
+        if self._caps or self._floors:
             self.check_caps(leaves)
 
     def check_caps(self, leaves: Mapping[str, object]) -> None:
-        """Refuse a call with a dynamic size past the largest the compiled graph allows."""
+        """Refuse a call with a dynamic size past the largest the compiled graph allows, or
+        short of the smallest it asks for."""
+        for name, dim, symbol, floor in self._floors:
+            value = leaves.get(name)
+            if isinstance(value, torch.Tensor) and value.dim() > dim and value.shape[dim] < floor:
+                raise InputError(
+                    f"input {name!r} has size {value.shape[dim]} at dim {dim}, but the compiled "
+                    f"model takes at least {floor} there (the model reads that much of it: "
+                    f"{symbol} >= {floor} in its graph)"
+                )
         for name, dim, symbol, cap in self._caps:
             value = leaves.get(name)
             if isinstance(value, torch.Tensor) and value.dim() > dim and value.shape[dim] > cap:
@@ -130,7 +149,7 @@ class InputSpecs:
                     f"graph computes them as one size ({symbol}): give them the same size"
                 )
 
-    def _check_one(self, name: str, spec: _Spec, value: torch.Tensor) -> None:
+    def _check_one(self, name: str, spec: _Spec, value: torch.Tensor, leaves: Mapping) -> None:
         if value.dtype != spec.dtype:
             raise InputError(
                 f"input {name!r} has dtype {value.dtype}, but the model was compiled for "
@@ -145,12 +164,37 @@ class InputSpecs:
         if dims != spec.sizes and (spec.batched and value.dim() == 0 or not _fits(dims, spec.sizes)):
             expected = ", ".join("?" if s is None else str(s) for s in spec.sizes)
             expected = f"(rows, {expected})" if spec.batched else f"({expected})"
-            raise InputError(
+            message = (
                 f"input {name!r} has shape {tuple(value.shape)}, but the model was compiled "
-                f"for {expected}; only the number of rows may change between calls (and the "
-                "dims the example marked dynamic: torch._dynamo.mark_dynamic(example, dim) "
-                "before rocs.compile)"
+                f"for {expected}"
             )
+            places = self._changed_sizes(leaves)
+            if places:
+                raise SizeChange(message, places)
+            raise InputError(
+                f"{message}; only the number of rows may change between calls (and the dims "
+                "past the batch dim of batched inputs, which the model does not fix)"
+            )
+
+    def _changed_sizes(self, leaves: Mapping[str, object]) -> tuple[tuple[str, int], ...]:
+        """Every ``(input, dim)`` of the call whose size differs from a compiled constant size,
+        when all of them lie past the batch dim of batched inputs that otherwise fit their specs
+        (dtype, device, number of dims); () when any does not."""
+        places = []
+        for name, spec in self._specs.items():
+            value = leaves.get(name)
+            if not isinstance(value, torch.Tensor):
+                continue
+            if value.dtype != spec.dtype or value.device != spec.device:
+                return ()
+            dims = value.shape[1:] if spec.batched and value.dim() else value.shape
+            if len(dims) != len(spec.sizes) or (spec.batched and value.dim() == 0):
+                return ()
+            changed = [i for i, (d, s) in enumerate(zip(dims, spec.sizes)) if s not in (None, d)]
+            if changed and not spec.batched:
+                return ()
+            places.extend((name, i + 1) for i in changed)
+        return tuple(places)
 
 
 def _symbol_dims(specs: Mapping[str, _Spec]) -> dict[str, list[tuple[str, int]]]:
@@ -168,13 +212,23 @@ def _symbol_dims(specs: Mapping[str, _Spec]) -> dict[str, list[tuple[str, int]]]
 def _capped_dims(specs: Mapping[str, _Spec]) -> list[tuple[str, int, str, int]]:
     """``[(input, dim, size symbol, cap), ...]`` for each dynamic dim whose symbol the graph
     bounds from above (``dim`` counted with the batch dim)."""
-    capped = []
+    return _bounded_dims(specs, lambda spec: spec.caps)
+
+
+def _floored_dims(specs: Mapping[str, _Spec]) -> list[tuple[str, int, str, int]]:
+    """``[(input, dim, size symbol, floor), ...]`` for each dynamic dim whose symbol the graph
+    bounds from below past 2."""
+    return _bounded_dims(specs, lambda spec: spec.floors)
+
+
+def _bounded_dims(specs: Mapping[str, _Spec], bounds_of) -> list[tuple[str, int, str, int]]:
+    bounded = []
     for name, spec in specs.items():
         offset = 1 if spec.batched else 0
-        for i, (symbol, cap) in enumerate(zip(spec.symbols, spec.caps)):
-            if cap is not None:
-                capped.append((name, i + offset, symbol, cap))
-    return capped
+        for i, (symbol, bound) in enumerate(zip(spec.symbols, bounds_of(spec))):
+            if bound is not None:
+                bounded.append((name, i + offset, symbol, bound))
+    return bounded
 
 
 def _cap(size: object) -> Optional[int]:
@@ -182,13 +236,25 @@ def _cap(size: object) -> Optional[int]:
     range in the graph's shape environment, where capture refined it (export turns a guard such
     as ``s <= 64``, from slicing a 64-row table to ``s`` rows, into the symbol's range); None for
     a constant size or an unbounded one."""
+    upper = _range(size, "upper")
+    return int(upper) if isinstance(upper, sympy.Integer) else None  # not int_oo: no cap
+
+
+def _floor(size: object) -> Optional[int]:
+    """The smallest value the captured graph allows a symbolic ``size`` where it is above 2,
+    the floor capture gives every dynamic size; None otherwise."""
+    lower = _range(size, "lower")
+    return int(lower) if isinstance(lower, sympy.Integer) and lower > 2 else None
+
+
+def _range(size: object, end: str) -> object:
+    """One end of a symbolic ``size``'s range in its shape environment; None for a constant."""
     if not isinstance(size, torch.SymInt):
         return None
     shape_env = getattr(size.node, "shape_env", None)
     if shape_env is None:
         return None
-    upper = shape_env.bound_sympy(size.node.expr).upper
-    return int(upper) if isinstance(upper, sympy.Integer) else None  # not int_oo: no cap
+    return getattr(shape_env.bound_sympy(size.node.expr), end)
 
 
 def _fits(dims: tuple, sizes: tuple) -> bool:

@@ -20,6 +20,7 @@ from ...kernels.nested_padding import decided_for, fast_path_state
 from ...kernels.index_contract import index_trusted
 from ..follow.moves import refresh_copy
 from .bound import Call
+from ...errors import SizeChange
 from .checks import check_replicated, check_shared, reduce_leaves
 from .choosing import dropin_choosing, runs_as_given, shared_choosing, trial_clock
 from .grouping import group
@@ -40,7 +41,25 @@ from .train_lane import chooses_training, trains, trains_as_original
 
 
 def forward(cm, *args, candidate_to_request: Optional[torch.Tensor] = None, **kwargs):
-    """``CompiledModel.forward`` itself (the face binds it as its method: no call in between)."""
+    """``CompiledModel.forward`` itself (the face binds it as its method: no call in between); a
+    call at sizes the example did not have, once the model is compiled again for them
+    (``runtime/modes/new_sizes.py``)."""
+    return _at_new_sizes(_forward, cm, args, candidate_to_request, kwargs)
+
+
+def _at_new_sizes(call, cm, args: tuple, index, kwargs: dict):
+    """``call`` of ``cm``; where it meets sizes ``cm`` was not compiled for, again once ``cm`` is
+    compiled for them too (``runtime/modes/new_sizes.py``), or the refusal."""
+    try:
+        return call(cm, *args, candidate_to_request=index, **kwargs)
+    except SizeChange as change:
+        if cm._growth is None:
+            raise
+        cm._growth.grow(cm, change)
+    return call(cm, *args, candidate_to_request=index, **kwargs)
+
+
+def _forward(cm, *args, candidate_to_request: Optional[torch.Tensor] = None, **kwargs):
     eval_mode = cm._eval_mode
     if eval_mode is not None and eval_mode.applies():  # a training compile in eval mode
         return eval_mode.call(cm, args, kwargs, candidate_to_request)
@@ -50,7 +69,7 @@ def forward(cm, *args, candidate_to_request: Optional[torch.Tensor] = None, **kw
     nesting = cm._nesting  # ``runtime/follow/nesting.py``: None unless an encoder of it nests
     if nesting is not None and not decided_for(nesting):
         with fast_path_state(nesting):  # eager's decision for this call's grad and autocast state
-            return forward(cm, *args, candidate_to_request=candidate_to_request, **kwargs)
+            return _forward(cm, *args, candidate_to_request=candidate_to_request, **kwargs)
     jagged = cm._jagged  # ``jagged.py``: None unless the model's histories may be cut
     if jagged is not None and jagged.applies():
         result = jagged.run(cm, args, kwargs, candidate_to_request)
@@ -226,7 +245,11 @@ def call_replicated(cm, *args, candidate_to_request: torch.Tensor, **kwargs):
     """The original call (request inputs replicated, one row per candidate) with the
     grouping given: ``candidate_to_request[n]`` is candidate n's request. Raises
     :class:`InputError` when a request input varies within a request. (``CompiledModel``'s
-    method itself.)"""
+    method itself; at new sizes as ``forward``.)"""
+    return _at_new_sizes(_call_replicated, cm, args, candidate_to_request, kwargs)
+
+
+def _call_replicated(cm, *args, candidate_to_request: torch.Tensor, **kwargs):
     eval_mode = cm._eval_mode
     if eval_mode is not None and eval_mode.applies():
         return eval_mode.call_replicated(cm, args, kwargs, candidate_to_request)
@@ -236,7 +259,7 @@ def call_replicated(cm, *args, candidate_to_request: torch.Tensor, **kwargs):
     nesting = cm._nesting
     if nesting is not None and not decided_for(nesting):
         with fast_path_state(nesting):
-            return call_replicated(cm, *args, candidate_to_request=candidate_to_request, **kwargs)
+            return _call_replicated(cm, *args, candidate_to_request=candidate_to_request, **kwargs)
     cm._guards.check()
     call = Call(args, kwargs, candidate_to_request)
     if cm.input_format.converts:

@@ -12,7 +12,7 @@ from torch import nn
 from .dtype_move import dtype_move, keep_integer_dtypes
 
 # What ``adopt`` leaves as it is: nn.Module's own state, and what watches the original.
-_MODULE_STATE = frozenset(vars(nn.Module()))
+MODULE_STATE = frozenset(vars(nn.Module()))
 _KEPT_ON_MOVE = frozenset(
     {"_guards", "_weights_from", "_recompile", "_module", "_eval_mode", "_autocast", "_nesting"}
 )
@@ -52,7 +52,7 @@ def adopt(cm, new, moved_to: tuple) -> None:
     paths run), still guarding the original and following its weights, as cast copies."""
     base = cm._weights_from if cm._weights_from is not None else cm._original
     for name, value in vars(new).items():
-        if name not in _MODULE_STATE and name not in _KEPT_ON_MOVE:
+        if name not in MODULE_STATE and name not in _KEPT_ON_MOVE:
             object.__setattr__(cm, name, value)
     cm.graph_module = new.graph_module
     if new._weights is not None:
