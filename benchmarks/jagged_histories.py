@@ -2,7 +2,7 @@
 jagged calls (requests grouped by length, each group cut to its longest).
 
     OMP_NUM_THREADS=1 python benchmarks/jagged_histories.py [--repeats 6] [--candidates 8]
-        [--training] [--door inductor]
+        [--training] [--door {rocs,inductor,export,aoti,onnx}]
 
 DIN (``models_zoo/din.py``), compiled once with its history length marked dynamic. One call:
 one request with a history of 2,048 events and 63 with 30 events each (``--short``), padded with
@@ -18,12 +18,18 @@ history at 256 and 512, and histories uniform over 1..2,048. ``--training`` time
 step instead (training compiles; forward and backward of the outputs' sum). ``--door inductor``
 times the same through ``torch.compile(model, backend=rocs.backend(...), dynamic=True)``, called
 with ``rocs.shared_call`` (the rewrite lowered with Inductor; "eager" stays the original model).
+``--door export`` times the saved program (``rocs.export``, ``rocs.save``, ``rocs.load``): padded
+is its module called directly, jagged the loaded program, which cuts its calls by the plan the
+export carries (``export/jagged_program.py``); ``--door aoti`` the AOTInductor package of the
+portable program (the runner, and ``rocs.JaggedProgram`` over it), ``--door onnx`` its ONNX model
+in ONNX Runtime (one thread; the session, and ``rocs.JaggedProgram`` over it).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -69,6 +75,45 @@ class _Door:
         return next(r._jagged for r in runners if getattr(r, "_jagged", None) is not None)
 
 
+class _Program:
+    """An exported program's door, padded (the program called as it is) or jagged (cut by the
+    plan the export carries): ``--door export``, ``aoti`` or ``onnx``."""
+
+    def __init__(self, run, plan, jagged: bool):
+        self._jagged = rocs.JaggedProgram(run, plan)
+        self._run = self._jagged if jagged else run
+
+    def __call__(self, candidate_to_request, **kwargs):
+        return self._run(**kwargs, candidate_to_request=candidate_to_request)
+
+
+def _program_doors(model, door: str, where: Path) -> tuple[_Program, _Program]:
+    """(padded, jagged) for ``door``, from DIN compiled with its length dynamic."""
+    cm = _compiled(model, True, False)
+    if door == "export":
+        rocs.save(rocs.export(cm), where / "din.pt2")
+        loaded = rocs.load(where / "din.pt2")
+        run, plan = loaded.module(), rocs.jagged_plan(loaded)
+    elif door == "aoti":
+        package = rocs.aoti_package(rocs.export(cm, portable=True), where / "din_aoti.pt2")
+        run = torch._inductor.aoti_load_package(package)
+        plan = rocs.jagged_plan(run.get_metadata())
+    else:
+        import onnxruntime as ort
+
+        path = rocs.export_onnx(rocs.export(cm, portable=True), where / "din.onnx")
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = options.inter_op_num_threads = 1
+        session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        names = [i.name for i in session.get_inputs()]
+
+        def run(**feeds):
+            return torch.from_numpy(session.run(None, {n: feeds[n].numpy() for n in names})[0])
+
+        plan = rocs.jagged_plan(session.get_modelmeta().custom_metadata_map)
+    return _Program(run, plan, False), _Program(run, plan, True)
+
+
 def _step(fn, training: bool):
     """``fn`` as one timed call: a forward, and under ``training`` its backward too."""
     if not training:
@@ -112,22 +157,29 @@ def main() -> None:
     parser.add_argument("--short", type=int, default=30)
     parser.add_argument("--training", action="store_true", help="time training steps")
     parser.add_argument(
-        "--door", choices=("rocs", "inductor"), default="rocs",
-        help="rocs.compile, or torch.compile(backend=rocs.backend(...)) through rocs.shared_call",
+        "--door", choices=("rocs", "inductor", "export", "aoti", "onnx"), default="rocs",
+        help="rocs.compile, torch.compile(backend=rocs.backend(...)) through rocs.shared_call, "
+        "or an exported program: saved, AOTInductor package, ONNX Runtime",
     )  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(1)
     model = din.build(seed=0).eval()
+    if args.door != "rocs" and args.training:
+        parser.error("--training times rocs.compile's training compiles only")
     if args.door == "inductor":
-        if args.training:
-            parser.error("the torch.compile backend compiles for inference only")
         with torch.no_grad():
             padded, jagged = _Door(model, False), _Door(model, True)
+    elif args.door != "rocs":
+        where = Path(tempfile.mkdtemp(prefix="rocs_jagged_"))
+        padded, jagged = _program_doors(model, args.door, where)
     else:
         padded = _compiled(model, False, args.training)
         jagged = _compiled(model, True, args.training)
     what = "training steps (forward and backward)" if args.training else "calls"
-    door = "torch.compile(backend=rocs)" if args.door == "inductor" else "rocs.compile"
+    door = {
+        "inductor": "torch.compile(backend=rocs)", "export": "a saved program (rocs.load)",
+        "aoti": "an AOTInductor package", "onnx": "ONNX Runtime",
+    }.get(args.door, "rocs.compile")  # fmt: skip
     print(f"DIN through {door}, 64 requests x {args.candidates} candidates, one thread, medians of "
           f"{args.repeats} interleaved {what}\n")  # fmt: skip
     print("| histories | eager ms | rocs padded ms | rocs jagged ms | jagged vs padded "

@@ -37,6 +37,8 @@ _LAZY = {
     "aoti_package": ".export",
     "export_onnx": ".export.onnx",
     "LoadedProgram": ".export",
+    "JaggedProgram": ".export.jagged_program",
+    "jagged_plan": ".export.jagged_program",
     "trusted_index": ".kernels.index_contract",
     "CompiledModel": ".runtime",
     "RequestCache": ".runtime.cache.request_cache",
@@ -56,10 +58,10 @@ _LAZY = {
 
 __all__ = [
     "compile", "Options", "CompileError", "InputError", "OptionsError", "Role", "CompiledModel",
-    "backend", "shared_call", "export", "save", "load", "aoti_package", "export_onnx", "LoadedProgram",
-    "apply_glm", "apply_dca", "GLMLinear", "GLMLinearCompression", "GroupLayerNorm",
+    "backend", "shared_call", "export", "save", "load", "aoti_package", "export_onnx",
+    "LoadedProgram", "apply_glm", "apply_dca", "GLMLinear", "GLMLinearCompression", "GroupLayerNorm",
     "GLMFactorizationMachine", "DCABlock", "trusted_index", "glm_from_zero_blocks", "RequestCache",
-    "RequestBalancer", "RequestBatch", "calibrate", "Calibration",
+    "RequestBalancer", "RequestBatch", "calibrate", "Calibration", "JaggedProgram", "jagged_plan",
 ]  # fmt: skip
 __version__ = "0.1.0"
 

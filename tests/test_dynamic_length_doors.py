@@ -140,3 +140,72 @@ def test_the_torch_compile_backend_runs_a_shared_call_jagged():
     runners = [v.runner for s in backend.subgraphs for v in s.variants.values()]
     jagged = [r._jagged for r in runners if getattr(r, "_jagged", None) is not None]
     assert jagged and sum(j.split_calls for j in jagged) >= 2, "no call ran jagged"
+
+
+PADDED = ([5, 9, 3], [7, 2], [300, 4, 6, 5], [200, 3, 2])  # requests' history lengths per call
+
+
+def _check_jagged(run, model, jagged):
+    """``run``'s shared calls of padded histories equal the model's, and ran cut to lengths."""
+    with torch.no_grad():
+        for i, lengths in enumerate(PADDED):
+            kwargs, index = _padded_histories(lengths, seed=60 + i)
+            want = model(**replicated(kwargs, index))
+            got = run(**kwargs, candidate_to_request=index)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=str(lengths))
+            assert (want - want[0]).abs().max() > 1e-3, "outputs barely vary across rows"
+    assert jagged.split_calls >= 2, "the long histories did not run jagged"
+
+
+@pytest.mark.parametrize("portable", [False, True])
+def test_a_saved_program_runs_a_padded_call_jagged(model_and_compiled, portable, tmp_path):
+    """``rocs.export`` carries the compiled model's jagged plan; ``rocs.save`` and ``rocs.load``
+    keep it, and the loaded program cuts each padded call to its requests' lengths."""
+    model, cm = model_and_compiled
+    program = rocs.export(cm, portable=portable)
+    plan = rocs.jagged_plan(program)
+    assert plan["histories"] == {"hist_item_ids": [1], "hist_cat_ids": [1]}
+    rocs.save(program, tmp_path / "din.pt2")
+    loaded = rocs.load(tmp_path / "din.pt2")
+    assert rocs.jagged_plan(loaded) == plan
+    _check_jagged(loaded, model, loaded._jagged)
+    kwargs, index = _padded_histories([40, 3], seed=70)  # positional arguments too
+    args = [kwargs[name] for name in loaded.argument_names[:-1]]
+    lengths = torch.tensor([40, 3])
+    nested = {  # histories as jagged nested tensors: padded with 0, as the compiled model pads
+        name: torch.nested.nested_tensor_from_jagged(
+            torch.cat([row[:n] for row, n in zip(kwargs[name], lengths.tolist())]),
+            torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]),
+        )
+        for name in ("hist_item_ids", "hist_cat_ids")
+    }
+    with torch.no_grad():
+        want = model(**replicated(kwargs, index))
+        torch.testing.assert_close(loaded(*args, candidate_to_request=index), want)
+        torch.testing.assert_close(loaded(**{**kwargs, **nested}, candidate_to_request=index), want)
+
+
+def test_onnx_runtime_runs_a_padded_call_jagged(model_and_compiled, tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    model, cm = model_and_compiled
+    path = rocs.export_onnx(rocs.export(cm, portable=True), tmp_path / "din.onnx")
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(path, options)
+    names = [i.name for i in session.get_inputs()]
+
+    def run(**feeds):
+        outputs = session.run(None, {n: feeds[n].numpy() for n in names})
+        return torch.from_numpy(outputs[0])
+
+    jagged = rocs.JaggedProgram(run, rocs.jagged_plan(session.get_modelmeta().custom_metadata_map))
+    _check_jagged(jagged, model, jagged)
+
+
+@pytest.mark.slow  # an AOTInductor build takes minutes on two cores
+def test_an_aoti_package_runs_a_padded_call_jagged(model_and_compiled, tmp_path):
+    model, cm = model_and_compiled
+    package = rocs.aoti_package(rocs.export(cm, portable=True), tmp_path / "din.pt2")
+    runner = torch._inductor.aoti_load_package(package)
+    jagged = rocs.JaggedProgram(runner, rocs.jagged_plan(runner.get_metadata()))
+    _check_jagged(jagged, model, jagged)

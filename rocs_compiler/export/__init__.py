@@ -50,6 +50,8 @@ from .aoti_checks import input_checks_by_default
 from .portable import PortableInterpreter, rocs_ops_in
 from .size_names import with_size_names
 from ..runtime.program.eager_checks import eager_check
+from ..runtime.call.jagged import plan_of
+from .jagged_program import JAGGED_META, JaggedProgram, plan_of_program, read_plan
 from .input_checks import (
     TRACED_EAGER_CHECKS,
     as_input_error,
@@ -60,9 +62,11 @@ from .input_checks import (
 from ..ir.roles import Role
 
 __all__ = [
-    "INPUTS_METADATA", "LoadedProgram", "aoti_package", "export", "input_signature", "load",
-    "rocs_ops_in", "save",
+    "INPUTS_METADATA", "JAGGED_META", "JaggedProgram", "LoadedProgram", "aoti_package", "export",
+    "input_signature", "load", "rocs_ops_in", "save",
 ]
+
+JAGGED_FILE = "rocs.jagged.json"  # the jagged plan's entry in a saved program's archive
 
 
 class _SharedLayoutProgram(nn.Module):
@@ -215,24 +219,31 @@ def export(compiled, example: Optional[Any] = None, portable: bool = False) -> E
     example_kwargs = _nest(flat)
     with torch.no_grad():
         try:
-            return torch.export.export(
+            program = torch.export.export(
                 module, (), example_kwargs, dynamic_shapes=_nest(dims), strict=False
             )
         except Exception as err:
             raise CompileError(
                 f"could not export the rewritten graph: {type(err).__name__}: {err}"
             ) from err
+    specs = compiled._input_specs
+    plan = plan_of(compiled._jagged, specs.caps if specs is not None else ())
+    if plan is not None:  # ``jagged_program.py``: its callers may cut their calls
+        program.graph_module.meta[JAGGED_META] = plan
+    return program
 
 
 def save(program: ExportedProgram | LoadedProgram, path: str | os.PathLike) -> None:
     """``torch.export.save``; load it back with :func:`load`."""
     if isinstance(program, LoadedProgram):
         program = program.program
+    plan = plan_of_program(program)
+    extra_files = {JAGGED_FILE: json.dumps(plan)} if plan is not None else None
     with warnings.catch_warnings():
         # torch warns about weights shared between the graph's constants; they are CPU tensors
         # saved once and loaded exactly, so the warning says nothing about this program.
         warnings.filterwarnings("ignore", message="No complete tensor found in the group")
-        torch.export.save(program, path)
+        torch.export.save(program, path, extra_files=extra_files)
 
 
 class _PositionalCall(nn.Module):
@@ -278,12 +289,16 @@ class LoadedProgram:
     ``candidate_to_request``: positional arguments in the model's order, or keywords.
 
     ``program`` is the ``torch.export.ExportedProgram``; :meth:`module` the ``nn.Module`` that
-    runs it (what ``program.module()`` is, with positional arguments accepted).
+    runs it (what ``program.module()`` is, with positional arguments accepted). A program whose
+    compiled model cut its calls to each request's history length (``jagged_program.py``) cuts
+    them the same way: a call runs as groups of requests, through :meth:`module`.
     """
 
     def __init__(self, program: ExportedProgram):
         self.program = program
         self._module: Optional[_PositionalCall] = None
+        plan = plan_of_program(program)
+        self._jagged = JaggedProgram(self._keywords, plan) if plan is not None else None
 
     @property
     def argument_names(self) -> list[str]:
@@ -298,7 +313,14 @@ class LoadedProgram:
         return self._module
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._jagged is not None and INDEX_NAME in kwargs:
+            names = self.argument_names
+            if len(args) < len(names):
+                return self._jagged(**dict(zip(names, args)), **kwargs)
         return self.module()(*args, **kwargs)
+
+    def _keywords(self, **kwargs: Any) -> Any:
+        return self.module()(**kwargs)
 
     def __repr__(self) -> str:
         return f"LoadedProgram({', '.join(self.argument_names)})"
@@ -336,7 +358,12 @@ def load(path: str | os.PathLike) -> LoadedProgram:
     """Load a program saved by :func:`save`, with the rocs:: custom ops registered: call it like
     the model, ``program(*arguments, candidate_to_request)``."""
     _register_rocs_ops()
-    return LoadedProgram(torch.export.load(path))
+    extra_files = {JAGGED_FILE: ""}
+    program = torch.export.load(path, extra_files=extra_files)
+    plan = read_plan(extra_files[JAGGED_FILE])
+    if plan is not None:
+        program.graph_module.meta[JAGGED_META] = plan
+    return LoadedProgram(program)
 
 
 # The AOTInductor package's metadata entry that describes the program's keyword inputs, which the
@@ -371,6 +398,9 @@ def aoti_package(
     configs.setdefault("aot_inductor.check_lowerbound", False)
     metadata = dict(configs.pop("aot_inductor.metadata", None) or {})
     metadata[INPUTS_METADATA] = json.dumps(input_signature(program))
+    plan = plan_of_program(program)
+    if plan is not None:  # ``jagged_program.py``: a caller may cut its calls
+        metadata[JAGGED_META] = json.dumps(plan)
     configs["aot_inductor.metadata"] = metadata
     with input_checks_by_default():  # ``export/aoti_checks.py``: a strided view is refused
         return torch._inductor.aoti_compile_and_package(

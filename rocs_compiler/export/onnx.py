@@ -19,6 +19,7 @@ the ONNX exporter cannot translate, is refused with a :class:`CompileError` nami
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -29,6 +30,7 @@ from ..errors import CompileError
 from . import symbolic_signature
 from .onnx_attention import with_eager_attention
 from .onnx_bags import with_gathered_bags
+from .jagged_program import JAGGED_META, plan_of_program
 from .portable import rocs_ops_in
 from .size_names import size_names
 
@@ -78,6 +80,7 @@ def export_onnx(program: torch.export.ExportedProgram, path: str | os.PathLike) 
             "rocs.export(cm, portable=True) (rocs export --portable), which computes them in "
             "plain torch"
         )
+    plan = plan_of_program(program)  # before the rewrites, which make new programs
     program = with_gathered_bags(with_eager_attention(program))
     guards = _guard_nodes(program)
     signature = symbolic_signature(program)
@@ -106,6 +109,9 @@ def export_onnx(program: torch.export.ExportedProgram, path: str | os.PathLike) 
             name = markers.get(fx_node.split(" ", 2)[0] + " :")
             if name is not None:
                 node.name = name
+    if plan is not None:  # ``jagged_program.py``: a caller may cut its calls
+        entry = model.metadata_props.add()
+        entry.key, entry.value = JAGGED_META, json.dumps(plan)
     import onnx
 
     onnx.save(model, os.fspath(path))

@@ -22,11 +22,18 @@ from __future__ import annotations
 
 import inspect
 import threading
+from types import SimpleNamespace
 
 import torch
 from torch.utils import _pytree as pytree
 
-from ...analysis.truncation import Refusal, Truncation, history_inputs, prove_truncation
+from ...analysis.truncation import (
+    LengthSource,
+    Refusal,
+    Truncation,
+    history_inputs,
+    prove_truncation,
+)
 from ...errors import InputError
 from .jagged_groups import UnitCosts, plan_groups, unit_costs
 from .nested_histories import is_nested, padded_histories
@@ -67,16 +74,10 @@ class JaggedCalls:
             return NOT_SPLIT  # the call path names the mistake
         nested = [name for name in self.cut if is_nested(bound.get(name))]
         if nested:
-            if len(nested) < len(self.cut):
-                dense = sorted(set(self.cut) - set(nested))
-                raise InputError(
-                    f"histories {nested} are nested tensors and {dense} are not: give all of "
-                    "them one way"
-                )
-            bound = padded_histories(bound, nested, self.pads, self.lengths_input)
+            bound = self.padded(bound)
         cm._input_specs.check_caps(bound)  # the call's width, before any group is cut below it
         if self.truncation is not None and _may_split(cm):
-            result = self._split(cm, bound, index)
+            result = self.split(cm.forward, bound, index)
             if result is not NOT_SPLIT:
                 return result
         if not nested:
@@ -89,7 +90,23 @@ class JaggedCalls:
         finally:
             self._inside.active = False
 
-    def _split(self, cm, bound: dict, index):
+    def padded(self, bound: dict) -> dict:
+        """``bound`` with its histories given as jagged nested tensors padded (refused when some
+        are nested and some are not)."""
+        nested = [name for name in self.cut if is_nested(bound.get(name))]
+        if not nested:
+            return bound
+        if len(nested) < len(self.cut):
+            dense = sorted(set(self.cut) - set(nested))
+            raise InputError(
+                f"histories {nested} are nested tensors and {dense} are not: give all of them "
+                "one way"
+            )
+        return padded_histories(bound, nested, self.pads, self.lengths_input)
+
+    def split(self, forward, bound: dict, index):
+        """The call (``bound``: its inputs by name; ``index``: None in the drop-in layout) run as
+        groups through ``forward``, or :data:`NOT_SPLIT` when it stays one group at its width."""
         source = bound.get(self.source.input)
         if not isinstance(source, torch.Tensor):
             return NOT_SPLIT
@@ -115,7 +132,7 @@ class JaggedCalls:
         if len(groups) == 1 and groups[0][1] == width:
             return NOT_SPLIT
         self.split_calls += 1
-        return self._run_groups(cm.forward, bound, index, groups, rows)
+        return self._run_groups(forward, bound, index, groups, rows)
 
     def lengths(self, source: torch.Tensor, width: int) -> torch.Tensor:
         """Each request's length (int64 ``[R]``), read from ``source``."""
@@ -194,6 +211,43 @@ class JaggedCalls:
             else:
                 sub[name] = value
         return sub
+
+
+def plan_of(jagged: JaggedCalls | None, caps=()) -> dict | None:
+    """What a caller of an exported program needs to cut its calls as the compiled model's
+    (JSON; ``caps``: ``InputSpecs.caps``, a call's width checked before it is cut): None when
+    the compiled model's calls keep their width."""
+    if jagged is None or jagged.truncation is None:
+        return None
+    source = jagged.source
+    return {
+        "arguments": [p for p in jagged.signature.parameters if p != "self"],
+        "request_inputs": sorted(jagged.request_names),
+        "batched_inputs": sorted(jagged.batched_names),
+        "histories": {name: list(dims) for name, dims in jagged.cut.items()},
+        "source": {"input": source.input, "dim": source.dim, "pad": source.pad},
+        "needs_content": list(jagged.truncation.needs_content),
+        "costs": {"request": list(jagged.costs.request), "candidate": list(jagged.costs.candidate)},
+        "caps": [[name, dim, cap] for name, dim, _, cap in caps],
+    }
+
+
+def from_plan(plan: dict) -> JaggedCalls:
+    """The jagged calls a :func:`plan_of` describes, for a program's caller."""
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    contract = SimpleNamespace(
+        signature=inspect.Signature([inspect.Parameter(a, kind) for a in plan["arguments"]]),
+        request_inputs=tuple(plan["request_inputs"]),
+        batched_inputs=tuple(plan["batched_inputs"]),
+    )
+    source = plan["source"]
+    truncation = Truncation(
+        LengthSource(source["input"], int(source["dim"]), source["pad"]),
+        {name: tuple(dims) for name, dims in plan["histories"].items()},
+        tuple(plan["needs_content"]),
+    )
+    costs = UnitCosts(tuple(plan["costs"]["request"]), tuple(plan["costs"]["candidate"]))
+    return JaggedCalls(contract, truncation.inputs, truncation, costs)
 
 
 def _may_split(cm) -> bool:
