@@ -86,3 +86,26 @@ def test_an_aoti_package_refuses_a_length_past_the_cap(tmp_path):
         kwargs, index, _ = zoo.call(zoo.cap + 1, seed=52)
         with pytest.raises(RuntimeError, match=rf"too large at 1, expected to be <= {zoo.cap}"):
             runner(**kwargs, candidate_to_request=index)
+
+
+def test_a_jagged_program_refuses_a_padded_width_past_the_cap_before_cutting_it(tmp_path):
+    """Target attention's saved program cuts its calls (its truncation proof holds); a call padded
+    past the positional table's rows whose every history fits under it would run, cut, in
+    groups the program takes; the original refuses it, and so does the loaded program, before
+    any group is cut."""
+    zoo = CAPPED["target_attention"]
+    model = zoo.model()
+    rocs.save(rocs.export(zoo.compile(model)), tmp_path / "ta.pt2")
+    loaded = rocs.load(tmp_path / "ta.pt2")
+    kwargs, index, as_replicated = zoo.call(zoo.cap, seed=50)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(**kwargs, candidate_to_request=index), model(**as_replicated))
+        short = {**kwargs, "hist_item_ids": kwargs["hist_item_ids"][:, :3]}
+        pad = torch.zeros(short["hist_item_ids"].shape[0], zoo.cap + 5 - 3, dtype=torch.int64)
+        wide = {**short, "hist_item_ids": torch.cat([short["hist_item_ids"], pad], 1)}
+        with pytest.raises(rocs.InputError, match=rf"'hist_item_ids' has size {zoo.cap + 5}.*at most {zoo.cap}"):
+            loaded(**wide, candidate_to_request=index)
+        torch.testing.assert_close(
+            loaded(**short, candidate_to_request=index),
+            model(**{**as_replicated, "hist_item_ids": short["hist_item_ids"][index]}),
+        )
