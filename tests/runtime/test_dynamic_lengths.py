@@ -80,12 +80,14 @@ def test_a_dim_the_example_did_not_mark_is_fixed_by_the_model_or_compiled_again(
     assert cm._growth is not None and not cm._growth._fixed  # no compile again: no new size
 
 
+@pytest.mark.parametrize("marked", [True, False], ids=["marked", "unmarked"])
 @pytest.mark.parametrize("layout", ["shared", "dropin"])
-def test_a_training_compile_gives_eagers_gradients_at_every_length(layout):
+def test_a_training_compile_gives_eagers_gradients_at_every_length(layout, marked):
+    """Unmarked, the first call (length 2) compiles the model again with its length dynamic
+    (``runtime/modes/new_sizes.py``); every later length runs that training program."""
     model = din_model()
-    cm = rocs.compile(
-        model, list(din.REQUEST_INPUTS), example_kwargs=marked_example(), training=True
-    )
+    example = marked_example() if marked else din.make_batch([4, 3]).replicated()
+    cm = rocs.compile(model, list(din.REQUEST_INPUTS), example_kwargs=example, training=True)
     twin = din_model()
     for i, length in enumerate((2, 9, 50, 70)):
         batch = din.make_batch([4, 1, 3], seed=10 + i, shuffle=True)
@@ -96,6 +98,8 @@ def test_a_training_compile_gives_eagers_gradients_at_every_length(layout):
         want = twin(**as_replicated)
         got = cm(**kwargs, candidate_to_request=index) if layout == "shared" else cm(**as_replicated)
         assert_eagers_gradients(model, twin, got, want, f"at {length}")
+        moved = [p for p in twin.parameters() if p.grad is not None and p.grad.abs().max() > 1e-4]
+        assert len(moved) > 4, "the gradients barely move"
 
 
 def test_a_length_the_model_fixes_is_refused_at_compile_time_with_the_line_that_fixes_it():

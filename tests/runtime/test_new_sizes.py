@@ -1,8 +1,8 @@
 """A history length the example did not have (``runtime/modes/new_sizes.py``): a model compiled
 from an example with nothing marked dynamic compiles itself again, once, at the first call with
 another length, that length dynamic; every later length runs that program, exact against the
-original model in both layouts on ragged batches, for inference and training compiles, up to the
-cap a positional table sets. A size the model fixes is refused naming the input and the line that
+original model in both layouts on ragged batches, up to the cap a positional table sets (training
+compiles: ``test_dynamic_lengths.py``, marked and unmarked). A size the model fixes is refused naming the input and the line that
 fixes it, once compiled and never again."""
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from rocs_compiler.errors import InputError
 
 from dynamic_histories import (
     CAPPED,
-    assert_eagers_gradients,
     at_length,
     din_model,
     histories_at_length,
@@ -88,22 +87,6 @@ def test_a_capped_model_compiled_unmarked_serves_every_length_up_to_its_cap(name
         kwargs, index, _ = zoo.call(zoo.cap + 1, seed=3)
         with pytest.raises(InputError, match=rf"size {zoo.cap + 1} at dim 1.*at most {zoo.cap}"):
             cm(**kwargs, candidate_to_request=index)
-
-
-@pytest.mark.parametrize("layout", ["shared", "dropin"])
-def test_a_training_compile_compiled_unmarked_gives_eagers_gradients_at_every_length(layout):
-    model, twin = din_model(), din_model()
-    cm = unmarked_din(model, training=True)
-    for i, length in enumerate((50, 9, 70, 2)):
-        batch = din.make_batch([4, 1, 3], seed=10 + i, shuffle=True)
-        kwargs = at_length(batch, length, seed=10 + i)
-        index = batch.candidate_to_request
-        as_replicated = replicated(kwargs, index)
-        model.zero_grad(), twin.zero_grad()
-        want = twin(**as_replicated)
-        got = cm(**kwargs, candidate_to_request=index) if layout == "shared" else cm(**as_replicated)
-        assert_eagers_gradients(model, twin, got, want, f"at {length}")
-        assert sum(bool(p.grad.abs().max() > 1e-4) for p in twin.parameters() if p.grad is not None) > 4
 
 
 def test_a_length_the_model_fixes_is_refused_with_the_line_once_compiled_and_then_at_once():
