@@ -28,10 +28,14 @@ def inspect_model(target: Target, args) -> Inspection:
     from ..runtime.call.jagged import jagged_summary
 
     specs = getattr(args, "length", None) or []
-    compiled = compile_target(target, args, _marked_example(target, specs) if specs else None)
+    distribution = getattr(args, "length_distribution", None)
+    marked = [*specs, distribution] if distribution else specs
+    compiled = compile_target(target, args, _marked_example(target, marked) if marked else None)
     result = compiled.pipeline_result
     with stage("costs"):
         at = {names[0]: lengths[0] for names, lengths in specs}
+        if distribution:  # one length per request: the report's mean over them
+            at[distribution[0][0]] = list(distribution[1])
         report = build_report(result, num_candidates(args), args.requests, target.model, at)
         report.jagged = jagged_summary(compiled._jagged, compiled.jagged_refused)
         if specs:
@@ -62,8 +66,8 @@ def _marked_example(target: Target, specs) -> dict:
             if not isinstance(value, torch.Tensor) or value.dim() < 2:
                 have = ", ".join(n for n, v in example.items() if getattr(v, "dim", lambda: 0)() >= 2)
                 raise TargetError(
-                    f"--length names {name!r}, which is not an example input with a dim past its "
-                    f"rows (inputs with one: {have or 'none'})"
+                    f"--length or --length-distribution names {name!r}, which is not an example "
+                    f"input with a dim past its rows (inputs with one: {have or 'none'})"
                 )
             example[name] = value.clone()
             torch._dynamo.mark_dynamic(example[name], 1)

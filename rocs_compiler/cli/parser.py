@@ -38,6 +38,18 @@ def _length_spec(text: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
     return tuple(n.strip() for n in names.split("+") if n.strip()), values
 
 
+def _distribution_spec(text: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """``NAMES=L[*K],...`` -> (names, one length per request); ``L*K``: K requests of length L."""
+    names, sep, items = text.partition("=")
+    if not sep or not names or not items:
+        raise argparse.ArgumentTypeError(f"expected NAMES=L[*K][,L[*K]...], got {text!r}")
+    lengths: list[int] = []
+    for item in items.split(","):
+        length, star, count = item.partition("*")
+        lengths.extend([_positive(length)] * (_positive(count) if star else 1))
+    return tuple(n.strip() for n in names.split("+") if n.strip()), tuple(lengths)
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -196,6 +208,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="count FLOPs at history length L: NAMES (inputs joined by '+', those the model "
         "ties) get their dim 1 marked dynamic in the example; several lengths print FLOPs per "
         "request and per candidate at each, e.g. --length hist_item_ids+hist_cat_ids=10,50,2048",
+    )
+    inspect.add_argument(
+        "--length-distribution",
+        type=_distribution_spec,
+        metavar="NAMES=L[*K],...",
+        help="count FLOPs over a distribution of history lengths, one per request (L*K: K "
+        "requests of length L): FLOPs per request and per candidate are the mean over them, as "
+        "jagged calls run them, e.g. --length-distribution hist_item_ids+hist_cat_ids=30*63,2048",
     )
     inspect.add_argument("--format", choices=["text", "json", "dot", "svg", "html"], default="text")
     inspect.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")

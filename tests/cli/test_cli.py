@@ -458,8 +458,33 @@ def test_inspect_counts_flops_at_the_history_lengths_it_is_given(capsys):
     assert "2048" in out.split("by history length")[1]
 
 
+def test_inspect_counts_the_mean_flops_over_a_distribution_of_history_lengths(capsys):
+    """``--length-distribution NAMES=L*K,...``: one length per request (``L*K``: K requests at
+    L); FLOPs per request and per candidate are the mean over them."""
+    at = {}
+    for spec in ("30", "2048", "30*63,2048"):
+        option = "--length-distribution" if "*" in spec else "--length"
+        code, out, _ = run(
+            capsys, "inspect", "models_zoo:din", option, f"hist_item_ids+hist_cat_ids={spec}",
+            "--candidates", "8", "--requests", "64", "--format", "json",
+        )  # fmt: skip
+        assert code == 0
+        at[spec] = json.loads(out)
+    mixed = at["30*63,2048"]
+    assert mixed["lengths"] == {"hist_item_ids": [30] * 63 + [2048]}
+    for side in ("request_flops", "candidate_flops"):
+        want = (63 * at["30"]["totals"][side] + at["2048"]["totals"][side]) / 64
+        assert mixed["totals"][side] == pytest.approx(want)
+    code, out, _ = run(
+        capsys, "inspect", "models_zoo:din", "--length-distribution", "hist_item_ids+hist_cat_ids=5*3,7"
+    )
+    assert code == 0 and "hist_item_ids=mean 5.5 over 4 requests (max 7)" in out
+    with pytest.raises(SystemExit):
+        cli.main(["inspect", "models_zoo:din", "--length-distribution", "hist_item_ids=5*x"])
+
+
 def test_inspect_refuses_a_length_for_an_input_without_one(capsys):
     code, _, err = run(capsys, "inspect", "models_zoo:din", "--length", "item_id=10")
-    assert code == 1 and "--length names 'item_id'" in err and "hist_item_ids" in err
+    assert code == 1 and "--length-distribution names 'item_id'" in err and "hist_item_ids" in err
     with pytest.raises(SystemExit):
         cli.main(["inspect", "models_zoo:din", "--length", "hist_item_ids"])
