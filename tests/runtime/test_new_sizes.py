@@ -197,3 +197,23 @@ def test_unmarked_histories_of_any_length_in_a_drop_in_serving_loop():
             kwargs = histories_at_length(batch.kwargs, vocabs, length, seed=step)
             as_replicated = replicated(kwargs, batch.candidate_to_request)
             torch.testing.assert_close(cm(**as_replicated), model(**as_replicated), rtol=1e-5, atol=1e-5)
+
+
+def test_a_grown_model_exports_a_program_of_every_length():
+    """Before its first call at another length the program fixes the example's length; after
+    it, the exported program takes every length, exact (the door exports what the model runs)."""
+    from rocs_compiler.export import input_signature
+
+    model = din_model()
+    cm = unmarked_din(model)
+    assert input_signature(rocs.export(cm))["hist_item_ids"]["shape"][1] == 50
+    batch = din.make_batch([3, 2], seed=8, shuffle=True)
+    index = batch.candidate_to_request
+    with torch.no_grad():
+        cm(**at_length(batch, 20, seed=8), candidate_to_request=index)  # grows
+        program = rocs.export(cm).module()
+        for length in (1, 33, 90):
+            kwargs = at_length(batch, length, seed=9 + length)
+            want = model(**replicated(kwargs, index))
+            got = program(**kwargs, candidate_to_request=index)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=f"length {length}")
