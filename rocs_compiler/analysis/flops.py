@@ -85,7 +85,10 @@ def _fake_like(val: Any, sizes: dict, mode: FakeTensorMode) -> Any:
 
 
 def flops_at(gm: fx.GraphModule, sizes: dict) -> dict[str, int]:
-    """FLOPs of every call node of ``gm`` with its size symbols set to ``sizes``, on fake tensors."""
+    """FLOPs of every call node of ``gm`` (a graph module, or an exported program: its
+    ``get_attr`` nodes, a ``torch.cond``'s branches, are its graph module's) with its size symbols
+    set to ``sizes``, on fake tensors."""
+    owner = getattr(gm, "graph_module", gm)
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     env: dict[fx.Node, Any] = {}
     counts: dict[str, int] = {}
@@ -94,7 +97,7 @@ def flops_at(gm: fx.GraphModule, sizes: dict) -> dict[str, int]:
             val = node.meta.get("val")
             env[node] = _fake_input(val, sizes, mode) if isinstance(val, torch.Tensor) else _concrete(val, sizes)
         elif node.op == "get_attr":
-            obj = operator.attrgetter(node.target)(gm)
+            obj = operator.attrgetter(node.target)(owner)
             env[node] = mode.from_tensor(obj) if isinstance(obj, torch.Tensor) else obj
         elif node.op == "call_function":
             args, kwargs = fx.map_arg((node.args, node.kwargs), lambda a: env[a])
