@@ -217,3 +217,17 @@ def test_a_grown_model_exports_a_program_of_every_length():
             want = model(**replicated(kwargs, index))
             got = program(**kwargs, candidate_to_request=index)
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=f"length {length}")
+
+
+def test_a_model_moved_to_another_dtype_refuses_a_new_length_saying_how_to_mark_it():
+    """Compiled again from its moved copy, a grown program would follow the copy's weights, not
+    the original's: a moved compiled model takes the sizes it had when moved."""
+    model = din_model()
+    cm = unmarked_din(model).double()
+    batch = din.make_batch([3, 2], seed=6)
+    index = batch.candidate_to_request
+    with torch.no_grad():
+        want = model.double()(**replicated(batch.kwargs, index))
+        torch.testing.assert_close(cm(**batch.kwargs, candidate_to_request=index), want)
+        with pytest.raises(InputError, match=r"'hist_item_ids' has shape \(2, 20\).*mark_dynamic"):
+            cm(**at_length(batch, 20, seed=6), candidate_to_request=index)

@@ -20,7 +20,7 @@ from ...kernels.nested_padding import decided_for, fast_path_state
 from ...kernels.index_contract import index_trusted
 from ..follow.moves import refresh_copy
 from .bound import Call
-from ...errors import SizeChange
+from ...errors import InputError, SizeChange
 from .checks import check_replicated, check_shared, reduce_leaves
 from .choosing import dropin_choosing, runs_as_given, shared_choosing, trial_clock
 from .grouping import group
@@ -54,7 +54,12 @@ def _at_new_sizes(call, cm, args: tuple, index, kwargs: dict):
         return call(cm, *args, candidate_to_request=index, **kwargs)
     except SizeChange as change:
         if cm._growth is None:
-            raise
+            raise InputError(
+                f"{change}; only the number of rows may change between calls of this compiled "
+                "model (a compiled model moved to another dtype takes the sizes it had then): "
+                "mark the size dynamic, torch._dynamo.mark_dynamic(example[name], dim), before "
+                "rocs.compile"
+            ) from None
         cm._growth.grow(cm, change)
     return call(cm, *args, candidate_to_request=index, **kwargs)
 

@@ -61,6 +61,9 @@ def adopt(cm, new, moved_to: tuple) -> None:
         cm._plain.follow(base)
     if new._training is not None:  # the training program reads the original, cast
         object.__setattr__(cm, "_training", new._training.following(base, *moved_to))
+    # A length the moved program was not compiled for is refused: compiled again from the moved
+    # copy, its program would follow the copy's weights, not the original's.
+    object.__setattr__(cm, "_growth", None)
     object.__setattr__(cm, "_original_is_copy", True)
 
 
