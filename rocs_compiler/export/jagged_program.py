@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from ..errors import InputError
+from ..runtime.call.input_checks import refuse_past_caps
 from ..runtime.call.jagged import NOT_SPLIT, from_plan
 
 JAGGED_META = "rocs.jagged"  # the key of the plan, in every place a program carries it
@@ -81,19 +81,8 @@ class JaggedProgram:
         except TypeError:  # the program names the mistake
             return self._run(*args, candidate_to_request=candidate_to_request, **kwargs)
         bound = self._calls.padded(bound)  # histories given as jagged nested tensors
-        self._check_caps(bound)
+        refuse_past_caps(self._caps, bound)  # before any group is cut below a cap
         result = self._calls.split(self._run, bound, candidate_to_request)
         if result is NOT_SPLIT:
             return self._run(**bound, candidate_to_request=candidate_to_request)
         return result
-
-    def _check_caps(self, bound: dict) -> None:
-        """A padded width past a cap is refused before any group is cut below it (the program
-        itself would refuse the call whole)."""
-        for name, dim, cap in self._caps:
-            value = bound.get(name)
-            if isinstance(value, torch.Tensor) and value.dim() > dim and value.shape[dim] > cap:
-                raise InputError(
-                    f"input {name!r} has size {value.shape[dim]} at dim {dim}, but the program "
-                    f"takes at most {cap} there (the model caps that size)"
-                )

@@ -124,15 +124,7 @@ class InputSpecs:
                     f"model takes at least {floor} there (the model reads that much of it: "
                     f"{symbol} >= {floor} in its graph)"
                 )
-        for name, dim, symbol, cap in self._caps:
-            value = leaves.get(name)
-            if isinstance(value, torch.Tensor) and value.dim() > dim and value.shape[dim] > cap:
-                raise InputError(
-                    f"input {name!r} has size {value.shape[dim]} at dim {dim}, but the compiled "
-                    f"model takes at most {cap} there: the model caps that size ({symbol} <= "
-                    f"{cap} in its graph: it slices a table of fixed rows to it, a positional "
-                    f"table say); give it at most {cap}, or grow the table and compile again"
-                )
+        refuse_past_caps(self._caps, leaves)
 
     def _check_ties(self, leaves: Mapping[str, object]) -> None:
         """Refuse a call whose inputs disagree on a dynamic size the graph ties together."""
@@ -195,6 +187,20 @@ class InputSpecs:
                 return ()
             places.extend((name, i + 1) for i in changed)
         return tuple(places)
+
+
+def refuse_past_caps(caps, leaves: Mapping[str, object]) -> None:
+    """Refuse a call with a dynamic size past its cap; ``caps``: ``(input, dim, size symbol,
+    cap)`` (``InputSpecs.caps``; an exported program's jagged plan carries them too)."""
+    for name, dim, symbol, cap in caps:
+        value = leaves.get(name)
+        if isinstance(value, torch.Tensor) and value.dim() > dim and value.shape[dim] > cap:
+            raise InputError(
+                f"input {name!r} has size {value.shape[dim]} at dim {dim}, but the compiled "
+                f"model takes at most {cap} there: the model caps that size ({symbol} <= "
+                f"{cap} in its graph: it slices a table of fixed rows to it, a positional "
+                f"table say); give it at most {cap}, or grow the table and compile again"
+            )
 
 
 def _symbol_dims(specs: Mapping[str, _Spec]) -> dict[str, list[tuple[str, int]]]:

@@ -228,7 +228,7 @@ def plan_of(jagged: JaggedCalls | None, caps=()) -> dict | None:
         "source": {"input": source.input, "dim": source.dim, "pad": source.pad},
         "needs_content": list(jagged.truncation.needs_content),
         "costs": {"request": list(jagged.costs.request), "candidate": list(jagged.costs.candidate)},
-        "caps": [[name, dim, cap] for name, dim, _, cap in caps],
+        "caps": [list(cap) for cap in caps],
     }
 
 

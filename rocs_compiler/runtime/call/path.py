@@ -41,27 +41,25 @@ from .train_lane import chooses_training, trains, trains_as_original
 
 
 def forward(cm, *args, candidate_to_request: Optional[torch.Tensor] = None, **kwargs):
-    """``CompiledModel.forward`` itself (the face binds it as its method: no call in between); a
-    call at sizes the example did not have, once the model is compiled again for them
-    (``runtime/modes/new_sizes.py``)."""
-    return _at_new_sizes(_forward, cm, args, candidate_to_request, kwargs)
-
-
-def _at_new_sizes(call, cm, args: tuple, index, kwargs: dict):
-    """``call`` of ``cm``; where it meets sizes ``cm`` was not compiled for, again once ``cm`` is
-    compiled for them too (``runtime/modes/new_sizes.py``), or the refusal."""
+    """``CompiledModel.forward`` itself (the face binds it as its method); a call at sizes the
+    model was not compiled for runs again once it is (``runtime/modes/new_sizes.py``)."""
     try:
-        return call(cm, *args, candidate_to_request=index, **kwargs)
+        return _forward(cm, *args, candidate_to_request=candidate_to_request, **kwargs)
     except SizeChange as change:
-        if cm._growth is None:
-            raise InputError(
-                f"{change}; only the number of rows may change between calls of this compiled "
-                "model (a compiled model moved to another dtype takes the sizes it had then): "
-                "mark the size dynamic, torch._dynamo.mark_dynamic(example[name], dim), before "
-                "rocs.compile"
-            ) from None
-        cm._growth.grow(cm, change)
-    return call(cm, *args, candidate_to_request=index, **kwargs)
+        _compile_for(cm, change)
+    return _forward(cm, *args, candidate_to_request=candidate_to_request, **kwargs)
+
+
+def _compile_for(cm, change: SizeChange) -> None:
+    """``cm`` compiled for the sizes of ``change`` too, or the refusal."""
+    if cm._growth is None:
+        raise InputError(
+            f"{change}; only the number of rows may change between calls of this compiled "
+            "model (a compiled model moved to another dtype takes the sizes it had then): "
+            "mark the size dynamic, torch._dynamo.mark_dynamic(example[name], dim), before "
+            "rocs.compile"
+        ) from None
+    cm._growth.grow(cm, change)
 
 
 def _forward(cm, *args, candidate_to_request: Optional[torch.Tensor] = None, **kwargs):
@@ -251,7 +249,11 @@ def call_replicated(cm, *args, candidate_to_request: torch.Tensor, **kwargs):
     grouping given: ``candidate_to_request[n]`` is candidate n's request. Raises
     :class:`InputError` when a request input varies within a request. (``CompiledModel``'s
     method itself; at new sizes as ``forward``.)"""
-    return _at_new_sizes(_call_replicated, cm, args, candidate_to_request, kwargs)
+    try:
+        return _call_replicated(cm, *args, candidate_to_request=candidate_to_request, **kwargs)
+    except SizeChange as change:
+        _compile_for(cm, change)
+    return _call_replicated(cm, *args, candidate_to_request=candidate_to_request, **kwargs)
 
 
 def _call_replicated(cm, *args, candidate_to_request: torch.Tensor, **kwargs):
