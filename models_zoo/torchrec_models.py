@@ -148,6 +148,45 @@ class HistorySequence(torch.nn.Module):
 SEQUENCE_REQUEST_FLOPS = MAX_HISTORY * 2 * D * 16 + 2 * (16 + D) * 16
 
 
+class HistoryAttention(torch.nn.Module):
+    """A target attention over TorchRec's unpooled lookups, the history as long as the batch's
+    longest (``to_padded_dense()`` with no ``desired_length``, as DIN-style rankers on TorchRec
+    read it): a per-position encoder (D -> D, ReLU), the candidate item's attention over the
+    encoded history (masked softmax), then an MLP over the attended history, the user, the item
+    and the dense features. Its request-side work grows with the history's length."""
+
+    def __init__(self):
+        super().__init__()
+        from torchrec.modules.embedding_configs import EmbeddingConfig
+        from torchrec.modules.embedding_modules import EmbeddingCollection
+
+        tables = [
+            EmbeddingConfig(name="t_user", embedding_dim=D, num_embeddings=VOCAB["user_id"],
+                            feature_names=["user_id"]),
+            EmbeddingConfig(name="t_item", embedding_dim=D, num_embeddings=VOCAB["item_id"],
+                            feature_names=["history", "item_id"]),
+            EmbeddingConfig(name="t_tag", embedding_dim=D, num_embeddings=VOCAB["item_tags"],
+                            feature_names=["item_tags"]),
+        ]  # fmt: skip
+        self.embeddings = EmbeddingCollection(tables=tables)
+        self.encoder = torch.nn.Sequential(torch.nn.Linear(D, 32), torch.nn.ReLU(),
+                                           torch.nn.Linear(32, D))  # fmt: skip
+        self.over = torch.nn.Sequential(
+            torch.nn.Linear(3 * D + DENSE, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)
+        )
+
+    def forward(self, dense_features, sparse_features):
+        looked_up = self.embeddings(sparse_features)
+        history = looked_up["history"]
+        keys = self.encoder(history.to_padded_dense())  # [B, L, D], L the batch's longest
+        valid = torch.arange(keys.shape[1]) < history.lengths().unsqueeze(1)
+        item = looked_up["item_id"].to_padded_dense(desired_length=1).squeeze(1)
+        scores = (keys * item.unsqueeze(1)).sum(2).masked_fill(~valid, -1e9)
+        attended = (torch.softmax(scores, 1).unsqueeze(2) * keys).sum(1)
+        user = looked_up["user_id"].to_padded_dense(desired_length=1).squeeze(1)
+        return self.over(torch.cat([attended, user, item, dense_features], 1))
+
+
 @dataclass
 class TorchRecBatch:
     """One batch in both layouts: ``kjt`` replicated (every key N rows, what TorchRec models

@@ -139,8 +139,10 @@ def compile(  # noqa: A001 - mirrors torch.compile
     if request_cache is not None:
         attach_cache(compiled, request_cache)
     compiled.pipeline_result = result  # logical and shared graphs, for inspection tools
-    if options.jagged and not prepared.format.converts:
+    if options.jagged:
         jagged, refused = jagged_calls(result, compiled.contract)
+        if jagged is not None:
+            jagged.converted = prepared.format.converts
         object.__setattr__(compiled, "_jagged", jagged)
         object.__setattr__(compiled, "jagged_refused", refused)
     if not prepared.format.converts:  # a format converting its inputs marks its own lengths

@@ -45,6 +45,38 @@ def test_an_exported_program_takes_every_length(model_and_compiled, portable):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=f"length {length}")
 
 
+def test_an_unmarked_compile_exports_every_length_when_asked():
+    """``rocs.export(cm, dynamic={input: dim})``: a model compiled from an example whose length
+    nobody marked is compiled again with it dynamic, once, and its program takes every length;
+    the compiled model itself then serves every length too."""
+    model = din_model()
+    cm = rocs.compile(
+        model, list(din.REQUEST_INPUTS), example_kwargs=din.make_batch([4, 3]).replicated()
+    )
+    static = input_signature(rocs.export(cm))
+    assert isinstance(static["hist_item_ids"]["shape"][1], int)  # the example's length
+    with pytest.raises(rocs.InputError, match="'hist_ids', which is not an input"):
+        rocs.export(cm, dynamic={"hist_ids": 1})
+    with pytest.raises(rocs.InputError, match="a dim past the rows"):
+        rocs.export(cm, dynamic={"hist_item_ids": 0})
+    program = rocs.export(cm, dynamic={"hist_item_ids": 1, "hist_cat_ids": [1]})
+    assert isinstance(input_signature(program)["hist_item_ids"]["shape"][1], str)
+    grown = cm.graph_module
+    assert rocs.export(cm, dynamic={"hist_item_ids": 1}) is not None
+    assert cm.graph_module is grown  # dynamic already: no compile again
+    run = program.module()
+    with torch.no_grad():
+        for length, kwargs, index in _calls():
+            want = model(**replicated(kwargs, index))
+            torch.testing.assert_close(
+                run(**kwargs, candidate_to_request=index), want, rtol=1e-5, atol=1e-5
+            )
+            torch.testing.assert_close(
+                cm(**kwargs, candidate_to_request=index), want, rtol=1e-5, atol=1e-5
+            )
+    assert cm.graph_module is grown
+
+
 def test_onnx_runtime_takes_every_length(model_and_compiled, tmp_path):
     ort = pytest.importorskip("onnxruntime")
     model, cm = model_and_compiled

@@ -24,6 +24,7 @@ from typing import Any, Iterable, Optional
 import sympy
 import torch
 from torch import fx
+from torch.utils._sympy.symbol import SymT, symbol_is_type
 
 from . import batch_axis, op_groups, role_rules
 from .batch_axis import LEADING
@@ -200,10 +201,21 @@ def _used_indices(node: fx.Node, val: Any) -> set[int]:
     return set(range(len(val)))
 
 
+def _is_input_size(symbol) -> bool:
+    """A backed size symbol (an input's dynamic size), not an unbacked one (read from data)."""
+    return symbol_is_type(symbol, SymT.SIZE)
+
+
 def _scalar_role(node, val, inputs, symbol) -> tuple[Role, Optional[str]]:
     expr = expr_of(val)
     free = expr.free_symbols if expr is not None else set()
-    if free - {symbol}:
+    others = free - {symbol}
+    if others and symbol not in free and all(map(_is_input_size, others)):
+        # A size of the call's inputs other than the batch (a history's width) is the same in
+        # every layout of one call: a constant of the call (``share.py`` reads it off its inputs
+        # where they are).
+        return Role.CONST, None
+    if others:
         if inputs == Role.CONST:
             return Role.CONST, None
         return Role.CANDIDATE, ("data-dependent scalar" if inputs == Role.REQUEST else None)

@@ -69,25 +69,40 @@ def prove_truncation(
 ) -> Truncation | Refusal:
     """A :class:`Truncation` for the captured graph ``gm`` (``placeholder_of``: input name ->
     placeholder name), or the :class:`Refusal` of its most likely length source."""
+    proofs, refusal = prove_truncations(gm, placeholder_of, request_inputs, batch_symbol)
+    return proofs[0] if proofs else refusal
+
+
+def prove_truncations(
+    gm: fx.GraphModule, placeholder_of: dict, request_inputs, batch_symbol: sympy.Symbol
+) -> tuple[list[Truncation], Refusal | None]:
+    """One :class:`Truncation` per dynamic length that may be cut (each length proved alone,
+    the other lengths kept at the call's widths: a KeyedJaggedTensor gives every key its own), or
+    none and the :class:`Refusal` of the first one's most likely length source."""
     inputs = _input_nodes(gm, placeholder_of)
-    histories = _history_inputs(inputs, batch_symbol)
-    symbols = {s for dims in histories.values() for s in dims.values()}
-    if not symbols:
-        return Refusal("no input has a dynamic history length")
-    if len(symbols) > 1:
-        return Refusal("inputs have more than one dynamic length")
-    history = symbols.pop()
-    cut = {name: tuple(dims) for name, dims in histories.items()}
-    outside = sorted(set(cut) - set(request_inputs))
-    if outside:
-        return Refusal(f"candidate input(s) {outside} have the history's length")
+    by_length: dict[sympy.Symbol, dict[str, list[int]]] = {}
+    for name, dims in _history_inputs(inputs, batch_symbol).items():
+        for dim, symbol in dims.items():
+            by_length.setdefault(symbol, {}).setdefault(name, []).append(dim)
+    if not by_length:
+        return [], Refusal("no input has a dynamic history length")
+    proofs: list[Truncation] = []
     first: Refusal | None = None
-    for source in _sources(inputs, cut, request_inputs, batch_symbol):
-        result = _prove_with(gm, inputs, cut, source, history, batch_symbol)
-        if isinstance(result, Truncation):
-            return result
-        first = first or result
-    return first or Refusal("no input gives each row's length (padding ids or lengths)")
+    for history, inputs_of_length in by_length.items():
+        cut = {name: tuple(dims) for name, dims in inputs_of_length.items()}
+        outside = sorted(set(cut) - set(request_inputs))
+        if outside:
+            first = first or Refusal(f"candidate input(s) {outside} have the history's length")
+            continue
+        for source in _sources(inputs, cut, request_inputs, batch_symbol):
+            result = _prove_with(gm, inputs, cut, source, history, batch_symbol)
+            if isinstance(result, Truncation):
+                proofs.append(result)
+                break
+            first = first or result
+        else:
+            first = first or Refusal("no input gives each row's length (padding ids or lengths)")
+    return proofs, None if proofs else first
 
 
 def history_inputs(gm: fx.GraphModule, placeholder_of: dict, batch_symbol) -> dict:

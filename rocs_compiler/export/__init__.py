@@ -51,6 +51,7 @@ from .portable import PortableInterpreter, rocs_ops_in
 from .size_names import with_size_names
 from ..runtime.program.eager_checks import eager_check
 from ..runtime.call.jagged import plan_of
+from ..runtime.modes.new_sizes import make_dynamic
 from .jagged_program import JAGGED_META, JaggedProgram, plan_of_program, read_plan
 from .input_checks import (
     TRACED_EAGER_CHECKS,
@@ -178,7 +179,12 @@ def _flat_example(compiled, example: Any) -> dict:
     return {n: leaves[n] for n in [*compiled.contract.input_names, INDEX_NAME]}
 
 
-def export(compiled, example: Optional[Any] = None, portable: bool = False) -> ExportedProgram:
+def export(
+    compiled,
+    example: Optional[Any] = None,
+    portable: bool = False,
+    dynamic: Optional[Mapping[str, Any]] = None,
+) -> ExportedProgram:
     """A ``torch.export.ExportedProgram`` of ``compiled``'s rewritten graph in shared layout,
     as the next call would run it: weights changed since the last call are followed, and a model
     the guards refuse is refused (``CompiledModel.current_graph``).
@@ -195,10 +201,17 @@ def export(compiled, example: Optional[Any] = None, portable: bool = False) -> E
             loader, ONNX Runtime, ``torch.export.load`` alone). The request side still runs
             once per request, and attention reads each request's keys and values per request;
             the other fused kernels' savings of memory traffic are not kept.
+        dynamic: sizes past the rows to make dynamic in a model compiled from an example that did
+            not mark them, ``{input: dim or [dims]}`` (a history length: ``{"hist_ids": 1}``):
+            the compiled model is compiled again with them dynamic, as a call at another length
+            would (``runtime/modes/new_sizes.py``), and the program takes every length; dims
+            already dynamic are left as they are.
     """
     if getattr(compiled, "graph_module", None) is None:
         reason = getattr(compiled, "fallback_reason", None) or "not a rocs CompiledModel"
         raise CompileError(f"nothing to export: the model runs eagerly ({reason})")
+    if dynamic:
+        make_dynamic(compiled, dynamic)
     # What a call runs first: the guards refuse a changed model, and weights changed since the
     # last call (an optimizer step, load_state_dict) reach the folded constants.
     compiled.current_graph()

@@ -82,7 +82,12 @@ class JaggedProgram:
             return self._run(*args, candidate_to_request=candidate_to_request, **kwargs)
         bound = self._calls.padded(bound)  # histories given as jagged nested tensors
         refuse_past_caps(self._caps, bound)  # before any group is cut below a cap
-        result = self._calls.split(self._run, bound, candidate_to_request)
+        run = self._run
+        result = self._calls.split(
+            lambda inputs, index: run(**inputs, candidate_to_request=index),
+            bound,
+            candidate_to_request,
+        )
         if result is NOT_SPLIT:
             return self._run(**bound, candidate_to_request=candidate_to_request)
         return result

@@ -49,6 +49,7 @@ from .base import (
 )
 from .columns import PiecesModel, with_signature
 from .kjt_lookups import with_padded_lookups
+from .kjt_lengths import check_lengths
 from .kjt_padded import PaddedKey, PaddedKJT
 from .kjt_rows import replicated_kjt
 from .leaves import (
@@ -169,6 +170,7 @@ class KJTSplit:
     def pieces(self, kjt, min_width: int = 1) -> dict[str, dict[str, torch.Tensor]]:
         """``{key: {"ids", "lengths"[, "weights"]}}``, the rows of each key padded to its
         longest row (at least ``min_width``)."""
+        check_lengths(self.argument, kjt)
         lengths = kjt.lengths().split(kjt.stride_per_key())
         sizes = kjt.length_per_key()
         values = kjt.values().split(sizes)

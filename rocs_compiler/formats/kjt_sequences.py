@@ -43,8 +43,8 @@ class PaddedEmbeddings:
     def to_padded_dense(self, desired_length=None, padding_value: float = 0.0) -> torch.Tensor:
         """``JaggedTensor.to_padded_dense``: ``[B, desired_length, D]``."""
         emb, lengths = self._embeddings, self._key.lengths
-        positions = torch.ones_like(self._key.ids, dtype=torch.long).cumsum(1)
-        valid = (positions <= lengths.unsqueeze(1)).unsqueeze(2)
+        positions = torch.arange(self._key.ids.shape[1], device=lengths.device)
+        valid = (positions < lengths.unsqueeze(1)).unsqueeze(2)
         fill = torch.full((), padding_value, dtype=emb.dtype, device=emb.device)
         rows = torch.where(valid, emb, fill)
         if desired_length is None:  # the batch's longest row: the width the call padded to

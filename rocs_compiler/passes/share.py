@@ -130,6 +130,11 @@ class _Emitter:
         return self.scalars[key]
 
 
+def _own_placement(node: fx.Node) -> Role:
+    """Where ``node``'s value is read from as it is: a constant anywhere."""
+    return node.meta[ROLE]
+
+
 def _size_arg(size: Any) -> Any:
     """A size for a reshape's shape list: graph values stay, concrete sizes become ints (a merged
     axis's other dims are concrete; ``batch_axis`` refuses the rest)."""
@@ -178,6 +183,12 @@ def share(gm: fx.GraphModule, symbol: sympy.Symbol) -> fx.GraphModule:
         role = node.meta[ROLE]
         if role == Role.REQUEST and is_scalar_node(node):
             continue  # batch sizes are emitted per consumer placement
+        if role == Role.CONST and is_scalar_node(node) and node.all_input_nodes:
+            # A size of the call (a history's width), read off its inputs where they are.
+            new = graph.node_copy(node, lambda a: emit.get(a, _own_placement(a)))
+            new.meta[PLACEMENT] = max(map(_own_placement, node.all_input_nodes))
+            emit.env[role][node] = new
+            continue
         new = graph.node_copy(node, lambda a, r=role: emit.get(a, r))
         new.meta[PLACEMENT] = role
         if role == Role.REQUEST:

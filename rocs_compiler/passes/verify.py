@@ -46,6 +46,8 @@ def verify_shared(gm: fx.GraphModule) -> None:
             raise CompileError(f"node {node.name} has no placement after sharing")
         for arg in node.all_input_nodes:
             arg_placement = arg.meta[PLACEMENT]
+            if is_scalar_node(arg) and arg.meta.get(ROLE) == Role.CONST:
+                continue  # a size of the call (a history's width): the same where it is read
             if arg_placement > placement and not _reads_index_on_requests(node, arg):
                 raise CompileError(
                     f"{placement.name} node {node.name} reads {arg_placement.name} node {arg.name}"

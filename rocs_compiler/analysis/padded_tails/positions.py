@@ -329,6 +329,61 @@ def _table_prefix(node: fx.Node, ctx: Context, dim: int) -> Value:
     return Value(tails, ctx.row_dims(out))
 
 
+def padding(node: fx.Node, ctx: Context) -> Value:
+    """``pad``/``constant_pad_nd`` with a constant: of dims that are neither the history nor the
+    rows, or of the history on its right with the value its tail holds, when every user takes a
+    prefix no longer than the padding (``to_padded_dense(L)``: ``pad(rows, L)[:, :L]``).
+
+    Identity: a row of length ``n`` holds ``v`` at every position ``j >= n`` of the padded value
+    at any width ``w >= n``, so its first ``E <= p`` positions are the same at every width; the
+    prefix has no dim of the history's width."""
+    _no_sizes(node, ctx)
+    src, out = _val(node.args[0]), _val(node)
+    amounts = list(node.args[1])
+    mode = node.args[2] if len(node.args) > 2 else node.kwargs.get("mode", "constant")
+    if node.target.overloadpacket is aten.pad and mode != "constant":
+        raise Refused(f"pads in mode {mode!r}, which reads the values next to the padding")
+    value = node.args[-1] if len(node.args) > 2 else node.kwargs.get("value", 0.0)
+    value = 0.0 if value is None or isinstance(value, str) else value
+    state = ctx.state(node.args[0])
+    if not isinstance(state, Value):
+        raise Refused("reads a value the proof does not describe")
+    tails = dict(state.tails)
+    for k in range(len(amounts) // 2):
+        dim = src.dim() - 1 - k
+        left, right = amounts[2 * k], amounts[2 * k + 1]
+        if left == 0 and right == 0:
+            continue
+        if _is(src.shape[dim], ctx.rows):
+            raise Refused("pads the rows")
+        if not _is(src.shape[dim], ctx.history):
+            continue
+        if left != 0 or not isinstance(right, int) or tails.get(dim) != Const(float(value)):
+            raise Refused(
+                f"pads the history other than on its right with the value its tail holds "
+                f"({tails.get(dim, ANY)!r})"
+            )
+        for user in node.users:
+            if not _prefix_of(user, node, dim, right):
+                raise Refused(f"{user.name} reads the padded history past a prefix of {right}")
+        del tails[dim]
+    if len(ctx.history_dims(out)) != len(tails):
+        raise Refused("changes the dims of the history's width")
+    return Value(tails, ctx.row_dims(out))
+
+
+def _prefix_of(user: fx.Node, padded: fx.Node, dim: int, most: int) -> bool:
+    """``user`` is ``padded[..., :E]`` along ``dim`` with a fixed ``E <= most``."""
+    if getattr(user.target, "overloadpacket", None) is not aten.slice or user.args[0] is not padded:
+        return False
+    defaults = [None, 0, None, None, 1]
+    _, along, start, end, step = list(user.args) + defaults[len(user.args) :]
+    ndim = _val(padded).dim()
+    if along % ndim != dim or start not in (None, 0) or step != 1:
+        return False
+    return isinstance(end, int) and 0 <= end <= most
+
+
 def splitting(node: fx.Node, ctx: Context) -> list[Value] | Value:
     """``split``/``chunk``/``unbind`` along a dim that is neither the history nor the rows."""
     src = _val(node.args[0])

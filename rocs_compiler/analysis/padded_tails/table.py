@@ -27,6 +27,7 @@ from .lattice import masks, register
 from .positions import (
     expanding,
     normalizing,
+    padding,
     permuting,
     picking,
     position_wise,
@@ -62,6 +63,7 @@ register(
 register([aten.permute, aten.transpose, aten.swapaxes, aten.t, aten.numpy_T], permuting)
 register([aten.expand, aten.expand_as], expanding)
 register([aten.select, aten.slice, aten.narrow], selecting)
+register([aten.pad, aten.constant_pad_nd], padding)
 register([aten.split, aten.split_with_sizes, aten.chunk, aten.unbind], splitting)
 register([operator.getitem], picking)
 register([aten.sum, aten.count_nonzero], reducing(_is_zero))

@@ -29,12 +29,13 @@ from torch.utils import _pytree as pytree
 
 from ...analysis.truncation import (
     LengthSource,
-    Refusal,
     Truncation,
     history_inputs,
-    prove_truncation,
+    prove_truncations,
 )
 from ...errors import InputError
+from ...formats.leaves import named_leaves, replace_leaves
+from . import jagged_groups
 from .jagged_groups import UnitCosts, plan_groups, unit_costs
 from .nested_histories import is_nested, padded_histories
 
@@ -58,6 +59,7 @@ class JaggedCalls:
         pad = source.pad if source is not None and source.pad is not None else 0
         self.pads = {name: pad for name in self.cut}
         self.lengths_input = source.input if source is not None and source.pad is None else None
+        self.converted = False  # a converting format's calls: cut once converted (``path.py``)
         self._inside = threading.local()
         self.split_calls = 0  # calls run as groups (for reports and tests)
 
@@ -68,27 +70,50 @@ class JaggedCalls:
     def run(self, cm, args: tuple, kwargs: dict, index):
         """The call as groups (each through ``cm.forward``, the call path), the call with its
         nested histories padded, or :data:`NOT_SPLIT`."""
+        if self.converted:
+            return NOT_SPLIT  # cut in the program's terms (:meth:`run_converted`)
         try:
             bound = self.signature.bind(*args, **kwargs).arguments
         except TypeError:
             return NOT_SPLIT  # the call path names the mistake
-        nested = [name for name in self.cut if is_nested(bound.get(name))]
+        flat = all(isinstance(v, torch.Tensor) for v in bound.values())
+        if flat:
+            leaves = dict(bound)
+        else:
+            leaves = named_leaves(bound)
+
+        def call(inputs: dict, group_index):
+            if flat:
+                group_args, group_kwargs = (), inputs
+            else:
+                group_args, group_kwargs = replace_leaves(self.signature, args, kwargs, inputs)
+            if group_index is None:
+                return cm.forward(*group_args, **group_kwargs)
+            return cm.forward(*group_args, **group_kwargs, candidate_to_request=group_index)
+
+        nested = [name for name in self.cut if is_nested(leaves.get(name))]
         if nested:
-            bound = self.padded(bound)
-        cm._input_specs.check_caps(bound)  # the call's width, before any group is cut below it
+            leaves = self.padded(leaves)
+        cm._input_specs.check_caps(leaves)  # the call's width, before any group is cut below it
         if self.truncation is not None and _may_split(cm):
-            result = self.split(cm.forward, bound, index)
+            result = self.split(call, leaves, index)
             if result is not NOT_SPLIT:
                 return result
         if not nested:
             return NOT_SPLIT
         self._inside.active = True
         try:
-            if index is None:
-                return cm.forward(**bound)
-            return cm.forward(**bound, candidate_to_request=index)
+            return call(leaves, index)
         finally:
             self._inside.active = False
+
+    def run_converted(self, cm, leaves: dict, index, call):
+        """A converted call (``formats/``: its leaves, in the program's terms) as groups, each
+        run by ``call(inputs, index)``, or :data:`NOT_SPLIT`."""
+        if self.truncation is None or not _may_split(cm):
+            return NOT_SPLIT
+        cm._input_specs.check_caps(leaves)
+        return self.split(call, leaves, index)
 
     def padded(self, bound: dict) -> dict:
         """``bound`` with its histories given as jagged nested tensors padded (refused when some
@@ -104,15 +129,18 @@ class JaggedCalls:
             )
         return padded_histories(bound, nested, self.pads, self.lengths_input)
 
-    def split(self, forward, bound: dict, index):
-        """The call (``bound``: its inputs by name; ``index``: None in the drop-in layout) run as
-        groups through ``forward``, or :data:`NOT_SPLIT` when it stays one group at its width."""
+    def split(self, call, bound: dict, index):
+        """The call (``bound``: its tensors by leaf name; ``index``: None in the drop-in layout)
+        run as groups, each by ``call(inputs, index)`` with this object's own cut skipped, or
+        :data:`NOT_SPLIT` when it stays one group at its width."""
         source = bound.get(self.source.input)
         if not isinstance(source, torch.Tensor):
             return NOT_SPLIT
         width = self._width(bound)
         if width is None or width <= 1:
             return NOT_SPLIT
+        if self.source.pad is not None and not self._may_pay(source, index, width):
+            return NOT_SPLIT  # (lengths given as an input are read first: they are checked there)
         lengths = self.lengths(source, width)
         rows = lengths.shape[0]
         if not rows or int(lengths.min()) > (1 << (width - 1).bit_length()) // 2:
@@ -132,7 +160,16 @@ class JaggedCalls:
         if len(groups) == 1 and groups[0][1] == width:
             return NOT_SPLIT
         self.split_calls += 1
-        return self._run_groups(forward, bound, index, groups, rows)
+        return self._run_groups(call, bound, index, groups, rows)
+
+    def _may_pay(self, source: torch.Tensor, index, width: int) -> bool:
+        """Whether cutting every history of the call to length one would save a call's cost:
+        if not, no grouping does, and the lengths are not read (a small call stays fast)."""
+        requests = source.shape[0]
+        candidates = index.shape[0] if isinstance(index, torch.Tensor) and index.dim() else requests
+        (_, request_slope), (_, candidate_slope) = self.costs.request, self.costs.candidate
+        saved = (requests * request_slope + candidates * candidate_slope) * (width - 1)
+        return saved > jagged_groups.CALL_FLOPS
 
     def lengths(self, source: torch.Tensor, width: int) -> torch.Tensor:
         """Each request's length (int64 ``[R]``), read from ``source``."""
@@ -165,8 +202,8 @@ class JaggedCalls:
             widths.update(value.shape[d] for d in dims)
         return widths.pop() if len(widths) == 1 else None  # disagreeing widths: the path refuses
 
-    def _run_groups(self, forward, bound: dict, index, groups, num_requests: int):
-        device = next(iter(bound.values())).device if index is None else index.device
+    def _run_groups(self, call, bound: dict, index, groups, num_requests: int):
+        device = self._device(bound) if index is None else index.device
         group_of_request = torch.empty(num_requests, dtype=torch.int64, device=device)
         for g, (requests, _) in enumerate(groups):
             group_of_request[requests] = g
@@ -180,11 +217,11 @@ class JaggedCalls:
                     continue  # requests without candidates return no rows
                 sub = self._group_inputs(bound, requests, candidates, width, index is None)
                 if index is None:
-                    out = forward(**sub)
+                    out = call(sub, None)
                 else:
                     remap = torch.full_like(group_of_request, -1)
                     remap[requests] = torch.arange(requests.shape[0], device=device)
-                    out = forward(**sub, candidate_to_request=remap[index[candidates]])
+                    out = call(sub, remap[index[candidates]])
                 flat, spec = pytree.tree_flatten(out)
                 parts.append(flat)
                 rows.append(candidates)
@@ -196,6 +233,9 @@ class JaggedCalls:
         leaves = [torch.cat(column).index_select(0, order) for column in zip(*parts)]
         return pytree.tree_unflatten(leaves, spec)
 
+    def _device(self, bound: dict) -> torch.device:
+        return next(v.device for v in bound.values() if isinstance(v, torch.Tensor))
+
     def _group_inputs(self, bound, requests, candidates, width: int, dropin: bool) -> dict:
         """The group's call: its requests' rows cut to ``width``, its candidates' rows."""
         sub = {}
@@ -204,9 +244,11 @@ class JaggedCalls:
                 for d in self.cut[name]:
                     value = value.narrow(d, 0, width)
                 sub[name] = value.index_select(0, requests)
+            elif not isinstance(value, torch.Tensor) or not value.dim():
+                sub[name] = value
             elif name in self.request_names or (dropin and name in self.batched_names):
                 sub[name] = value.index_select(0, requests)
-            elif name in self.batched_names and isinstance(value, torch.Tensor) and value.dim():
+            elif name in self.batched_names:
                 sub[name] = value.index_select(0, candidates)
             else:
                 sub[name] = value
@@ -217,8 +259,8 @@ def plan_of(jagged: JaggedCalls | None, caps=()) -> dict | None:
     """What a caller of an exported program needs to cut its calls as the compiled model's
     (JSON; ``caps``: ``InputSpecs.caps``, a call's width checked before it is cut): None when
     the compiled model's calls keep their width."""
-    if jagged is None or jagged.truncation is None:
-        return None
+    if jagged is None or jagged.truncation is None or jagged.converted:
+        return None  # (a converting format's program takes its pieces, which calls do not cut)
     source = jagged.source
     return {
         "arguments": [p for p in jagged.signature.parameters if p != "self"],
@@ -260,21 +302,28 @@ def _may_split(cm) -> bool:
 
 def jagged_calls(result, contract) -> tuple[JaggedCalls | None, str | None]:
     """A compiled model's jagged calls and why its calls keep their width (None: they may be
-    cut, or the model has no history length, and then no jagged calls either)."""
+    cut, or the model has no history length, and then no jagged calls either). Of several
+    lengths that may be cut (a KeyedJaggedTensor's keys), the calls cut the one whose length the
+    model's FLOPs grow with most."""
     captured = result.captured
     cut = history_inputs(captured.graph_module, captured.placeholder_of, captured.batch_symbol)
     if not cut:
         return None, None
-    if contract._keyword_names is None:
-        return None, "the forward's parameters are not exactly its tensor inputs"
-    proof = prove_truncation(
+    proofs, refusal = prove_truncations(
         captured.graph_module, captured.placeholder_of, contract.request_inputs,
         captured.batch_symbol,
     )  # fmt: skip
-    if isinstance(proof, Refusal):
-        return JaggedCalls(contract, cut, None, None), proof.reason
-    name, size = next(iter(result.length_sizes().items()))
-    costs = unit_costs(result, name, int(size.node.hint))
+    if not proofs:
+        return JaggedCalls(contract, cut, None, None), refusal.reason
+    sizes = result.length_sizes()
+    best = None
+    for proof in proofs:
+        name = next(iter(proof.inputs))
+        costs = unit_costs(result, name, int(sizes[name].node.hint))
+        growth = costs.request[1] + costs.candidate[1]
+        if best is None or growth > best[0]:
+            best = growth, proof, costs
+    _, proof, costs = best
     return JaggedCalls(contract, proof.inputs, proof, costs), None
 
 

@@ -11,11 +11,13 @@ per-call state lives in the call's own :class:`Call`, so concurrent calls stay s
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import torch
 
 from ...formats.base import REPLICATED, ProgramCall
+from ...formats.leaves import replace_leaves
 from ...kernels.nested_padding import decided_for, fast_path_state
 from ...kernels.index_contract import index_trusted
 from ..follow.moves import refresh_copy
@@ -192,12 +194,31 @@ def forward_format(cm, call: Call, replicated: bool):
 def program_call(cm, converted: ProgramCall, choosing: bool, called: Call):
     """A format's program call (``formats/base.py::ProgramCall``) of the ``called`` call, on the
     path of its layout; the range found for the index holds when the format kept it."""
+    jagged = cm._jagged
+    if jagged is not None and converted.layout != REPLICATED and jagged.applies():
+        result = _cut_converted(cm, jagged, converted, choosing, called)
+        if result is not NOT_SPLIT:
+            return result
     call = Call(converted.args, converted.kwargs, converted.index)
     if converted.index is called.index:
         call.reached = called.reached
     if converted.layout == REPLICATED:
         return call_replicated_leaves(cm, call, choosing, converted.given)
     return forward_leaves(cm, call, choosing, converted.replicated, converted.given)
+
+
+def _cut_converted(cm, jagged, converted: ProgramCall, choosing: bool, called: Call):
+    """A converted call (a KeyedJaggedTensor's keys as padded rows) run as groups of requests
+    cut to their lengths (``jagged.py``), or :data:`NOT_SPLIT`."""
+    leaves = cm.contract.leaves(converted.args, converted.kwargs)
+    signature = cm.contract.signature
+
+    def call(inputs: dict, index):
+        args, kwargs = replace_leaves(signature, converted.args, converted.kwargs, inputs)
+        group = dataclasses.replace(converted, args=args, kwargs=kwargs, index=index, given={})
+        return program_call(cm, group, choosing, Call(args, kwargs, index))
+
+    return jagged.run_converted(cm, leaves, converted.index, call)
 
 
 def forward_leaves(cm, call: Call, choosing: bool, replicated=frozenset(), as_called=None):

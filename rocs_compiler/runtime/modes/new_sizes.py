@@ -29,6 +29,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 
+import torch
+
 from ...errors import CompileError, InputError, SizeChange
 from ..follow.moves import MODULE_STATE
 
@@ -89,3 +91,50 @@ def adopt(cm, grown) -> None:
     if cm._cache is not None:
         object.__setattr__(cm, "_cache", cm._cache.over(cm.graph_module))
     object.__setattr__(cm, "_input_specs", grown._input_specs)
+
+
+def make_dynamic(cm, dynamic: Mapping[str, object]) -> None:
+    """``cm`` compiled again with the dims ``dynamic`` names (``{input: dim or dims}``) dynamic,
+    as a call that changed them would (:meth:`SizeGrowth.grow`), unless they already are; an
+    unknown input, the batch dim, or a model compiled without growth (moved to another dtype) is
+    refused naming it."""
+    places = []
+    shapes = _compiled_shapes(cm)
+    for name, dims in dynamic.items():
+        if name not in shapes:
+            raise InputError(
+                f"dynamic names {name!r}, which is not an input of the compiled model (its "
+                f"inputs: {', '.join(shapes)})"
+            )
+        for dim in (dims,) if isinstance(dims, int) else tuple(dims):
+            shape = shapes[name]
+            if not isinstance(dim, int) or not 1 <= dim < len(shape):
+                raise InputError(
+                    f"dynamic[{name!r}] = {dim!r}: a dim past the rows of the input's "
+                    f"{len(shape)} dims (the rows, dim 0, are dynamic already)"
+                )
+            if isinstance(shape[dim], int):  # specialized: a size of the example
+                places.append((name, dim))
+    if not places:
+        return
+    change = SizeChange(
+        ", ".join(f"dim {dim} of {name!r} asked dynamic" for name, dim in places), tuple(places)
+    )
+    if cm._growth is None:
+        raise InputError(
+            f"{change}, but this compiled model compiles no other sizes (a compiled model moved "
+            "to another dtype takes the sizes it had then): mark the size dynamic, "
+            "torch._dynamo.mark_dynamic(example[name], dim), before rocs.compile"
+        )
+    cm._growth.grow(cm, change)
+
+
+def _compiled_shapes(cm) -> dict[str, tuple]:
+    """Each input's shape in the compiled program (a dynamic dim as its symbolic size)."""
+    placeholders = {n.name: n for n in cm.graph_module.graph.nodes if n.op == "placeholder"}
+    shapes = {}
+    for name in cm.contract.input_names:
+        val = placeholders[cm.placeholder_of[name]].meta.get("val")
+        if isinstance(val, torch.Tensor):
+            shapes[name] = tuple(val.shape)
+    return shapes
