@@ -12,7 +12,9 @@ model again with its length dynamic, ``runtime/modes/new_sizes.py``). Per length
 interleaved rounds, medians:
 
 - ``eager``: the original model on the replicated batch, under ``torch.no_grad()``;
-- ``rocs``: the compiled model's shared-layout call;
+- ``rocs``: the compiled model's shared-layout call, after :data:`WARM_CALLS` untimed calls at that
+  length (the trials of the length's bucket, which time the programs and the original model
+  against each other, are over);
 - ``graphs compiled``: how many graphs the compiled model has run so far (the example's, and the
   one compiled again for another length where the example marked none);
 - ``programs built``: how many straight-line programs the compiled model has built so far (the
@@ -39,6 +41,11 @@ from models_zoo import din  # noqa: E402
 from rocs_compiler.timing import interleaved_medians  # noqa: E402
 
 LENGTHS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+# Calls before timing a length: the program choice's trials of its bucket (two programs, TRIALS
+# calls each, ``runtime/choice/program_choice.py``) and then, in a bucket settled on the plain
+# program, the original model's (two arms, ARM_TRIALS calls each, ``runtime/call/original_arm.py``)
+# are over, as once a server has warmed up.
+WARM_CALLS = 48
 
 
 def _compiled(model, marked: bool = True):
@@ -85,6 +92,8 @@ def main() -> None:
         replicated = {n: v[index] if n in din.REQUEST_INPUTS else v for n, v in kwargs.items()}
         with torch.no_grad():
             diff = (cm(**kwargs, candidate_to_request=index) - model(**replicated)).abs().max()
+            for _ in range(WARM_CALLS):  # the length's bucket decided, as in a served steady state
+                cm(**kwargs, candidate_to_request=index)
             calls = {
                 "eager": lambda: model(**replicated),
                 "rocs": lambda: cm(**kwargs, candidate_to_request=index),

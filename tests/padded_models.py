@@ -56,6 +56,12 @@ class Pooled(nn.Module):
             mask = valid[:, None, None, :]
             a = nn.functional.scaled_dot_product_attention(q, k, k, attn_mask=mask)
             u = a.reshape(t.shape[0], DIM)
+        elif self.pool == "padded_prefix":  # TorchRec's to_padded_dense(4) of a masked history
+            masked = h.masked_fill(~valid.unsqueeze(-1), 0.0)
+            u = nn.functional.pad(masked, (0, 0, 0, 4))[:, :4].sum(1)
+        elif self.pool == "pad_other_value":  # pads with ones past a tail of zeros
+            masked = h.masked_fill(~valid.unsqueeze(-1), 0.0)
+            u = nn.functional.pad(masked, (0, 0, 0, 4), value=1.0)[:, :4].sum(1)
         elif self.pool == "listwise":  # normalizes across the candidates
             u = torch.softmax((h * valid.unsqueeze(-1)).sum(1), dim=0)
         return self.head(torch.cat([u, t], -1)).squeeze(-1)

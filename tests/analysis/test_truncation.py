@@ -17,12 +17,16 @@ from padded_models import VOCAB, Pooled, WithLengths
 
 WIDTH = 12
 
-ACCEPTED = ["masked_sum", "softmax", "large_negative", "max", "cumsum", "causal", "attention"]
+ACCEPTED = [
+    "masked_sum", "softmax", "large_negative", "max", "cumsum", "causal", "attention",
+    "padded_prefix",
+]  # fmt: skip
 REFUSED = {
     "mean": "mean",
     "unmasked_sum": "reduces over the history",
     "last": "picks positions of the history",
     "listwise": "mixes candidates",
+    "pad_other_value": "pads the history other than on its right with the value its tail holds",
 }
 
 

@@ -134,14 +134,53 @@ def test_the_exported_program_takes_the_history_key_at_every_width(portable):
     model = _model(4).eval()
     cm = _compile(model)
     run = rocs.export(cm, portable=portable).module()
-    split = cm.input_format.splits[0]
     with torch.no_grad():
-        for seed, histories in enumerate([[1, 1], [7, 0, 2], [300, 5, 1]], start=50):
-            batch = zoo.draw([2, 1, 3][: len(histories)], seed=seed, histories=histories)
-            got = run(
-                dense_features=batch.dense,
-                sparse_features=split.pieces(batch.shared),
-                candidate_to_request=batch.index,
-            )
+        for histories, call, batch in _pieces_calls(cm):
+            got = run(**call)
             want = model(batch.dense, batch.kjt)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=str(histories))
+
+
+def _pieces_calls(cm):
+    """Shared-layout calls of the pieces program at widths 1 to 300, with eager's outputs."""
+    split = cm.input_format.splits[0]
+    for seed, histories in enumerate([[1, 1], [7, 0, 2], [300, 5, 1]], start=60):
+        batch = zoo.draw([2, 1, 3][: len(histories)], seed=seed, histories=histories)
+        call = {
+            "dense_features": batch.dense,
+            "sparse_features": split.pieces(batch.shared),
+            "candidate_to_request": batch.index,
+        }
+        yield histories, call, batch
+
+
+def test_onnx_runtime_takes_the_history_key_at_every_width(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    import torch.fx._pytree as fx_pytree
+
+    model = _model(5).eval()
+    cm = _compile(model)
+    program = rocs.export(cm, portable=True)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(rocs.export_onnx(program, tmp_path / "kjt.onnx"), options)
+    with torch.no_grad():
+        for histories, call, batch in _pieces_calls(cm):
+            flat = fx_pytree.tree_flatten_spec(((), call), program.call_spec.in_spec)
+            feeds = {spec.name: t.numpy() for spec, t in zip(session.get_inputs(), flat)}
+            got = torch.from_numpy(session.run(None, feeds)[0])
+            want = model(batch.dense, batch.kjt)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=str(histories))
+
+
+@pytest.mark.slow  # an AOTInductor build takes minutes on two cores
+def test_an_aoti_package_takes_the_history_key_at_every_width(tmp_path):
+    model = _model(6).eval()
+    cm = _compile(model)
+    package = rocs.aoti_package(rocs.export(cm, portable=True), tmp_path / "kjt.pt2")
+    runner = torch._inductor.aoti_load_package(package)
+    with torch.no_grad():
+        for histories, call, batch in _pieces_calls(cm):
+            want = model(batch.dense, batch.kjt)
+            got = runner(**call)
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=str(histories))

@@ -299,6 +299,10 @@ def selecting(node: fx.Node, ctx: Context) -> Value:
     whole of one)."""
     src = _val(node.args[0])
     dim = node.args[1] % max(src.dim(), 1)
+    state = ctx.state(node.args[0])
+    if node.target.overloadpacket is aten.slice and _full_slice(node, ctx):
+        if isinstance(state, Value):
+            return state  # the whole of a dim: the value itself
     tracked = _is(src.shape[dim], ctx.history) or _is(src.shape[dim], ctx.rows)
     if tracked and not (node.target.overloadpacket is aten.slice and _full_slice(node, ctx)):
         raise Refused("picks positions of the history or of the rows")
@@ -373,14 +377,18 @@ def padding(node: fx.Node, ctx: Context) -> Value:
 
 
 def _prefix_of(user: fx.Node, padded: fx.Node, dim: int, most: int) -> bool:
-    """``user`` is ``padded[..., :E]`` along ``dim`` with a fixed ``E <= most``."""
+    """``user`` is ``padded[..., :E]`` along ``dim`` with a fixed ``E <= most`` (through whole
+    slices of other dims, which ``x[:, :E]`` traces to first)."""
     if getattr(user.target, "overloadpacket", None) is not aten.slice or user.args[0] is not padded:
         return False
     defaults = [None, 0, None, None, 1]
     _, along, start, end, step = list(user.args) + defaults[len(user.args) :]
     ndim = _val(padded).dim()
-    if along % ndim != dim or start not in (None, 0) or step != 1:
+    if start not in (None, 0) or step != 1:
         return False
+    if along % ndim != dim:
+        whole = end is None or (isinstance(end, int) and end >= 2**62)
+        return whole and all(_prefix_of(u, user, dim, most) for u in user.users)
     return isinstance(end, int) and 0 <= end <= most
 
 
