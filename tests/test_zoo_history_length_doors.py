@@ -109,3 +109,29 @@ def test_a_jagged_program_refuses_a_padded_width_past_the_cap_before_cutting_it(
             loaded(**short, candidate_to_request=index),
             model(**{**as_replicated, "hist_item_ids": short["hist_item_ids"][index]}),
         )
+
+
+@pytest.mark.parametrize("name", sorted(CAPPED))
+def test_the_torch_compile_backend_takes_every_length_up_to_the_cap(name):
+    """Through ``torch.compile``'s door too: drop-in and shared calls at every length up to the
+    cap, exact, with no graph compiled past the second length (dynamo makes the length dynamic
+    there, and the rewrite of its graph takes it dynamic)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    zoo = CAPPED[name]
+    model = zoo.model()
+    backend = rocs.backend(list(zoo.module.REQUEST_INPUTS), inductor=False)
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    graphs, start = [], counters["stats"]["unique_graphs"]
+    with torch.no_grad():
+        for i, length in enumerate(zoo.lengths()):
+            kwargs, index, as_replicated = zoo.call(length, seed=50 + i)
+            want = model(**as_replicated)
+            assert want.std() > 1e-1 or want.numel() < 2
+            got = compiled(**as_replicated)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=f"length {length}")
+            got = rocs.shared_call(compiled, **kwargs, candidate_to_request=index)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=f"shared {length}")
+            graphs.append(counters["stats"]["unique_graphs"] - start)
+    assert len(set(graphs[2:])) == 1, f"a new length compiled a graph: {graphs}"
