@@ -1,5 +1,6 @@
-"""Embedding bags in ONNX Runtime: the exporter's ``Loop`` over the bags against the gather and
-scatter-add that ``rocs.export_onnx`` writes (``rocs_compiler/export/onnx_bags.py``).
+"""Embedding bags in ONNX Runtime: the exporter's ``Loop`` over the bags against the bags
+``rocs.export_onnx`` writes (``rocs_compiler/export/onnx_bags.py``: bags of 2-D ids, as all three
+here, a gather and a reduction over the bag's size; others a gather and a scatter-add).
 
 A ranker with three bags (a request's user ids summed, its padded history averaged, each
 candidate's tags max-pooled) is compiled, exported portable, and written to ONNX twice: as the
@@ -88,8 +89,8 @@ def main() -> None:
     aoti = torch._inductor.aoti_load_package(
         rocs.aoti_package(program, os.path.join(folder, "bags.pt2"))
     )
-    print("| R x N | eager ms | ORT, exporter's Loop ms | ORT, gather + scatter-add ms "
-          "| Loop / gather | AOTInductor ms | gather / AOTInductor |")  # fmt: skip
+    print("| R x N | eager ms | ORT, exporter's Loop ms | ORT, rocs bags ms "
+          "| Loop / rocs | AOTInductor ms | rocs / AOTInductor |")  # fmt: skip
     print("|---|---:|---:|---:|---:|---:|---:|")
     for requests, candidates in ((1, 270), (4, 1024)):
         kwargs, index = batch([candidates // requests] * requests, seed=7)

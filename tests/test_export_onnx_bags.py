@@ -1,7 +1,8 @@
-"""Embedding bags in ONNX programs as a gather and a scatter-add (``export/onnx_bags.py``): the
-rewrite equals ``embedding_bag`` in every mode (empty bags, padding ids, per-sample weights,
-offsets with and without the last one), and a compiled model with bags exports to an
-ONNX graph with no ``Loop`` that ONNX Runtime runs as eager does on ragged batches."""
+"""Embedding bags in ONNX programs as a gather and a scatter-add, or a reduction over the bag's
+size for bags of 2-D ids (``export/onnx_bags.py``): the rewrite equals ``embedding_bag`` in every
+mode (empty bags, padding ids, per-sample weights, offsets with and without the last one), and a
+compiled model with bags exports to an ONNX graph with no ``Loop`` that ONNX Runtime runs as eager
+does on ragged batches."""
 
 from __future__ import annotations
 
@@ -81,7 +82,9 @@ def test_a_model_with_bags_runs_in_onnx_runtime_without_a_loop(tmp_path):
     assert bags, "the portable program pools by embedding_bag"
     path = rocs.export_onnx(program, tmp_path / "bags.onnx")
     ops = {node.op_type for node in onnx.load(path).graph.node}
-    assert "Loop" not in ops and "ScatterElements" in ops, sorted(ops)
+    # Bags of 2-D ids (one size each) reduce over that size: no scatter either.
+    assert "Loop" not in ops and "ScatterElements" not in ops, sorted(ops)
+    assert {"ReduceSum", "ReduceMax"} <= ops, sorted(ops)
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     session = ort.InferenceSession(path, options)
@@ -96,3 +99,61 @@ def test_a_model_with_bags_runs_in_onnx_runtime_without_a_loop(tmp_path):
         feeds = {i.name: t.numpy() for i, t in zip(session.get_inputs(), flat)}
         (got,) = session.run(None, feeds)
         torch.testing.assert_close(torch.from_numpy(np.asarray(got)), want, rtol=1e-4, atol=1e-5)
+
+
+class _OneBag(nn.Module):
+    """One bag over 2-D ids of one size (``F.embedding_bag``'s fixed-size form) beside a linear."""
+
+    def __init__(self, mode: str, padding_idx, weighted: bool):
+        super().__init__()
+        torch.manual_seed(1)
+        self.bag = nn.EmbeddingBag(30, 6, mode=mode, padding_idx=padding_idx)
+        self.weighted = weighted
+        self.out = nn.Linear(6 + 2, 1)
+
+    def forward(self, ids, weights, dense):
+        pooled = self.bag(ids, per_sample_weights=weights if self.weighted else None)
+        return self.out(torch.cat([pooled, dense], 1))
+
+
+@pytest.mark.parametrize(
+    "mode,padding_idx,weighted",
+    [("sum", None, False), ("sum", 0, True), ("mean", None, False), ("mean", 0, False),
+     ("max", None, False), ("max", -1, False)],
+)  # fmt: skip
+def test_a_bag_of_2d_ids_reduces_over_its_size_in_onnx_runtime(
+    tmp_path, mode, padding_idx, weighted
+):
+    """Padding ids left out of a sum, a mean's count and a max, a bag of padding only 0, and
+    per-sample weights, as ``embedding_bag`` computes them, through ONNX Runtime."""
+    model = _OneBag(mode, padding_idx, weighted).eval()
+    g = torch.Generator().manual_seed(5)
+
+    def call(rows):
+        ids = torch.randint(0, 30, (rows, 4), generator=g)
+        ids[0] = 0 if padding_idx == 0 else 29  # every id of the first bag its padding id
+        ids[1, 2:] = ids[0, 0]
+        return {"ids": ids, "weights": torch.rand(rows, 4, generator=g) + 0.5,
+                "dense": torch.randn(rows, 2, generator=g)}  # fmt: skip
+
+    example = call(5)
+    cm = rocs.compile(model, [], example_kwargs=example)
+    program = rocs.export(cm, portable=True)
+    path = rocs.export_onnx(program, tmp_path / "bag.onnx")
+    ops = {node.op_type for node in onnx.load(path).graph.node}
+    assert "Loop" not in ops and "ScatterElements" not in ops, sorted(ops)
+    assert any("embedding_bag" in str(n.target) for n in program.graph.nodes)  # left as it was
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(path, options)
+    for rows in (3, 9):
+        kwargs = call(rows)
+        index = torch.arange(rows)
+        with torch.no_grad():
+            want = model(**kwargs)
+        flat = fx_pytree.tree_flatten_spec(
+            ((), {**kwargs, "candidate_to_request": index}), program.call_spec.in_spec
+        )
+        feeds = {i.name: t.numpy() for i, t in zip(session.get_inputs(), flat)}
+        (got,) = session.run(None, feeds)
+        torch.testing.assert_close(torch.from_numpy(np.asarray(got)), want, rtol=1e-5, atol=1e-5)

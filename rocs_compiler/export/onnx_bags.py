@@ -5,7 +5,9 @@ bag, which ONNX Runtime interprets node by node: a DLRM's bags then cost many ti
 lookups. :func:`with_gathered_bags` writes each bag of a program in ops ONNX Runtime runs as
 kernels: the rows gathered at once (``index_select``), each id's bag numbered from the offsets
 (a cumulative sum of the bag starts), and the rows summed into their bags by one ``scatter_add``
-(``amax`` by ``scatter_reduce`` for max bags), mean bags divided by their sizes.
+(``amax`` by ``scatter_reduce`` for max bags), mean bags divided by their sizes; bags of 2-D ids,
+all of one size ``k``, as the gathered rows ``[B, k, D]`` reduced over ``k``
+(:func:`_reduce_fixed_size`), which needs no scatter.
 
 Identity: for ids ``i`` with bag numbers ``b`` (``b[j]`` the bag of position ``j``),
 ``embedding_bag(W, i, offsets, sum)[k] == sum over j with b[j] = k of W[i[j]] * w[j]`` (``w`` the
@@ -15,7 +17,13 @@ count), an empty bag 0 in every mode.
 
 from __future__ import annotations
 
+import copy
+
+import sympy
 import torch
+from torch import fx
+
+from ..ir.symbolic import expr_of
 
 aten = torch.ops.aten
 _SUM, _MEAN, _MAX = 0, 1, 2
@@ -85,8 +93,92 @@ def _pooled_only(program: torch.export.ExportedProgram) -> bool:
 
 
 def with_gathered_bags(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
-    """``program`` with each embedding bag as a gather and a scatter-add (the module's
-    docstring); ``program`` itself when it has none, or reads more of a bag than its output."""
+    """``program`` with each embedding bag as a gather and a reduction over its fixed size (bags
+    of 2-D ids) or a scatter-add (the module's docstring); ``program`` itself when it has none,
+    or reads more of a bag than its output."""
     if not _pooled_only(program):
         return program
+    program = copy.deepcopy(program)  # the caller's program stays as it is
+    for bag in [n for n in program.graph.nodes if n.target in BAG_OPS]:
+        _reduce_fixed_size(program.graph, bag)
+    program.graph_module.recompile()
     return program.run_decompositions(dict.fromkeys(BAG_OPS, _gathered_bag))
+
+
+def _fixed_size(bag: fx.Node) -> tuple[fx.Node, int] | None:
+    """(the 2-D ids, the bag size ``k``) of a bag over ``ids.reshape(-1)`` with offsets
+    ``arange(0, ids.numel(), k)``, the form ``F.embedding_bag`` gives 2-D ids; None for others."""
+    indices, offsets = bag.args[1], bag.args[2]
+    if not (isinstance(indices, fx.Node) and isinstance(offsets, fx.Node)):
+        return None
+    if indices.target is not aten.reshape.default or list(indices.args[1]) != [-1]:
+        return None
+    if offsets.target is not aten.arange.start_step or offsets.args[0] != 0:
+        return None
+    ids, size = indices.args[0], offsets.args[2]
+    val = ids.meta.get("val") if isinstance(ids, fx.Node) else None
+    if not isinstance(val, torch.Tensor) or val.dim() != 2 or val.shape[1] != size:
+        return None
+    end = offsets.args[1]
+    end = end.meta.get("val") if isinstance(end, fx.Node) else end
+    numel, stated = expr_of(val.numel()), expr_of(end)
+    if numel is None or stated is None or sympy.simplify(stated - numel) != 0:
+        return None  # the offsets do not span the ids
+    if not isinstance(size, int) or size < 1:
+        return None
+    arguments = list(bag.args) + [None] * (9 - len(bag.args))
+    if arguments[7]:  # include_last_offset: the offsets are then not the bags' starts alone
+        return None
+    return ids, size
+
+
+def _reduce_fixed_size(graph: fx.Graph, bag: fx.Node) -> None:
+    """Bags of one size ``k`` (``ids [B, k]``): ``embedding(W, ids)`` reduced over ``k`` by a
+    sum, mean or max, padding ids left out; the bag's pooled output replaced by it.
+
+    Identity: bag ``b`` holds the ids ``ids[b, :]``, so the op's scatter over bag numbers is the
+    reduction over dim 1 of the gathered rows ``[B, k, D]``; a mean divides by the ids kept, an
+    empty bag (every id padding) gives 0 in every mode."""
+    found = _fixed_size(bag)
+    if found is None:
+        return
+    ids, size = found
+    weight = bag.args[0]
+    arguments = list(bag.args) + [None] * (9 - len(bag.args))
+    mode, per_sample, padding_idx = arguments[4] or 0, arguments[6], arguments[8]
+    pooled = [u for u in bag.users if u.args[1] == 0]
+    with graph.inserting_before(bag):
+        call = graph.call_function
+        rows = call(aten.embedding.default, (weight, ids))
+        if per_sample is not None:
+            shaped = call(aten.view_as.default, (per_sample, ids))
+            rows = call(aten.mul.Tensor, (rows, call(aten.unsqueeze.default, (shaped, 2))))
+        kept = None
+        if padding_idx is not None:
+            rows_of = weight.meta["val"].shape[0]
+            pad = padding_idx + rows_of if padding_idx < 0 else padding_idx
+            kept = call(aten.ne.Scalar, (ids, pad))
+            mask = call(aten.unsqueeze.default, (kept, 2))
+        if mode == _MAX:
+            if kept is not None:
+                dropped = call(aten.logical_not.default, (mask,))
+                rows = call(aten.masked_fill.Scalar, (rows, dropped, float("-inf")))
+            out = call(aten.amax.default, (rows, [1]))
+            if kept is not None:
+                some = call(aten.unsqueeze.default, (call(aten.any.dim, (kept, 1)), 1))
+                out = call(aten.where.ScalarOther, (some, out, 0.0))
+        else:
+            if kept is not None:
+                rows = call(aten.mul.Tensor, (rows, call(aten.type_as.default, (mask, rows))))
+            out = call(aten.sum.dim_IntList, (rows, [1]))
+            if mode == _MEAN and kept is None:
+                out = call(aten.div.Scalar, (out, float(size)))
+            elif mode == _MEAN:
+                count = call(aten.sum.dim_IntList, (call(aten.type_as.default, (kept, out)), [1]))
+                count = call(aten.clamp_min.default, (count, 1.0))
+                out = call(aten.div.Tensor, (out, call(aten.unsqueeze.default, (count, 1))))
+    for user in pooled:
+        user.replace_all_uses_with(out)
+        graph.erase_node(user)
+    if not bag.users:
+        graph.erase_node(bag)
