@@ -103,6 +103,23 @@ def build(name: str, seed: int = 0, weighted: bool = False):
     raise ValueError(f"unknown model {name!r}; one of {', '.join(MODELS)}")
 
 
+def unpooled_collection():
+    """The sequence models' ``EmbeddingCollection`` over the four keys (the tables of
+    :func:`collection`, unpooled: one row of ``D`` per id)."""
+    from torchrec.modules.embedding_configs import EmbeddingConfig
+    from torchrec.modules.embedding_modules import EmbeddingCollection
+
+    tables = [
+        EmbeddingConfig(name="t_user", embedding_dim=D, num_embeddings=VOCAB["user_id"],
+                        feature_names=["user_id"]),
+        EmbeddingConfig(name="t_item", embedding_dim=D, num_embeddings=VOCAB["item_id"],
+                        feature_names=["history", "item_id"]),
+        EmbeddingConfig(name="t_tag", embedding_dim=D, num_embeddings=VOCAB["item_tags"],
+                        feature_names=["item_tags"]),
+    ]  # fmt: skip
+    return EmbeddingCollection(tables=tables)
+
+
 class HistorySequence(torch.nn.Module):
     """A sequence model on TorchRec's unpooled lookups: an ``EmbeddingCollection`` over the four
     keys, the history read back as ``[B, MAX_HISTORY, D]`` (``to_padded_dense``), a per-position
@@ -114,18 +131,7 @@ class HistorySequence(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        from torchrec.modules.embedding_configs import EmbeddingConfig
-        from torchrec.modules.embedding_modules import EmbeddingCollection
-
-        tables = [
-            EmbeddingConfig(name="t_user", embedding_dim=D, num_embeddings=VOCAB["user_id"],
-                            feature_names=["user_id"]),
-            EmbeddingConfig(name="t_item", embedding_dim=D, num_embeddings=VOCAB["item_id"],
-                            feature_names=["history", "item_id"]),
-            EmbeddingConfig(name="t_tag", embedding_dim=D, num_embeddings=VOCAB["item_tags"],
-                            feature_names=["item_tags"]),
-        ]  # fmt: skip
-        self.embeddings = EmbeddingCollection(tables=tables)
+        self.embeddings = unpooled_collection()
         self.position = torch.nn.Linear(D, 16)
         self.over = torch.nn.Sequential(
             torch.nn.Linear(16 + 3 * D + DENSE, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)
@@ -157,18 +163,7 @@ class HistoryAttention(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        from torchrec.modules.embedding_configs import EmbeddingConfig
-        from torchrec.modules.embedding_modules import EmbeddingCollection
-
-        tables = [
-            EmbeddingConfig(name="t_user", embedding_dim=D, num_embeddings=VOCAB["user_id"],
-                            feature_names=["user_id"]),
-            EmbeddingConfig(name="t_item", embedding_dim=D, num_embeddings=VOCAB["item_id"],
-                            feature_names=["history", "item_id"]),
-            EmbeddingConfig(name="t_tag", embedding_dim=D, num_embeddings=VOCAB["item_tags"],
-                            feature_names=["item_tags"]),
-        ]  # fmt: skip
-        self.embeddings = EmbeddingCollection(tables=tables)
+        self.embeddings = unpooled_collection()
         self.encoder = torch.nn.Sequential(torch.nn.Linear(D, 32), torch.nn.ReLU(),
                                            torch.nn.Linear(32, D))  # fmt: skip
         self.over = torch.nn.Sequential(

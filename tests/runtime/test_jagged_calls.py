@@ -411,3 +411,36 @@ def test_a_model_that_draws_random_numbers_keeps_its_width():
     with pytest.warns(UserWarning, match="draw random numbers"):
         cm = _compiled_pooled(model, training=True)
     assert cm._jagged.truncation is None and "draws random numbers" in cm.jagged_refused
+
+
+class _DictPooled(torch.nn.Module):
+    """:class:`Pooled` taking its inputs in one dict, as batch-dict models do."""
+
+    def __init__(self):
+        super().__init__()
+        self.pooled = Pooled("softmax")
+
+    def forward(self, batch: dict):
+        return self.pooled(batch["hist"], batch["item"])
+
+
+@pytest.mark.parametrize("layout", ["shared", "dropin"])
+def test_a_history_inside_a_dict_input_runs_in_groups(layout, free_calls):
+    """The history is a leaf of a dict argument (``batch.hist``): the call is cut on its leaves
+    and each group's call rebuilt as a dict, exact against the original."""
+    model = _DictPooled().eval()
+    hist, _, item, index = _pooled_call([2, 3, 1], 0, 8)
+    example = {"hist": hist[index], "item": item}
+    torch._dynamo.mark_dynamic(example["hist"], 1)
+    cm = rocs.compile(model, ["batch.hist"], example_kwargs={"batch": example})
+    assert cm._jagged.truncation is not None, cm.jagged_refused
+    hist, _, item, index = _pooled_call([3, 1, 4, 2, 5], 1, 64)
+    with torch.no_grad():
+        want = model({"hist": hist[index], "item": item})
+        before = cm._jagged.split_calls
+        if layout == "shared":
+            got = cm({"hist": hist, "item": item}, candidate_to_request=index)
+        else:
+            got = cm({"hist": hist[index], "item": item})
+    assert cm._jagged.split_calls == before + 1
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
