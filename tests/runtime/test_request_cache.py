@@ -552,3 +552,33 @@ def test_a_constant_the_request_program_shares_with_the_model_invalidates_the_ca
         got = cm(user=user, item=item, candidate_to_request=index)
         _close(got, model(user[index], item))
     assert cm.cache_stats()["hits"] == 0 and cm.cache_stats()["invalidations"] == 1
+
+
+def test_a_mask_built_from_the_historys_width_is_cached_with_the_request_side():
+    """``arange(hist.shape[1]) < hist_len``: the width is a size of the call, a constant of it
+    (no fallback), which the request program and the rest both read; hits give the miss's bits."""
+    from padded_models import WithLengths
+
+    model = WithLengths().eval()
+    g = torch.Generator().manual_seed(3)
+    hist = torch.randint(1, 50, (3, 12), generator=g)
+    lengths = torch.tensor([12, 4, 7])
+    index = torch.tensor([0, 0, 1, 2, 2, 2, 1])
+    item = torch.randint(1, 50, (index.shape[0],), generator=g)
+    example = {"hist": hist[index], "hist_len": lengths[index], "item": item}
+    torch._dynamo.mark_dynamic(example["hist"], 1)
+    cm = rocs.compile(
+        model, ["hist", "hist_len"], example_kwargs=example, options=NO_CHOICE,
+        request_cache=RequestCache(1 << 24, autotune=False),
+    )  # fmt: skip
+    assert not cm.report().fallbacks, cm.report().fallbacks
+    assert cm._cache.refused is None, cm._cache.refused  # the graph splits at the requests
+    for width in (12, 20):
+        wide = torch.nn.functional.pad(hist, (0, width - 12))
+        with torch.no_grad():
+            want = model(wide[index], lengths[index], item)
+            first = cm(hist=wide, hist_len=lengths, item=item, candidate_to_request=index)
+            again = cm(hist=wide, hist_len=lengths, item=item, candidate_to_request=index)
+        torch.testing.assert_close(first, want, rtol=1e-5, atol=1e-5)
+        assert _same_bits(again, first)
+    assert cm._cache.cache.stats()["hits"] >= 3  # the second call of each width hit
