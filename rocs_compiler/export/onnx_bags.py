@@ -105,6 +105,12 @@ def with_gathered_bags(program: torch.export.ExportedProgram) -> torch.export.Ex
     return program.run_decompositions(dict.fromkeys(BAG_OPS, _gathered_bag))
 
 
+def _bag_arguments(bag: fx.Node) -> list:
+    """The bag's nine arguments (``weight, indices, offsets, scale_grad_by_freq, mode, sparse,
+    per_sample_weights, include_last_offset, padding_idx``), defaults as None."""
+    return list(bag.args) + [None] * (9 - len(bag.args))
+
+
 def _fixed_size(bag: fx.Node) -> tuple[fx.Node, int] | None:
     """(the 2-D ids, the bag size ``k``) of a bag over ``ids.reshape(-1)`` with offsets
     ``arange(0, ids.numel(), k)``, the form ``F.embedding_bag`` gives 2-D ids; None for others."""
@@ -126,8 +132,7 @@ def _fixed_size(bag: fx.Node) -> tuple[fx.Node, int] | None:
         return None  # the offsets do not span the ids
     if not isinstance(size, int) or size < 1:
         return None
-    arguments = list(bag.args) + [None] * (9 - len(bag.args))
-    if arguments[7]:  # include_last_offset: the offsets are then not the bags' starts alone
+    if _bag_arguments(bag)[7]:  # include_last_offset: offsets then hold more than the starts
         return None
     return ids, size
 
@@ -144,7 +149,7 @@ def _reduce_fixed_size(graph: fx.Graph, bag: fx.Node) -> None:
         return
     ids, size = found
     weight = bag.args[0]
-    arguments = list(bag.args) + [None] * (9 - len(bag.args))
+    arguments = _bag_arguments(bag)
     mode, per_sample, padding_idx = arguments[4] or 0, arguments[6], arguments[8]
     pooled = [u for u in bag.users if u.args[1] == 0]
     with graph.inserting_before(bag):

@@ -4,6 +4,8 @@ without a word, or fails deep in a split."""
 
 from __future__ import annotations
 
+import torch
+
 from ..errors import InputError
 
 
@@ -13,14 +15,14 @@ def check_lengths(argument: str, kjt) -> None:
     lengths, total = kjt.lengths(), kjt.values().shape[0]
     if not lengths.numel():
         return
-    if int(lengths.min()) < 0:
+    low, stated = torch.stack([lengths.min(), lengths.sum()]).tolist()  # one read of the device
+    if low < 0:
         at = int((lengths < 0).nonzero()[0])
         key, row = _key_row(kjt.keys(), kjt.stride_per_key(), at)
         raise InputError(
             f"KeyedJaggedTensor {argument!r}: key {key!r} has a negative length "
             f"({int(lengths[at])}) at row {row}"
         )
-    stated = int(lengths.sum())
     if stated != total:
         raise InputError(
             f"KeyedJaggedTensor {argument!r}: its lengths add up to {stated} ids but it holds "

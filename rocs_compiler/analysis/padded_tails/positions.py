@@ -282,9 +282,14 @@ def expanding(node: fx.Node, ctx: Context) -> Value:
     return Value(tails, ctx.row_dims(val))
 
 
-def _full_slice(node: fx.Node, ctx: Context) -> bool:
+def _slice_args(node: fx.Node) -> tuple:
+    """``(dim, start, end, step)`` of an ``aten.slice`` node, defaults filled in."""
     defaults = [None, 0, None, None, 1]
-    _, dim, start, end, step = list(node.args) + defaults[len(node.args) :]
+    return tuple(list(node.args) + defaults[len(node.args) :])[1:]
+
+
+def _full_slice(node: fx.Node, ctx: Context | None = None) -> bool:
+    dim, start, end, step = _slice_args(node)
     if start not in (None, 0) or step != 1:
         return False
     if end is None or (isinstance(end, int) and end >= 2**62):
@@ -381,15 +386,10 @@ def _prefix_of(user: fx.Node, padded: fx.Node, dim: int, most: int) -> bool:
     slices of other dims, which ``x[:, :E]`` traces to first)."""
     if getattr(user.target, "overloadpacket", None) is not aten.slice or user.args[0] is not padded:
         return False
-    defaults = [None, 0, None, None, 1]
-    _, along, start, end, step = list(user.args) + defaults[len(user.args) :]
-    ndim = _val(padded).dim()
-    if start not in (None, 0) or step != 1:
-        return False
-    if along % ndim != dim:
-        whole = end is None or (isinstance(end, int) and end >= 2**62)
-        return whole and all(_prefix_of(u, user, dim, most) for u in user.users)
-    return isinstance(end, int) and 0 <= end <= most
+    along, start, end, step = _slice_args(user)
+    if along % _val(padded).dim() != dim:
+        return _full_slice(user) and all(_prefix_of(u, user, dim, most) for u in user.users)
+    return start in (None, 0) and step == 1 and isinstance(end, int) and 0 <= end <= most
 
 
 def splitting(node: fx.Node, ctx: Context) -> list[Value] | Value:

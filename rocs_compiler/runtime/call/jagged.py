@@ -107,11 +107,14 @@ class JaggedCalls:
         finally:
             self._inside.active = False
 
+    def cuts(self, cm) -> bool:
+        """Whether this call may be cut: a proof, outside tracing (:func:`_may_split`), and not
+        a group's own call."""
+        return self.truncation is not None and self.applies() and _may_split(cm)
+
     def run_converted(self, cm, leaves: dict, index, call):
-        """A converted call (``formats/``: its leaves, in the program's terms) as groups, each
-        run by ``call(inputs, index)``, or :data:`NOT_SPLIT`."""
-        if self.truncation is None or not _may_split(cm):
-            return NOT_SPLIT
+        """A converted call (``formats/``: its leaves, in the program's terms, which
+        :meth:`cuts`) as groups, each run by ``call(inputs, index)``, or :data:`NOT_SPLIT`."""
         cm._input_specs.check_caps(leaves)
         return self.split(call, leaves, index)
 
@@ -316,14 +319,14 @@ def jagged_calls(result, contract) -> tuple[JaggedCalls | None, str | None]:
     if not proofs:
         return JaggedCalls(contract, cut, None, None), refusal.reason
     sizes = result.length_sizes()
-    best = None
-    for proof in proofs:
+
+    def costs_of(proof: Truncation) -> UnitCosts:
         name = next(iter(proof.inputs))
-        costs = unit_costs(result, name, int(sizes[name].node.hint))
-        growth = costs.request[1] + costs.candidate[1]
-        if best is None or growth > best[0]:
-            best = growth, proof, costs
-    _, proof, costs = best
+        return unit_costs(result, name, int(sizes[name].node.hint))
+
+    costs, proof = max(
+        ((costs_of(p), p) for p in proofs), key=lambda cp: cp[0].request[1] + cp[0].candidate[1]
+    )
     return JaggedCalls(contract, proof.inputs, proof, costs), None
 
 

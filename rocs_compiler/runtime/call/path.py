@@ -195,7 +195,7 @@ def program_call(cm, converted: ProgramCall, choosing: bool, called: Call):
     """A format's program call (``formats/base.py::ProgramCall``) of the ``called`` call, on the
     path of its layout; the range found for the index holds when the format kept it."""
     jagged = cm._jagged
-    if jagged is not None and converted.layout != REPLICATED and jagged.applies():
+    if jagged is not None and converted.layout != REPLICATED and jagged.cuts(cm):
         result = _cut_converted(cm, jagged, converted, choosing, called)
         if result is not NOT_SPLIT:
             return result
