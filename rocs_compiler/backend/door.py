@@ -131,8 +131,14 @@ def shared_call(
     rows = {n: leaves[n].shape[0] if leaves[n].dim() else None for n in requests}
     if len(set(rows.values())) != 1 or None in rows.values():
         raise InputError(f"request inputs disagree on the number of rows R: {rows}")
-    check_candidate_to_request(index, None, next(iter(rows.values())))
-    replicated = {n: leaves[n].index_select(0, index) for n in requests}
+    num_requests = next(iter(rows.values()))
+    # On the CPU the gather below checks the index's range as it reads (``runtime/call/bound.py``).
+    check_candidate_to_request(index, None, num_requests, check_range=index.is_cuda)
+    try:
+        replicated = {n: leaves[n].index_select(0, index) for n in requests}
+    except IndexError:
+        check_candidate_to_request(index, None, num_requests)  # names the value out of range
+        raise
     if named is not None and all(n in named for n in requests):  # top-level tensors: no tree
         call_args, call_kwargs = (), {**named, **replicated}
     else:

@@ -11,6 +11,7 @@ tensors with ``candidate_to_request``.
 from __future__ import annotations
 
 import contextvars
+import operator
 import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
@@ -27,6 +28,7 @@ from ..runtime import CompiledModel
 from ..runtime.training import no_backward
 from ..runtime.follow.weights import tensor_version
 from .lowering import Lowered
+from .settled_shared import SettledShared
 from .unshared import unshared_reason
 
 
@@ -52,6 +54,8 @@ class _Variant:
 
     model: Any  # the rocs CompiledModel (runs the FX graph)
     runner: Callable  # the same contract, running the lowered graph
+    requests: frozenset = frozenset()  # the paths of its request leaves
+    settled: Optional[SettledShared] = None  # its shared calls without the call path
 
 
 @dataclass
@@ -78,6 +82,13 @@ class Subgraph:
     symbolic_dims: dict = field(default_factory=dict)
     dynamic_dims: dict = field(default_factory=dict)
     _first_sizes: dict = field(default_factory=dict)
+    # The consts' positions, tensors and versions, compared per call in C-level passes; None
+    # before the first compile, or with an inference tensor among them (``_seen_state``).
+    _seen: Optional[tuple] = None
+    _input_slots: list = field(init=False)  # (position, path) of each input
+
+    def __post_init__(self):
+        self._input_slots = [(i, s.path) for i, s in enumerate(self.slots) if s.kind == "input"]
 
     @property
     def compiled_model(self):
@@ -89,7 +100,7 @@ class Subgraph:
             return self.plain(*args)
         if self._state_changed(args):
             self.variants.clear()  # weights or scalars changed since compile time: rewrite again
-        leaves = {s.path: args[i] for i, s in enumerate(self.slots) if s.kind == "input"}
+        leaves = {path: args[i] for i, path in self._input_slots}
         variant = self.variants.get(self._key(leaves))
         if variant is None:
             if self._sizes_changed(leaves):
@@ -98,8 +109,12 @@ class Subgraph:
         if variant is None:
             return self.plain(*args)
         state = SHARED_CALL.get()
-        if state is not None and self._takes_shared(state, leaves):
+        if state is not None and _takes_shared(variant, state, leaves):
             state.graphs_shared += 1
+            if variant.settled is not None:
+                out = variant.settled(leaves, state.shared, state.index)
+                if out is not None:
+                    return list(out)
             for path in leaves:
                 name = dotted(path)
                 if name in state.shared:
@@ -121,20 +136,19 @@ class Subgraph:
         return no_backward.attach(out, [True] * len(out), anchor)
 
     def _state_changed(self, args: tuple) -> bool:
-        return any(
+        seen = self._seen
+        if seen is not None:
+            positions, tensors, versions = seen
+            if not all(map(operator.is_, map(args.__getitem__, positions), tensors)):
+                return True
+            if list(map(_VERSION, tensors)) != versions:
+                return True
+        elif any(
             args[i] is not value or tensor_version(value) != version
             for i, value, version in self.consts
-        ) or any(not _same_value(args[i], value) for i, value in self.values)
-
-    def _takes_shared(self, state: SharedCall, leaves: dict) -> bool:
-        requests = [p for p in leaves if dotted(p) in self._request_leaves()]
-        return bool(requests) and all(
-            state.replicated.get(dotted(p)) is leaves[p] for p in requests
-        )
-
-    def _request_leaves(self) -> set[str]:
-        model = self.compiled_model
-        return set(model.contract.request_inputs) if model is not None else set()
+        ):
+            return True
+        return any(not _same_value(args[i], value) for i, value in self.values)
 
     def _key(self, leaves: dict) -> tuple:
         dynamic = self.dynamic_dims
@@ -191,6 +205,7 @@ class Subgraph:
             for i, s in enumerate(self.slots)
             if s.kind == "const"
         ]
+        self._seen = _seen_state(self.consts)
         self.values = [
             (i, args[i].detach().clone()) for i, s in enumerate(self.slots) if s.kind == "value"
         ]
@@ -233,9 +248,31 @@ class Subgraph:
         runner = compiled
         if self.options.inductor and isinstance(compiled, CompiledModel):  # not column lanes
             runner = compiled.with_graph(Lowered(compiled.graph_module, True))
-        variant = _Variant(compiled, runner)
+        paths = list(leaves)
+        request_names = set(compiled.contract.request_inputs)
+        requests = frozenset(p for p in paths if dotted(p) in request_names)
+        variant = _Variant(compiled, runner, requests, SettledShared.of(runner, paths))
         self.variants[self._key(leaves)] = variant
         return variant
+
+
+def _takes_shared(variant: _Variant, state: SharedCall, leaves: dict) -> bool:
+    """True when every request leaf of the call is the one ``shared_call`` handed to dynamo."""
+    replicated = state.replicated
+    return bool(variant.requests) and all(
+        replicated.get(dotted(p)) is leaves[p] for p in variant.requests
+    )
+
+
+_VERSION = operator.attrgetter("_version")
+
+
+def _seen_state(consts: list) -> Optional[tuple]:
+    """``(positions, tensors, versions)`` of the consts; None when one is an inference tensor,
+    which has no version counter (``tensor_version`` reads each one instead)."""
+    if any(value.is_inference() for _, value, _ in consts):
+        return None
+    return [i for i, _, _ in consts], [v for _, v, _ in consts], [n for _, _, n in consts]
 
 
 def _static_sizes(shape: torch.Size, dynamic: tuple[int, ...]) -> tuple:
