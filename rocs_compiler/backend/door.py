@@ -40,6 +40,7 @@ the entry points and :func:`shared_call`.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import warnings
 import weakref
@@ -121,10 +122,10 @@ def shared_call(
     signature, order = _signature_of(_original_callable(compiled))
     named = given_by_name(order, args, kwargs)
     leaves = named_leaves(named if named is not None else bind_inputs(signature, args, kwargs))
-    requests = [
-        n for n in leaves if any(request_covers(r, n) for r in names) and is_tensor(leaves[n])
-    ]
-    missing = [r for r in names if not any(request_covers(r, n) for n in requests)]
+    covered, missing = _request_leaves(tuple(names), tuple(leaves))
+    requests = [n for n in covered if is_tensor(leaves[n])]
+    if len(requests) != len(covered):  # a leaf that is not a tensor stands for no request
+        missing = _request_leaves(tuple(names), tuple(requests))[1]
     if missing:
         raise InputError(f"missing request input(s): {', '.join(missing)}")
     index = candidate_to_request
@@ -157,6 +158,15 @@ def shared_call(
             stacklevel=2,
         )
     return out
+
+
+@functools.lru_cache(maxsize=256)
+def _request_leaves(names: tuple[str, ...], leaves: tuple[str, ...]) -> tuple[tuple, tuple]:
+    """The leaves a request name covers, and the names that cover none, read once per set of
+    names (a served model's calls name the same leaves every time)."""
+    covered = tuple(n for n in leaves if any(request_covers(r, n) for r in names))
+    missing = tuple(r for r in names if not any(request_covers(r, n) for n in covered))
+    return covered, missing
 
 
 _SIGNATURES: "weakref.WeakKeyDictionary[Callable, tuple]" = weakref.WeakKeyDictionary()

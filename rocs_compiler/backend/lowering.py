@@ -93,15 +93,20 @@ class Lowered(nn.Module):
         return out
 
     def _prepare(self, strategy: str, args: tuple) -> tuple:
+        # Marks matter to the compile only: the compiled graph has no guard on an unbacked size.
+        copy = self._copy_layouts
+        if strategy != "unbacked" or self._succeeded:
+            return tuple(
+                _with_contiguous_strides(v, copy) if isinstance(v, torch.Tensor) else v
+                for v in args
+            )
         from torch._dynamo.decorators import mark_unbacked
 
-        # Marks matter to the compile only: the compiled graph has no guard on an unbacked size.
-        mark = strategy == "unbacked" and not self._succeeded
         out = []
         for value, batched in zip(args, self._batched):
             if isinstance(value, torch.Tensor):
-                value = _with_contiguous_strides(value, self._copy_layouts)
-                if mark and batched and value.dim():
+                value = _with_contiguous_strides(value, copy)
+                if batched and value.dim():
                     value = value.detach()  # mark an alias, never the caller's tensor
                     mark_unbacked(value, 0)
             out.append(value)
@@ -120,11 +125,12 @@ def _with_contiguous_strides(value: torch.Tensor, copy: bool) -> torch.Tensor:
     """``value`` with the strides ``torch.empty(value.shape)`` has. A tensor that is contiguous
     but for the strides of size-1 dims (which address nothing) is re-strided without a copy;
     any other layout is copied when ``copy`` is set."""
-    want = _contiguous_strides(value.shape)
-    if value.stride() == want:
-        return value
+    shape = value.shape
     if value.is_contiguous():
-        return value.as_strided(value.shape, want)
+        if 1 not in shape and 0 not in shape:  # no dim whose stride addresses nothing
+            return value
+        want = _contiguous_strides(shape)
+        return value if value.stride() == want else value.as_strided(shape, want)
     return value.contiguous() if copy else value
 
 
