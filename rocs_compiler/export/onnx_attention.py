@@ -14,7 +14,11 @@ does. Attention without a mask keeps the exporter's translation (a query sees ev
 causal, at least the first).
 
 Identity: for ``scores = q @ k^T * scale + additive(mask)``,
-``sdpa(q, k, v, mask) == where(all(scores == -inf, -1), 0, softmax(scores, -1)) @ v``.
+``sdpa(q, k, v, mask) == where(closed, 0, softmax(scores, -1) @ v)`` with ``closed`` the rows
+whose every key the mask hides (``all(additive(mask) == -inf, -1)``, read off the mask, which is
+smaller than the scores): such a row's softmax is NaN or uniform, and the ``where`` drops it; any
+other row has a finite score (finite queries and keys), so its weights are eager's. A row whose
+finite scores overflow to ``-inf`` everywhere is not read as closed (eager's zeros there; NaN here).
 """
 
 from __future__ import annotations
@@ -48,12 +52,15 @@ def _eager_attention(
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     scores = (query @ key.transpose(-2, -1)) * scale
     if attn_mask.dtype == torch.bool:
-        scores = scores.masked_fill(attn_mask.logical_not(), float("-inf"))
+        hidden = attn_mask.logical_not()
+        scores = scores.masked_fill(hidden, float("-inf"))
     else:
+        hidden = attn_mask == float("-inf")
         scores = scores + attn_mask
-    closed = (scores == float("-inf")).all(-1, keepdim=True)
-    weights = torch.softmax(scores, -1).masked_fill(closed, 0.0)
-    return weights @ value
+    # A query whose every key the mask hides: read off the mask (no head dim, one row when it
+    # broadcasts over the queries) and applied to the output (D wide, not L).
+    closed = hidden.all(-1, keepdim=True)
+    return (torch.softmax(scores, -1) @ value).masked_fill(closed, 0.0)
 
 
 def has_masked_attention(program: torch.export.ExportedProgram) -> bool:

@@ -153,10 +153,9 @@ def _attend_in_tiles(
 
 
 def _only_row(t: torch.Tensor | None) -> torch.Tensor | None:
-    """``t`` of one row as ``[1, ...]``, with a size of 1 a tracer can read."""
-    if t is None:
-        return None
-    return t.any(0, keepdim=True) if t.dtype == torch.bool else t.sum(0, keepdim=True)
+    """``t`` of one row as ``[1, ...]``, with a size of 1 a tracer can read (``t[:1]`` has
+    ``min(1, R)`` rows to a tracer, which an unbacked R cannot decide; ``t[0]`` has none)."""
+    return None if t is None else t.select(0, 0).unsqueeze(0)
 
 
 def _one_request_attention(
@@ -167,19 +166,20 @@ def _one_request_attention(
     scale: float | None,
     key_bias: torch.Tensor | None,
 ) -> torch.Tensor:
-    """The op's value when ``k`` holds one request: every query attends ``k[0]``, ``v[0]``."""
+    """The op's value when ``k`` holds one request: every query attends ``k[0]``, ``v[0]``, as
+    one sequence of the candidates' ``N Lq`` queries (heads first: ``[1, H, N Lq, D]``)."""
     num_candidates, heads, query_len, dim = q.shape
     rows = num_candidates * query_len
     # Two spare zero queries, computed and never read: a sequence of at least 2 rows, which
     # spares a tracer the question whether the mask's one row broadcasts against 1 query.
-    queries = torch.cat([q.transpose(1, 2).reshape(rows, heads, dim), q.new_zeros(2, heads, dim)])
-    queries = queries[None]
-    # A tracer traces this branch for any R, and ``k[:1]`` has ``min(1, R)`` rows to it, which an
-    # unbacked R cannot decide; a reduction over the rows has one row, and over one row it is
-    # that row.
+    queries = q.permute(1, 0, 2, 3).reshape(heads, rows, dim)
+    queries = torch.cat([queries, q.new_zeros(heads, 2, dim)], 1)[None]
     k, v, key_mask, key_bias = (_only_row(t) for t in (k, v, key_mask, key_bias))
-    out = _attention(queries, k, v, key_mask, scale, key_bias)[0, :rows]
-    out = out.reshape(num_candidates, query_len, heads, dim).transpose(1, 2)
+    mask = key_bias
+    if mask is None and key_mask is not None:
+        mask = key_mask[:, None, None, :]
+    out = F.scaled_dot_product_attention(queries, k, v, attn_mask=mask, scale=scale)
+    out = out[0, :, :rows].reshape(heads, num_candidates, query_len, dim).permute(1, 0, 2, 3)
     # Contiguous strides, size-1 dims included: a cond's branches must agree on them.
     return out.clone(memory_format=torch.contiguous_format)
 
