@@ -22,7 +22,12 @@ indexing would): the same elements copied in the same order; ``x[:, I]`` is
 ``index_select(x, 1, I')`` likewise. For a 2-D constant ``W [m, k]`` and a batched
 ``x [N, ..., k, n]``, ``matmul(W, x) == reshape(mm(reshape(x.mT, [-1, k]), W.T), [N, ..., n,
 m]).mT``: the one ``mm`` the original model ran (its weights require grad), where the compiled
-graph's ``matmul`` would run a ``bmm`` of N tiny products.
+graph's ``matmul`` would run a ``bmm`` of N tiny products. And ``linear(x.transpose(a, b), W)``
+over two leading dims of a 3-D or larger ``x`` reads a contiguous copy of its input: the copy
+eager's ``linear`` makes inside (its ``matmul`` folds the leading dims by a ``reshape``), where a
+compiler's ``matmul`` keeps the view and runs a ``bmm`` against the weight expanded over the
+first dim (an encoder over ``[L, R, D]``: L products of R rows, where one ``mm`` of ``L R`` rows
+does the same work).
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ def cleanup(gm: fx.GraphModule, fold: bool = True) -> fx.GraphModule:
     if fold:
         fold_constants(gm)
     weight_first_matmuls_fold(gm)  # after folding: W.mT stays a view, as in the original's mm
+    contiguous_linear_inputs(gm)
     drop_full_slices(gm)
     drop_double_transposes(gm)  # before CSE: x.mT.mT and x then read as one value
     drop_clones(gm)
@@ -124,6 +130,34 @@ def _folded_mm(b: Builder, node: fx.Node) -> fx.Node | None:
     out = b.call(aten.transpose.int, grouped, -1, -2)
     for new in b.created:
         new.meta[PLACEMENT] = Role.CONST if new is w_t else x.meta[PLACEMENT]
+    return out
+
+
+def contiguous_linear_inputs(gm: fx.GraphModule) -> int:
+    """``linear(transpose(x, a, b), W)`` over two leading dims -> ``linear(contiguous(...), W)``:
+    the copy eager's ``linear`` makes itself, where a compiler's ``matmul`` would run a ``bmm``
+    of tiny products against the weight expanded (module docstring). Returns the count."""
+    return _rewrite_each_call(gm, "contiguous_linear", torch.ops.aten.linear.default, _copied_input)
+
+
+def _copied_input(b: Builder, node: fx.Node) -> fx.Node | None:
+    x = node.args[0]
+    if not isinstance(x, fx.Node) or x.target != torch.ops.aten.transpose.int or x.kwargs:
+        return None
+    val = x.meta.get("val")
+    if not isinstance(val, torch.Tensor) or val.dim() < 3 or x.meta.get(PLACEMENT) == Role.CONST:
+        return None
+    dims = {d % val.dim() for d in x.args[1:3]}
+    if val.dim() - 1 in dims or any(val.shape[d] == 1 for d in dims):  # a view of the same rows
+        return None
+    copied = b.call(torch.ops.aten.clone.default, x, memory_format=torch.contiguous_format)
+    copied.meta[PLACEMENT] = x.meta[PLACEMENT]
+    if BATCH_AXIS in x.meta:
+        copied.meta[BATCH_AXIS] = x.meta[BATCH_AXIS]
+    out = b.call(torch.ops.aten.linear.default, copied, *node.args[1:])
+    for key in (PLACEMENT, BATCH_AXIS):
+        if key in node.meta:
+            out.meta[key] = node.meta[key]
     return out
 
 

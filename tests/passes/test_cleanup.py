@@ -300,3 +300,52 @@ def test_a_transpose_of_a_transpose_is_its_source():
     gm.recompile()
     got = gm(x)
     assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+class SequenceFirstProjection(nn.Module):
+    """A projection over a history laid out sequence-first (``[L, R, D]``, as
+    ``nn.MultiheadAttention`` without ``batch_first`` takes it), a projection over a transpose
+    whose leading dim is 1 (a view of the same rows), and a candidate tower."""
+
+    def __init__(self):
+        super().__init__()
+        self.history_proj = nn.Linear(6, 12)
+        self.item_proj = nn.Linear(6, 12)
+        self.item = nn.Linear(5, 12)
+
+    def forward(self, history, query, item):
+        keys = self.history_proj(history.transpose(0, 1))  # [L, B, 12]
+        queries = self.item_proj(query[:, None, :].transpose(0, 1))  # [1, B, 12]: a view
+        scores = (keys * queries).sum(-1).transpose(0, 1)  # [B, L]
+        return (scores.softmax(-1)[..., None] * keys.transpose(0, 1)).sum(1) * self.item(item)
+
+
+def test_a_linear_over_a_sequence_first_transpose_reads_a_contiguous_copy():
+    """The copy eager's linear makes inside is spelled out, so that a compiler runs one mm over
+    the folded rows, never a bmm against the expanded weight; a transpose that is a view of the
+    same rows (a leading dim of 1) is left as it is. Exact in both layouts."""
+    torch.manual_seed(0)
+    model = SequenceFirstProjection().eval()
+    history, query, item = torch.randn(3, 9, 6), torch.randn(3, 6), torch.randn(8, 5)
+    index = torch.tensor([0, 1, 1, 2, 2, 2, 0, 1])
+    example = {"history": history[[0, 0, 1]], "query": query[[0, 0, 1]], "item": item[:3]}
+    cm = rocs.compile(model, ["history", "query"], example_kwargs=example)
+    linears = [
+        n for n in cm.graph_module.graph.nodes if n.target == torch.ops.aten.linear.default
+    ]
+    inputs = {n.args[0].target for n in linears if n.args[0].meta["val"].dim() == 3}
+    assert torch.ops.aten.clone.default in inputs, "the sequence-first projection reads a view"
+    copies = [n for n in linears if n.args[0].target == torch.ops.aten.clone.default]
+    assert len(copies) == 1, "a view of the same rows was copied"
+    with torch.no_grad():
+        want = model(history[index], query[index], item)
+        assert want.std() > 1e-2
+        torch.testing.assert_close(
+            cm(history=history, query=query, item=item, candidate_to_request=index), want
+        )
+        torch.testing.assert_close(
+            cm(history=history[index], query=query[index], item=item), want
+        )
+    program = rocs.export(cm, portable=True).run_decompositions()
+    targets = {n.target for n in program.graph.nodes}
+    assert torch.ops.aten.bmm.default not in targets
