@@ -148,8 +148,8 @@ def _copied_input(b: Builder, node: fx.Node) -> fx.Node | None:
     if not isinstance(val, torch.Tensor) or val.dim() < 3 or x.meta.get(PLACEMENT) == Role.CONST:
         return None
     dims = {d % val.dim() for d in x.args[1:3]}
-    if val.dim() - 1 in dims or any(val.shape[d] == 1 for d in dims):  # a view of the same rows
-        return None
+    if val.dim() - 1 in dims or any(_statically(val.shape[d], 1) for d in dims):
+        return None  # the last dim moves, or the transpose is a view of the same rows
     copied = b.call(torch.ops.aten.clone.default, x, memory_format=torch.contiguous_format)
     copied.meta[PLACEMENT] = x.meta[PLACEMENT]
     if BATCH_AXIS in x.meta:
@@ -159,6 +159,11 @@ def _copied_input(b: Builder, node: fx.Node) -> fx.Node | None:
         if key in node.meta:
             out.meta[key] = node.meta[key]
     return out
+
+
+def _statically(size: Any, value: int) -> bool:
+    """True when ``size`` is the int ``value`` (a symbolic size is never read, so no guard)."""
+    return isinstance(size, int) and size == value
 
 
 def constant_indexing_as_index_select(gm: fx.GraphModule) -> int:
