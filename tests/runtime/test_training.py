@@ -519,7 +519,10 @@ def test_the_backend_refuses_training_naming_rocs_compile():
         rocs.backend(request_inputs=["hist"], training=True)
 
 
-def test_backward_through_the_backend_names_the_training_compile():
+def test_backward_through_the_backend_names_the_training_compile(monkeypatch):
+    from rocs_compiler.backend import graph_compiler
+
+    monkeypatch.setattr(graph_compiler, "_GRAD_WARNED", False)  # warned once per process
     torch.manual_seed(0)
     model = _train_mode(SelfAndTargetAttention())
     compiled = torch.compile(model, backend=rocs.backend(request_inputs=["hist"], inductor=False))
