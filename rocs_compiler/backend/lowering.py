@@ -14,6 +14,7 @@ from ..analysis.batch_axis import LEADING
 from ..export.portable import portable_graph_module
 from ..ir.graph_meta import BATCH_AXIS, PLACEMENT
 from ..ir.roles import Role
+from .compiled_frame import MISS, CompiledFrame
 
 
 class Lowered(nn.Module):
@@ -32,6 +33,10 @@ class Lowered(nn.Module):
     is compiled dynamic only: with unbacked sizes Inductor computed wrong values for such graphs
     (an ``nn.TransformerEncoder`` over ``[L, B, D]``); so is a graph with an attention, whose
     mask's broadcast asks whether a size is 1, which an unbacked size cannot answer.
+
+    After the first compile, a call runs the compiled graph whose dynamo guards accept it without
+    going through ``torch.compile``'s call (``compiled_frame.py``); one no guard accepts compiles
+    as before.
 
     Tensors reach the compiled graph with the strides of a contiguous tensor of their shape:
     dynamo guards on strides, and the runtime hands over views whose strides change with the
@@ -58,6 +63,8 @@ class Lowered(nn.Module):
             s: torch.compile(self._portable, backend="inductor", dynamic=True)
             for s in self._strategies
         }
+        # Once compiled, calls run the compiled entries without dynamo's call machinery.
+        self._frame = CompiledFrame(self._portable)
         self._errors: list[str] = []
         self._succeeded = False
 
@@ -75,7 +82,11 @@ class Lowered(nn.Module):
             return self.gm(*args)
         strategy = self._strategies[0]
         try:
-            out = self._compiled[strategy](*self._prepare(strategy, args))
+            prepared = self._prepare(strategy, args)
+            out = self._frame(prepared) if self._succeeded else MISS
+            if out is MISS:
+                out = self._compiled[strategy](*prepared)
+                self._frame.refresh()
         except Exception as err:
             # Bad inputs fail the FX graph too and propagate from here; Inductor is not blamed.
             out = self.gm(*args)

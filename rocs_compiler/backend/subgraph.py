@@ -67,7 +67,8 @@ class Subgraph:
     request_inputs: list[str]
     options: BackendOptions
     consts: list[tuple[int, torch.Tensor, int]] = field(default_factory=list)
-    values: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # baked, compared
+    # Baked values, compared per call: (position, tensor, its number when it is a scalar).
+    values: list[tuple[int, torch.Tensor, Any]] = field(default_factory=list)
     variants: dict = field(default_factory=dict)
     plain: Optional[Callable] = None  # set when rocs does not rewrite this graph
     # Called when the rewrite shares nothing: True when dynamo will trace the frame again
@@ -148,10 +149,12 @@ class Subgraph:
             for i, value, version in self.consts
         ):
             return True
-        return any(not _same_value(args[i], value) for i, value in self.values)
+        return any(not _same_value(args[i], value, number) for i, value, number in self.values)
 
     def _key(self, leaves: dict) -> tuple:
         dynamic = self.dynamic_dims
+        if not dynamic:  # the sizes past the batch as they are
+            return tuple((t.shape[1:], t.dim(), t.dtype, t.device) for t in leaves.values())
         return tuple(
             (_static_sizes(t.shape, dynamic.get(path, ())), t.dim(), t.dtype, t.device)
             for path, t in leaves.items()
@@ -206,9 +209,9 @@ class Subgraph:
             if s.kind == "const"
         ]
         self._seen = _seen_state(self.consts)
-        self.values = [
-            (i, args[i].detach().clone()) for i, s in enumerate(self.slots) if s.kind == "value"
-        ]
+        baked = [(i, args[i].detach().clone())
+                 for i, s in enumerate(self.slots) if s.kind == "value"]
+        self.values = [(i, value, None if value.dim() else value.item()) for i, value in baked]
         # Aliases, not the caller's tensors: export marks its example inputs dynamic, and dynamo's
         # guards on the frame being compiled must not see that.
         leaves = {s.path: args[i].detach() for i, s in enumerate(self.slots) if s.kind == "input"}
@@ -296,9 +299,10 @@ def symbolic_dims_of(gm: fx.GraphModule, slots: list[Slot]) -> dict:
     return found
 
 
-def _same_value(now: torch.Tensor, baked: torch.Tensor) -> bool:
+def _same_value(now: torch.Tensor, baked: torch.Tensor, number: Any) -> bool:
     """Whether a scalar or NumPy array dynamo passed as a tensor still holds the baked value (a
-    scalar, the common case, read as a number: a third of ``torch.equal``'s cost)."""
+    scalar, the common case, compared as the number read at compile time: a third of
+    ``torch.equal``'s cost)."""
     if not baked.dim():
-        return not now.dim() and now.dtype == baked.dtype and now.item() == baked.item()
+        return not now.dim() and now.dtype == baked.dtype and now.item() == number
     return now.shape == baked.shape and now.dtype == baked.dtype and torch.equal(now, baked)

@@ -1,0 +1,86 @@
+"""A module's forward that dynamo has compiled, run without dynamo's eval-frame hook:
+:class:`CompiledFrame`.
+
+``torch.compile(module)(*args)`` reaches the compiled code through the optimized module's call,
+the module's call, dynamo's context (which installs its eval-frame hook and restores it) and the
+hook's lookup of the frame's cache: 20-25 us per call on the CPU, as much as a small graph's
+kernels at one request. Once dynamo has compiled ``module.forward``, the frame's cache holds, for
+each compiled variant, the guards it checks and the transformed bytecode that calls the compiled
+graph.
+
+Identity: dynamo runs the frame as the code of a cache entry whose guards pass on the frame's
+locals, with the frame's globals; calling that code as a function of the same arguments, after
+the same guards passed, computes the same thing. A call that no entry's guards accept (another
+dtype, grad mode on, a size a guard pins), an entry that resumes after a graph break (its resume
+functions are compiled frames of their own), a stance other than the default, or a torch without
+these internals goes through ``torch.compile`` as before, which compiles anew where it must.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+from torch import nn
+
+MISS = object()  # what a call returns when no compiled entry accepts it
+
+
+class CompiledFrame:
+    """Runs ``module.forward``'s compiled entries directly; :data:`MISS` when none accepts the
+    call. :meth:`refresh` reads the entries again after dynamo compiled one."""
+
+    __slots__ = ("_module", "_code", "_globals", "_names", "_entries", "_seen")
+
+    def __init__(self, module: nn.Module):
+        function = module.forward.__func__
+        self._module = module
+        self._code = function.__code__
+        self._globals = function.__globals__
+        self._names = self._code.co_varnames[1 : self._code.co_argcount]
+        self._entries: list[tuple[Any, types.FunctionType]] = []
+        self._seen = -1  # entries dynamo held at the last refresh
+
+    def __call__(self, args: tuple) -> Any:
+        if not self._entries or len(args) != len(self._names) or not _default_stance():
+            return MISS
+        frame_locals = dict(zip(self._names, args))
+        frame_locals["self"] = self._module
+        for guards, run in self._entries:
+            if guards.check(frame_locals):
+                return run(self._module, *args)
+        return MISS
+
+    def refresh(self) -> None:
+        """Read the frame's cache entries (after dynamo compiled one); none on a torch whose
+        cache cannot be read so."""
+        try:
+            from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+            cached = _debug_get_cache_entry_list(self._code)
+        except Exception:  # a torch without these internals: every call takes dynamo's path
+            self._entries = []
+            return
+        if len(cached) == self._seen:
+            return
+        self._seen = len(cached)
+        entries = []
+        for entry in cached:
+            code, guards = getattr(entry, "code", None), getattr(entry, "guard_manager", None)
+            if code is None or not callable(getattr(guards, "check", None)) or _resumes(code):
+                continue
+            entries.append((guards, types.FunctionType(code, self._globals, code.co_name)))
+        self._entries = entries
+
+
+def _resumes(code: types.CodeType) -> bool:
+    """True for transformed code that continues after a graph break in resume functions, or that
+    closes over variables a plain function of it would not have."""
+    return bool(code.co_freevars) or any(n.startswith("__resume_at") for n in code.co_names)
+
+
+def _default_stance() -> bool:
+    from torch._dynamo import eval_frame
+
+    stance = getattr(eval_frame, "_stance", None)
+    return stance is None or (stance.stance == "default" and not stance.skip_guard_eval_unsafe)

@@ -1,0 +1,106 @@
+"""A lowered graph's calls after the first run its compiled entry without dynamo's call machinery,
+exactly when one of the entry's guards accepts them (``backend/compiled_frame.py``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import fx, nn
+
+from rocs_compiler.backend.compiled_frame import MISS, CompiledFrame
+from rocs_compiler.backend.lowering import Lowered
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+class _Scorer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.hidden, self.head = nn.Linear(6, 16), nn.Linear(16, 1)
+
+    def forward(self, x, index):
+        return (self.head(torch.relu(self.hidden(x))).index_select(0, index),)
+
+
+def _counted(lowered: Lowered) -> list:
+    """Count the calls that go through ``torch.compile``'s own call."""
+    calls = []
+    for strategy, compiled in list(lowered._compiled.items()):
+        lowered._compiled[strategy] = (
+            lambda compiled: lambda *args: calls.append(1) or compiled(*args)
+        )(compiled)
+    return calls
+
+
+def _inputs(rows: int, candidates: int, dtype=torch.float32, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, 6, generator=g).to(dtype)
+    return x, torch.randint(0, rows, (candidates,), generator=g)
+
+
+def test_calls_after_the_first_run_the_compiled_entry_and_stay_exact():
+    gm = fx.symbolic_trace(_Scorer())
+    lowered = Lowered(gm, use_inductor=True)
+    calls = _counted(lowered)
+    scores = []
+    with torch.no_grad():
+        for rows, candidates in [(3, 17), (4, 40), (2, 9), (5, 3)]:
+            x, index = _inputs(rows, candidates, seed=rows)
+            (got,), (want,) = lowered(x, index), gm(x, index)
+            torch.testing.assert_close(got, want)
+            scores.append(want)
+    assert torch.cat(scores).std() > 100 * 1e-5  # scores differ far more than the tolerance
+    assert calls == [1]  # only the first call went through torch.compile
+    assert lowered._frame._entries
+
+
+def test_a_call_no_guard_accepts_goes_through_dynamo_which_compiles_it():
+    gm = fx.symbolic_trace(_Scorer())
+    lowered = Lowered(gm, use_inductor=True)
+    calls = _counted(lowered)
+    with torch.no_grad():
+        lowered(*_inputs(3, 7))
+        x, index = _inputs(3, 7, dtype=torch.float64)
+        gm.double()  # the guards pin the dtype: a float64 call is not the float32 entry's
+        torch.testing.assert_close(lowered(x, index)[0], gm(x, index)[0])
+        assert len(calls) == 2 and len(lowered._frame._entries) == 2
+        lowered(x, index)  # the float64 entry, compiled by the call before, now accepts it
+    assert len(calls) == 2
+    with torch.enable_grad():  # grad mode is among the guards
+        x.requires_grad_(True)
+        out = lowered(x, index)[0]
+    assert len(calls) == 3 and out.requires_grad
+
+
+def test_a_stance_other_than_the_default_is_dynamos_to_apply():
+    gm = fx.symbolic_trace(_Scorer())
+    lowered = Lowered(gm, use_inductor=True)
+    calls = _counted(lowered)
+    x, index = _inputs(3, 7)
+    with torch.no_grad():
+        lowered(x, index)
+        with torch.compiler.set_stance("force_eager"):
+            torch.testing.assert_close(lowered(x, index)[0], gm(x, index)[0])
+    assert len(calls) == 2
+
+
+class _Broken(nn.Module):
+    def forward(self, x):
+        y = x.sin()
+        torch._dynamo.graph_break()
+        return y.cos()
+
+
+def test_an_entry_that_resumes_after_a_graph_break_is_left_to_dynamo():
+    module = _Broken()
+    compiled = torch.compile(module, backend="eager")
+    x = torch.randn(4)
+    torch.testing.assert_close(compiled(x), x.sin().cos())
+    frame = CompiledFrame(module)
+    frame.refresh()
+    assert frame((x,)) is MISS
