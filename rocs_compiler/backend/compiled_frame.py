@@ -30,7 +30,7 @@ class CompiledFrame:
     """Runs ``module.forward``'s compiled entries directly; :data:`MISS` when none accepts the
     call. :meth:`refresh` reads the entries again after dynamo compiled one."""
 
-    __slots__ = ("_module", "_code", "_globals", "_names", "_entries", "_seen")
+    __slots__ = ("_module", "_code", "_globals", "_names", "_entries")
 
     def __init__(self, module: nn.Module):
         function = module.forward.__func__
@@ -39,7 +39,6 @@ class CompiledFrame:
         self._globals = function.__globals__
         self._names = self._code.co_varnames[1 : self._code.co_argcount]
         self._entries: list[tuple[Any, types.FunctionType]] = []
-        self._seen = -1  # entries dynamo held at the last refresh
 
     def __call__(self, args: tuple) -> Any:
         if not self._entries or len(args) != len(self._names) or not _default_stance():
@@ -61,9 +60,6 @@ class CompiledFrame:
         except Exception:  # a torch without these internals: every call takes dynamo's path
             self._entries = []
             return
-        if len(cached) == self._seen:
-            return
-        self._seen = len(cached)
         entries = []
         for entry in cached:
             code, guards = getattr(entry, "code", None), getattr(entry, "guard_manager", None)

@@ -100,7 +100,8 @@ class Lowered(nn.Module):
                 )
                 self._strategies.clear()
             return out
-        self._succeeded = True
+        if not self._succeeded:
+            self._succeeded = True
         return out
 
     def _prepare(self, strategy: str, args: tuple) -> tuple:
