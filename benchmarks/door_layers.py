@@ -1,0 +1,186 @@
+"""The torch.compile door's time per call, layer by layer (issue #49).
+
+    OMP_NUM_THREADS=1 python benchmarks/door_layers.py [--models dlrm,glm_dcnv2,...]
+        [--sizes 1x270,4x1024] [--rounds 9] [--calls 300]
+
+For each model of ``doors.py`` (the same subjects, ragged batches and hand rewrites), one process,
+one thread, the calling thread's CPU time, medians of ``--rounds`` rounds of ``--calls`` calls,
+the variants interleaved round by round:
+
+- **door, on / off**: ``rocs.shared_call`` of ``torch.compile(model, backend=rocs.backend(...),
+  dynamic=True)``, with the lowered graphs' compiled frame (``backend/compiled_frame.py``) and with
+  it swapped for one that always misses (every call through ``torch.compile``'s own call);
+- **hand**: ``torch.compile(hand rewrite, dynamic=True)`` on the shared layout;
+- **cm**: ``rocs.compile``'s eager call on the shared layout.
+
+Then the door's layers: the user's frame and ``shared_call`` (the subgraph replaced by one that
+returns a cached output), the subgraph alone (called with the arguments dynamo handed it, inside
+the same shared-call state), each *hot* (timed alone) and *cold* (after touching 8 MB, as the
+call's own kernels evict what the next layer reads; the 8 MB pass's own time taken off).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import doors  # noqa: E402
+import rocs_compiler as rocs  # noqa: E402
+from backend_door import _own_frame  # noqa: E402
+from hand_rewrites import CASES  # noqa: E402
+from rocs_compiler.backend.compiled_frame import MISS  # noqa: E402
+from rocs_compiler.backend.lowering import Lowered  # noqa: E402
+from rocs_compiler.backend.subgraph import SHARED_CALL, Subgraph  # noqa: E402
+
+
+class _AlwaysMiss:
+    """A compiled frame that accepts no call: the door as it was before the compiled frame."""
+
+    def __call__(self, args):
+        return MISS
+
+    def refresh(self) -> None:
+        pass
+
+
+def _median_us(call, rounds: int, calls: int) -> float:
+    samples = []
+    for _ in range(rounds):
+        start = time.thread_time()
+        for _ in range(calls):
+            call()
+        samples.append((time.thread_time() - start) / calls * 1e6)
+    return statistics.median(samples)
+
+
+def _interleaved(calls: dict, rounds: int, per_round: int) -> dict:
+    samples = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            samples[name].append(_median_us(call, 1, per_round))
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def _lowered_graphs(backend) -> list[Lowered]:
+    found = [v.runner.graph_module for s in backend.subgraphs for v in s.variants.values()]
+    found += [s.plain for s in backend.subgraphs if isinstance(s.plain, Lowered)]
+    return [g for g in found if isinstance(g, Lowered)]
+
+
+def measure(name: str, requests: int, candidates: int, rounds: int, calls: int) -> dict:
+    s = doors.subject(CASES[name])
+    request_inputs = list(s.case.request_inputs)
+    backend = rocs.backend(request_inputs)
+    door = torch.compile(_own_frame(s.model, s.names, "door"), backend=backend, dynamic=True)
+    hand_names = [*s.names, "candidate_to_request"]
+    hand = torch.compile(_own_frame(s.hand, hand_names, "hand"), dynamic=True)
+    batch = s.case.make_batch(doors.ragged_counts(requests, candidates), seed=7, shuffle=True)
+    inputs = doors.shared(batch)
+
+    def call_door():
+        return rocs.shared_call(door, request_inputs=request_inputs, **inputs)
+
+    with torch.no_grad():
+        for _ in range(3):
+            call_door(), hand(**inputs), s.cm(**inputs)
+        torch.testing.assert_close(call_door(), hand(**inputs), rtol=1e-4, atol=1e-4)
+        lowered = _lowered_graphs(backend)
+        frames = [g._frame for g in lowered]
+
+        def with_frames(on: bool):
+            def call():
+                for graph, frame in zip(lowered, frames):
+                    graph._frame = frame if on else _AlwaysMiss()
+                return call_door()
+
+            return call
+
+        # Switching frames costs the same in both, and far less than a call.
+        times = _interleaved(
+            {"door, off": with_frames(False), "door, on": with_frames(True),
+             "hand": lambda: hand(**inputs), "cm": lambda: s.cm(**inputs)},
+            rounds, calls,
+        )  # fmt: skip
+        for graph, frame in zip(lowered, frames):
+            graph._frame = frame
+        times.update(_layers(backend, call_door, rounds, calls))
+    return times
+
+
+def _layers(backend, call_door, rounds: int, calls: int) -> dict:
+    """The user's frame with ``shared_call``, and the subgraph, hot and cold."""
+    seen = {}
+    real = Subgraph.__call__
+
+    def spy(self, *args):
+        seen.setdefault("subgraph", (self, args, SHARED_CALL.get()))
+        return real(self, *args)
+
+    Subgraph.__call__ = spy
+    try:
+        call_door()
+    finally:
+        Subgraph.__call__ = real
+    subgraph, args, state = seen["subgraph"]
+    cached = real(subgraph, *args)
+
+    def stub(self, *args):
+        SHARED_CALL.get().graphs_shared += 1
+        return cached
+
+    def call_subgraph():
+        token = SHARED_CALL.set(state)
+        try:
+            return subgraph(*args)
+        finally:
+            SHARED_CALL.reset(token)
+
+    evict = torch.zeros(2_000_000)  # 8 MB, past this machine's L2 and most of its L3
+    cold = _median_us(lambda: evict.add_(0.0), rounds, calls)
+    Subgraph.__call__ = stub
+    try:
+        frame_hot = _median_us(call_door, rounds, calls)
+        frame_cold = _median_us(lambda: (evict.add_(0.0), call_door()), rounds, calls) - cold
+    finally:
+        Subgraph.__call__ = real
+    sub_hot = _median_us(call_subgraph, rounds, calls)
+    sub_cold = _median_us(lambda: (evict.add_(0.0), call_subgraph()), rounds, calls) - cold
+    return {"frame hot": frame_hot, "frame cold": frame_cold, "sub hot": sub_hot,
+            "sub cold": sub_cold}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="dlrm,glm_dcnv2,target_attention,history_transformer")
+    parser.add_argument("--sizes", default="1x270,4x1024")
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--calls", type=int, default=300)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    print("| model | R x N | door, off us | door, on us | saved | hand us | cm us | hand / door "
+          "| door / cm | frame + shared_call, hot / cold | subgraph, hot / cold |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name in args.models.split(","):
+        for size in args.sizes.split(","):
+            requests, candidates = map(int, size.split("x"))
+            t = measure(name, requests, candidates, args.rounds, args.calls)
+            off, on = t["door, off"], t["door, on"]
+            print(f"| {name} | {requests} x {candidates} | {off:.0f} | {on:.0f} | {off - on:.0f} "
+                  f"| {t['hand']:.0f} | {t['cm']:.0f} | {t['hand'] / on:.2f} | {on / t['cm']:.2f} "
+                  f"| {t['frame hot']:.0f} / {t['frame cold']:.0f} "
+                  f"| {t['sub hot']:.0f} / {t['sub cold']:.0f} |", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
