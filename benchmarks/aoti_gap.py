@@ -2,7 +2,7 @@
 same package built without the program's in-graph input checks, timed beside both.
 
     OMP_NUM_THREADS=1 python benchmarks/aoti_gap.py [--models dlrm,glm_dcnv2,history_transformer]
-        [--sizes 1x270,4x1024] [--repeats 15]
+        [--sizes 1x270,4x1024] [--repeats 15] [--boxed]
 
 Variants, each an AOTInductor package of the shared-layout program (``doors.py``'s ``aoti``
 door), timed round-robin on one thread, medians of ``--repeats`` rounds, the calling thread's
@@ -15,7 +15,10 @@ CPU time:
   index range, row-count or cap checks), to size what the checks cost.
 
 Every variant's output is compared with the original model's first. ``unchecked`` is a
-measurement, not a product: a shipped program keeps its checks (docs/deploy.md).
+measurement, not a product: a shipped program keeps its checks (docs/deploy.md). ``--boxed``
+times the package's ``loader.boxed_run`` on the flat inputs instead of its Python call (which
+reads its input spec from JSON and flattens the inputs on every call, 20-40 us the same for
+every variant).
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from pathlib import Path
 from unittest import mock
 
 import torch
+import torch.utils._pytree as pytree
+from torch.export._tree_utils import reorder_kwargs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -61,12 +66,25 @@ def packages(s: doors.Subject, where: Path) -> dict:
     return {"hand": load(hand), "rocs": load(ours), "rocs unchecked": load(bare)}
 
 
+def _call(runner, inputs: dict):
+    return lambda: runner(**inputs)
+
+
+def _boxed(runner, inputs: dict):
+    """The package's compiled call on flat inputs, its outputs unflattened as its call does."""
+    in_spec, out_spec = map(pytree.treespec_loads, runner.loader.get_call_spec())
+    flat = pytree.tree_flatten(((), reorder_kwargs(inputs, in_spec)))[0]
+    flat = [x for x in flat if isinstance(x, torch.Tensor)]
+    return lambda: pytree.tree_unflatten(runner.loader.boxed_run(list(flat)), out_spec)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="dlrm,glm_dcnv2,history_transformer")
     parser.add_argument("--sizes", default="1x270,4x1024")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--sample-ms", type=float, default=20.0)
+    parser.add_argument("--boxed", action="store_true", help="time loader.boxed_run")
     args = parser.parse_args()
     torch.set_num_threads(1)
     doors.retain_freed_memory()
@@ -86,7 +104,7 @@ def main() -> None:
             calls = {}
             with torch.no_grad():
                 for variant, runner in runs.items():
-                    call = (lambda r: lambda: r(**inputs))(runner)
+                    call = _boxed(runner, inputs) if args.boxed else _call(runner, inputs)
                     torch.testing.assert_close(call(), want, rtol=1e-4, atol=1e-4)
                     calls[variant] = call
                 times = time_interleaved(calls, args.repeats, args.sample_ms / 1e3, time.thread_time)

@@ -1,7 +1,7 @@
 """The cost model against measured time: every zoo model's predicted milliseconds per call
 (``cm.cost().predict_ms(rocs.calibrate(), R=..., N=..., ...)``) beside the measured ones.
 
-    python benchmarks/cost_model.py [--models din dlrm] [--quick] [--json out.json]
+    python benchmarks/cost_model.py [--models din dlrm] [--quick] [--retain] [--json out.json]
 
 One torch thread, ``torch.no_grad()``. First ``rocs.calibrate()`` (single ops only, no model),
 then the per-call overhead of a compiled model's call path (``Calibration.call_s``, which
@@ -15,6 +15,13 @@ Each cell is warmed up, then timed in interleaved rounds (per round, every cell 
 turn: one untimed call, then calls lasting at least 5 ms), with the thread's CPU time; the table
 gives the medians over rounds.
 ``ratio`` is predicted / measured; the summary counts the cells within 25%.
+
+``--retain``: glibc's malloc keeps freed memory for the whole run, calibration included
+(``allocator.py``, as ``doors.py`` times). By default it serves large blocks with ``mmap`` and
+trims its heap depending on the order of earlier allocations, so a call that allocates tens of
+megabytes faults on fresh pages in one cell and not in the next (DIN at N x L = 102,400 token
+rows: 67 ms in one cell, 106-114 ms in cells of the same sizes): the calibration models the faults
+of blocks past 32 MiB (``mapped_s``), not the allocator's history.
 """
 
 from __future__ import annotations
@@ -31,8 +38,10 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import rocs_compiler as rocs  # noqa: E402
+from allocator import retain_freed_memory  # noqa: E402
 from models_zoo import ZOO, din, hstu, target_attention  # noqa: E402
 
 SIZES = [(r, n) for r in (1, 4, 16) for n in (64, 512, 2048)]
@@ -147,8 +156,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--calibration-seconds", type=float, default=3.0)
     parser.add_argument("--json", type=Path, default=None, help="write cells and calibration")
+    parser.add_argument("--retain", action="store_true", help="malloc keeps freed memory")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.retain and not retain_freed_memory():
+        print("# --retain: this malloc is not glibc's; it runs as it is")
     rounds = args.rounds or (5 if args.quick else 9)
     sizes = QUICK_SIZES if args.quick else SIZES
 

@@ -4,8 +4,8 @@
         [--sizes 1x270,4x1024] [--rounds 9] [--calls 300]
 
 For each model of ``doors.py`` (the same subjects, ragged batches and hand rewrites), one process,
-one thread, the calling thread's CPU time, medians of ``--rounds`` rounds of ``--calls`` calls,
-the variants interleaved round by round:
+one thread, glibc's malloc keeping freed memory (``allocator.py``), the calling thread's CPU time,
+medians of ``--rounds`` rounds of ``--calls`` calls, the variants interleaved round by round:
 
 - **door, on / off**: ``rocs.shared_call`` of ``torch.compile(model, backend=rocs.backend(...),
   dynamic=True)``, with the lowered graphs' compiled frame (``backend/compiled_frame.py``) and with
@@ -168,6 +168,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=300)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    doors.retain_freed_memory()  # as doors.py times: freed memory kept, no page faults per call
     print("| model | R x N | door, off us | door, on us | saved | hand us | cm us | hand / door "
           "| door / cm | frame + shared_call, hot / cold | subgraph, hot / cold |")  # fmt: skip
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")

@@ -50,6 +50,11 @@ class CompiledFrame:
                 return run(self._module, *args)
         return MISS
 
+    def __deepcopy__(self, memo: dict) -> None:
+        """None: a copied module's forward is code of its own, which dynamo compiles at the
+        copy's first call; its owner makes a frame of it then."""
+        return None
+
     def refresh(self) -> None:
         """Read the frame's cache entries (after dynamo compiled one); none on a torch whose
         cache cannot be read so."""

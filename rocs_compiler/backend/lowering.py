@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import traceback
 import warnings
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch import fx, nn
@@ -64,7 +64,7 @@ class Lowered(nn.Module):
             for s in self._strategies
         }
         # Once compiled, calls run the compiled entries without dynamo's call machinery.
-        self._frame = CompiledFrame(self._portable)
+        self._frame: Optional[CompiledFrame] = None
         self._errors: list[str] = []
         self._succeeded = False
 
@@ -83,13 +83,19 @@ class Lowered(nn.Module):
         strategy = self._strategies[0]
         try:
             prepared = self._prepare(strategy, args)
-            out = self._frame(prepared) if self._succeeded else MISS
+            frame = self._frame
+            out = frame(prepared) if frame is not None else MISS
             if out is MISS:
-                out = self._compiled[strategy](*prepared)
-                self._frame.refresh()
+                compiled = self._compiled[strategy]
+                out = compiled(*prepared)
+                if frame is None:
+                    module = getattr(compiled, "_orig_mod", self._portable)
+                    frame = self._frame = CompiledFrame(module)
+                frame.refresh()
         except Exception as err:
             # Bad inputs fail the FX graph too and propagate from here; Inductor is not blamed.
             out = self.gm(*args)
+            self._frame = None  # the next strategy's compile makes its own
             self._errors.append(f"{strategy}: {describe_failure(err)}")
             self._strategies.pop(0)
             if self._succeeded or not self._strategies:

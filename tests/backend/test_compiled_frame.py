@@ -3,6 +3,8 @@ exactly when one of the entry's guards accepts them (``backend/compiled_frame.py
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import fx, nn
@@ -104,3 +106,16 @@ def test_an_entry_that_resumes_after_a_graph_break_is_left_to_dynamo():
     frame = CompiledFrame(module)
     frame.refresh()
     assert frame((x,)) is MISS
+
+
+def test_a_copied_lowered_graph_stays_exact_without_the_original_frame():
+    gm = fx.symbolic_trace(_Scorer())
+    lowered = Lowered(gm, use_inductor=True)
+    x, index = _inputs(3, 7)
+    with torch.no_grad():
+        lowered(x, index)
+        copied = copy.deepcopy(lowered)
+        assert copied._frame is None  # the copy's forward is code of its own
+        for _ in range(2):
+            torch.testing.assert_close(copied(x, index)[0], gm(x, index)[0])
+        assert copied._frame is not lowered._frame and lowered._frame._entries
