@@ -33,11 +33,11 @@ class CompiledFrame:
     __slots__ = ("_module", "_code", "_globals", "_names", "_entries")
 
     def __init__(self, module: nn.Module):
-        function = module.forward.__func__
+        function = getattr(module.forward, "__func__", None)  # a forward that is no method: None
         self._module = module
-        self._code = function.__code__
-        self._globals = function.__globals__
-        self._names = self._code.co_varnames[1 : self._code.co_argcount]
+        self._code = getattr(function, "__code__", None)
+        self._globals = getattr(function, "__globals__", None)
+        self._names = self._code.co_varnames[1 : self._code.co_argcount] if self._code else ()
         self._entries: list[tuple[Any, types.FunctionType]] = []
 
     def __call__(self, args: tuple) -> Any:
@@ -58,6 +58,8 @@ class CompiledFrame:
     def refresh(self) -> None:
         """Read the frame's cache entries (after dynamo compiled one); none on a torch whose
         cache cannot be read so."""
+        if self._code is None:
+            return
         try:
             from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 

@@ -82,7 +82,6 @@ def check_shared_call(
     caps (a history length past a positional table's rows), checked as a count of ones, a
     tensor op of the size (export's range of the size's symbol is lost in ONNX).
     """
-    num_candidates = torch.ones_like(index).sum()
     rows_from = index if request_rows_from is None else leaves[request_rows_from]
     num_requests = rows_from.shape[0]
     in_range = ((index >= 0) & (index < num_requests)).all()
@@ -91,13 +90,11 @@ def check_shared_call(
     if request_rows_from is not None:
         # Only a call with as many request rows as candidates can be replicated rows: the count
         # of each request's candidates (a scatter over N, 2-5% of a small call in AOTInductor)
-        # runs in that case alone, the branch of a ``torch.cond`` on R == N (a symbolic test in
-        # the graph, which no Python comparison specializes).
-        operands = (index, torch.ones(num_requests, dtype=torch.int64, device=index.device))
-        every_request_has_one = torch.cond(
-            num_requests == index.shape[0], _every_request_has_one, _no_count, operands
-        )
-        grouped = every_request_has_one | (num_candidates <= 1)
+        # and of the candidates run in that case alone, the branch of a ``torch.cond`` on R == N
+        # (a symbolic test in the graph, which no Python comparison specializes), where N rows
+        # stand for the R requests: no operand carries R (in ONNX, each op of a check outside
+        # the branch is a node every call runs).
+        grouped = torch.cond(num_requests == index.shape[0], _grouped, _no_count, (index,))
         torch._assert_async(grouped, REPLICATED_MESSAGE)
         passed = passed & grouped
     for name in jagged:
@@ -113,15 +110,17 @@ def check_shared_call(
     return index + _zero_unless_failed(passed, torch.int64, index.device)
 
 
-def _every_request_has_one(index: torch.Tensor, request_ones: torch.Tensor) -> torch.Tensor:
-    """True when every request row has a candidate (``all`` rather than ``min() > 0``: an
-    empty batch, R = N = 0, passes, as in eager)."""
-    safe = index.clamp(0, request_ones.shape[0] - 1)
-    counts = torch.zeros_like(request_ones).index_add(0, safe, torch.ones_like(index))
-    return (counts > 0).all()
+def _grouped(index: torch.Tensor) -> torch.Tensor:
+    """With R = N: True when every request row has a candidate (``all`` rather than
+    ``min() > 0``: an empty batch, R = N = 0, passes, as in eager), or there is at most one
+    candidate."""
+    candidate_ones = torch.ones_like(index)
+    safe = index.clamp(0, index.shape[0] - 1)
+    counts = torch.zeros_like(index).index_add(0, safe, candidate_ones)
+    return (counts > 0).all() | (candidate_ones.sum() <= 1)
 
 
-def _no_count(index: torch.Tensor, request_ones: torch.Tensor) -> torch.Tensor:
+def _no_count(index: torch.Tensor) -> torch.Tensor:
     return torch.ones((), dtype=torch.bool, device=index.device)
 
 

@@ -119,3 +119,11 @@ def test_a_copied_lowered_graph_stays_exact_without_the_original_frame():
         for _ in range(2):
             torch.testing.assert_close(copied(x, index)[0], gm(x, index)[0])
         assert copied._frame is not lowered._frame and lowered._frame._entries
+
+
+def test_a_module_whose_forward_is_no_method_is_left_to_dynamo():
+    module = nn.Module()
+    module.forward = lambda x: x.sin()  # an attribute, not a method of the class
+    frame = CompiledFrame(module)
+    frame.refresh()
+    assert frame((torch.randn(3),)) is MISS

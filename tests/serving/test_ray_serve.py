@@ -324,13 +324,20 @@ def _assert_scores(got, want):
 def test_requests_with_1_7_and_300_candidates_share_one_batch(server, two_tower_model):
     bodies = _two_tower_bodies([1, 7, 300])
     handle = server.handles["two_tower"]
-    before = server.stats("two_tower")["batches"]
-    responses = [handle.score.remote(b) for b in bodies]
-    results = [r.result(timeout_s=TIMEOUT_S) for r in responses]
-    for body, got in zip(bodies, results):
-        _assert_scores(got, H.dense_alone(two_tower_model, body))
-    stats = server.stats("two_tower")
-    assert stats["batches"] - before == 1 and sorted(stats["recent"][-1]) == [1, 7, 300]
+    batches = []
+    # Three tries at most: on a loaded machine the three calls can reach the replica further
+    # apart than its batch wait (100 ms), which splits them; packing must happen in one of them.
+    for _ in range(3):
+        before = server.stats("two_tower")["batches"]
+        responses = [handle.score.remote(b) for b in bodies]
+        results = [r.result(timeout_s=TIMEOUT_S) for r in responses]
+        for body, got in zip(bodies, results):
+            _assert_scores(got, H.dense_alone(two_tower_model, body))
+        stats = server.stats("two_tower")
+        batches.append((stats["batches"] - before, sorted(stats["recent"][-1])))
+        if batches[-1] == (1, [1, 7, 300]):
+            break
+    assert batches[-1] == (1, [1, 7, 300]), batches
 
 
 def test_http_scores_equal_the_model_on_each_request_alone(server, two_tower_model):
