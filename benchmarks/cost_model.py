@@ -38,7 +38,6 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import rocs_compiler as rocs  # noqa: E402
 from allocator import retain_freed_memory  # noqa: E402

@@ -1,11 +1,12 @@
 """The torch.compile door's time per call, layer by layer (issue #49).
 
     OMP_NUM_THREADS=1 python benchmarks/door_layers.py [--models dlrm,glm_dcnv2,...]
-        [--sizes 1x270,4x1024] [--rounds 9] [--calls 300]
+        [--sizes 1x270,4x1024] [--rounds 9] [--sample-ms 100]
 
 For each model of ``doors.py`` (the same subjects, ragged batches and hand rewrites), one process,
 one thread, glibc's malloc keeping freed memory (``allocator.py``), the calling thread's CPU time,
-medians of ``--rounds`` rounds of ``--calls`` calls, the variants interleaved round by round:
+medians of ``--rounds`` rounds of loops of at least ``--sample-ms``, the variants interleaved
+round by round (``regression.time_interleaved``):
 
 - **door, on / off**: ``rocs.shared_call`` of ``torch.compile(model, backend=rocs.backend(...),
   dynamic=True)``, with the lowered graphs' compiled frame (``backend/compiled_frame.py``) and with
@@ -26,7 +27,6 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -39,6 +39,7 @@ import doors  # noqa: E402
 import rocs_compiler as rocs  # noqa: E402
 from backend_door import _own_frame  # noqa: E402
 from hand_rewrites import CASES  # noqa: E402
+from regression import time_interleaved  # noqa: E402
 from rocs_compiler.backend.compiled_frame import MISS  # noqa: E402
 from rocs_compiler.backend.lowering import Lowered  # noqa: E402
 from rocs_compiler.backend.subgraph import SHARED_CALL, Subgraph  # noqa: E402
@@ -54,31 +55,18 @@ class _AlwaysMiss:
         pass
 
 
-def _median_us(call, rounds: int, calls: int) -> float:
-    samples = []
-    for _ in range(rounds):
-        start = time.thread_time()
-        for _ in range(calls):
-            call()
-        samples.append((time.thread_time() - start) / calls * 1e6)
-    return statistics.median(samples)
-
-
-def _interleaved(calls: dict, rounds: int, per_round: int) -> dict:
-    samples = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, call in calls.items():
-            samples[name].append(_median_us(call, 1, per_round))
-    return {name: statistics.median(values) for name, values in samples.items()}
+def _interleaved_us(calls: dict, rounds: int, sample_s: float) -> dict:
+    seconds = time_interleaved(calls, rounds, sample_s, time.thread_time)
+    return {name: value * 1e6 for name, value in seconds.items()}
 
 
 def _lowered_graphs(backend) -> list[Lowered]:
     found = [v.runner.graph_module for s in backend.subgraphs for v in s.variants.values()]
-    found += [s.plain for s in backend.subgraphs if isinstance(s.plain, Lowered)]
+    found += [s.plain for s in backend.subgraphs]
     return [g for g in found if isinstance(g, Lowered)]
 
 
-def measure(name: str, requests: int, candidates: int, rounds: int, calls: int) -> dict:
+def measure(name: str, requests: int, candidates: int, rounds: int, sample_s: float) -> dict:
     s = doors.subject(CASES[name])
     request_inputs = list(s.case.request_inputs)
     backend = rocs.backend(request_inputs)
@@ -107,18 +95,18 @@ def measure(name: str, requests: int, candidates: int, rounds: int, calls: int) 
             return call
 
         # Switching frames costs the same in both, and far less than a call.
-        times = _interleaved(
+        times = _interleaved_us(
             {"door, off": with_frames(False), "door, on": with_frames(True),
              "hand": lambda: hand(**inputs), "cm": lambda: s.cm(**inputs)},
-            rounds, calls,
+            rounds, sample_s,
         )  # fmt: skip
         for graph, frame in zip(lowered, frames):
             graph._frame = frame
-        times.update(_layers(backend, call_door, rounds, calls))
+        times.update(_layers(call_door, rounds, sample_s))
     return times
 
 
-def _layers(backend, call_door, rounds: int, calls: int) -> dict:
+def _layers(call_door, rounds: int, sample_s: float) -> dict:
     """The user's frame with ``shared_call``, and the subgraph, hot and cold."""
     seen = {}
     real = Subgraph.__call__
@@ -147,15 +135,21 @@ def _layers(backend, call_door, rounds: int, calls: int) -> dict:
             SHARED_CALL.reset(token)
 
     evict = torch.zeros(2_000_000)  # 8 MB, past this machine's L2 and most of its L3
-    cold = _median_us(lambda: evict.add_(0.0), rounds, calls)
+
+    def hot_and_cold(call) -> tuple[float, float]:
+        t = _interleaved_us(
+            {"evict": lambda: evict.add_(0.0), "hot": call,
+             "cold": lambda: (evict.add_(0.0), call())},
+            rounds, sample_s,
+        )  # fmt: skip
+        return t["hot"], t["cold"] - t["evict"]
+
     Subgraph.__call__ = stub
     try:
-        frame_hot = _median_us(call_door, rounds, calls)
-        frame_cold = _median_us(lambda: (evict.add_(0.0), call_door()), rounds, calls) - cold
+        frame_hot, frame_cold = hot_and_cold(call_door)
     finally:
         Subgraph.__call__ = real
-    sub_hot = _median_us(call_subgraph, rounds, calls)
-    sub_cold = _median_us(lambda: (evict.add_(0.0), call_subgraph()), rounds, calls) - cold
+    sub_hot, sub_cold = hot_and_cold(call_subgraph)
     return {"frame hot": frame_hot, "frame cold": frame_cold, "sub hot": sub_hot,
             "sub cold": sub_cold}  # fmt: skip
 
@@ -165,7 +159,7 @@ def main() -> None:
     parser.add_argument("--models", default="dlrm,glm_dcnv2,target_attention,history_transformer")
     parser.add_argument("--sizes", default="1x270,4x1024")
     parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--sample-ms", type=float, default=100.0)
     args = parser.parse_args()
     torch.set_num_threads(1)
     doors.retain_freed_memory()  # as doors.py times: freed memory kept, no page faults per call
@@ -175,7 +169,7 @@ def main() -> None:
     for name in args.models.split(","):
         for size in args.sizes.split(","):
             requests, candidates = map(int, size.split("x"))
-            t = measure(name, requests, candidates, args.rounds, args.calls)
+            t = measure(name, requests, candidates, args.rounds, args.sample_ms / 1e3)
             off, on = t["door, off"], t["door, on"]
             print(f"| {name} | {requests} x {candidates} | {off:.0f} | {on:.0f} | {off - on:.0f} "
                   f"| {t['hand']:.0f} | {t['cm']:.0f} | {t['hand'] / on:.2f} | {on / t['cm']:.2f} "
