@@ -46,14 +46,19 @@ SMALL_CELLS = ((1, 16), (4, 64))
 HISTORY, ITEMS = 50, 10_000
 
 
-def _own_frame(model, names: list[str], tag: str):
-    """A function calling ``model(*names)`` with a code object of its own: dynamo keeps its
-    compiled entries per code object, and two ``torch.compile`` wrappers of one model would
-    share one cache, each call checking the other backend's guards first."""
-    source = f"def call({', '.join(names)}):\n    return model({', '.join(names)})\n"
-    namespace = {"model": model}
+def _own_frame(model, names: list[str], tag: str) -> torch.nn.Module:
+    """A module calling ``model(*names)`` whose ``forward`` is a code object of its own: dynamo
+    keeps its compiled entries per code object, and two ``torch.compile`` wrappers of one model
+    would share one cache, each call checking the other backend's guards first. A module, as
+    users compile one: ``torch.compile`` of it is an optimized module (which
+    ``rocs.shared_call`` calls through its compiled frame, ``backend/user_frame.py``)."""
+    source = f"def forward(self, {', '.join(names)}):\n    return self.model({', '.join(names)})\n"
+    namespace: dict = {}
     exec(compile(source, f"<{tag}>", "exec"), namespace)
-    return namespace["call"]
+    cls = type(f"OwnFrame_{abs(hash(tag))}", (torch.nn.Module,), {"forward": namespace["forward"]})
+    module = cls()
+    module.model = model
+    return module
 
 
 def _ranker_batch(requests: int, per_request: int, seed: int = 0) -> dict:

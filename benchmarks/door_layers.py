@@ -9,8 +9,11 @@ medians of ``--rounds`` rounds of loops of at least ``--sample-ms``, the variant
 round by round (``regression.time_interleaved``):
 
 - **door, on / off**: ``rocs.shared_call`` of ``torch.compile(model, backend=rocs.backend(...),
-  dynamic=True)``, with the lowered graphs' compiled frame (``backend/compiled_frame.py``) and with
-  it swapped for one that always misses (every call through ``torch.compile``'s own call);
+  dynamic=True)``, with the compiled frames of the lowered graphs (``backend/compiled_frame.py``)
+  and of the user's model (``backend/user_frame.py``), and with both swapped for ones that always
+  miss (every call through ``torch.compile``'s own call);
+- **door, baked**: a second door of the same model compiled with its floats passed as tensors and
+  baked into the rewrite (``backend/specialized_floats.py`` off), frames on;
 - **hand**: ``torch.compile(hand rewrite, dynamic=True)`` on the shared layout;
 - **cm**: ``rocs.compile``'s eager call on the shared layout.
 
@@ -40,9 +43,11 @@ import rocs_compiler as rocs  # noqa: E402
 from backend_door import _own_frame  # noqa: E402
 from hand_rewrites import CASES  # noqa: E402
 from regression import time_interleaved  # noqa: E402
+from rocs_compiler.backend import door as door_module, graph_compiler  # noqa: E402
 from rocs_compiler.backend.compiled_frame import MISS  # noqa: E402
 from rocs_compiler.backend.lowering import Lowered  # noqa: E402
 from rocs_compiler.backend.subgraph import SHARED_CALL, Subgraph  # noqa: E402
+from rocs_compiler.backend.user_frame import call_compiled  # noqa: E402
 
 
 class _AlwaysMiss:
@@ -66,6 +71,29 @@ def _lowered_graphs(backend) -> list[Lowered]:
     return [g for g in found if isinstance(g, Lowered)]
 
 
+def _through_torch_compile(compiled, args: tuple, kwargs: dict):
+    return compiled(*args, **kwargs)
+
+
+def _baked_door(s, request_inputs: list, inputs: dict):
+    """A door of ``s.model`` whose floats reach the rewrite as tensors, baked and compared."""
+    door = torch.compile(
+        _own_frame(s.model, s.names, "door, baked"), backend=rocs.backend(request_inputs),
+        dynamic=True,
+    )  # fmt: skip
+    specialize, graph_compiler.specialize_floats = graph_compiler.specialize_floats, _no_floats
+    try:
+        for _ in range(3):  # dynamo traces the frame at the first call
+            rocs.shared_call(door, request_inputs=request_inputs, **inputs)
+    finally:
+        graph_compiler.specialize_floats = specialize
+    return lambda: rocs.shared_call(door, request_inputs=request_inputs, **inputs)
+
+
+def _no_floats(gm) -> None:
+    pass
+
+
 def measure(name: str, requests: int, candidates: int, rounds: int, sample_s: float) -> dict:
     s = doors.subject(CASES[name])
     request_inputs = list(s.case.request_inputs)
@@ -83,25 +111,30 @@ def measure(name: str, requests: int, candidates: int, rounds: int, sample_s: fl
         for _ in range(3):
             call_door(), hand(**inputs), s.cm(**inputs)
         torch.testing.assert_close(call_door(), hand(**inputs), rtol=1e-4, atol=1e-4)
+        baked = _baked_door(s, request_inputs, inputs)
+        torch.testing.assert_close(baked(), hand(**inputs), rtol=1e-4, atol=1e-4)
         lowered = _lowered_graphs(backend)
         frames = [g._frame for g in lowered]
 
-        def with_frames(on: bool):
-            def call():
+        def with_frames(on: bool, call=call_door):
+            def switched():
                 for graph, frame in zip(lowered, frames):
                     graph._frame = frame if on else _AlwaysMiss()
-                return call_door()
+                door_module.call_compiled = call_compiled if on else _through_torch_compile
+                return call()
 
-            return call
+            return switched
 
-        # Switching frames costs the same in both, and far less than a call.
+        # Switching frames costs the same in each, and far less than a call.
         times = _interleaved_us(
             {"door, off": with_frames(False), "door, on": with_frames(True),
+             "door, baked": with_frames(True, baked),
              "hand": lambda: hand(**inputs), "cm": lambda: s.cm(**inputs)},
             rounds, sample_s,
         )  # fmt: skip
         for graph, frame in zip(lowered, frames):
             graph._frame = frame
+        door_module.call_compiled = call_compiled
         times.update(_layers(call_door, rounds, sample_s))
     return times
 
@@ -163,15 +196,16 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     doors.retain_freed_memory()  # as doors.py times: freed memory kept, no page faults per call
-    print("| model | R x N | door, off us | door, on us | saved | hand us | cm us | hand / door "
-          "| door / cm | frame + shared_call, hot / cold | subgraph, hot / cold |")  # fmt: skip
+    print("| model | R x N | door, off us | door, baked us | door, on us | hand us | cm us "
+          "| hand / door | door / cm | frame + shared_call, hot / cold "
+          "| subgraph, hot / cold |")  # fmt: skip
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in args.models.split(","):
         for size in args.sizes.split(","):
             requests, candidates = map(int, size.split("x"))
             t = measure(name, requests, candidates, args.rounds, args.sample_ms / 1e3)
-            off, on = t["door, off"], t["door, on"]
-            print(f"| {name} | {requests} x {candidates} | {off:.0f} | {on:.0f} | {off - on:.0f} "
+            off, on, baked = t["door, off"], t["door, on"], t["door, baked"]
+            print(f"| {name} | {requests} x {candidates} | {off:.0f} | {baked:.0f} | {on:.0f} "
                   f"| {t['hand']:.0f} | {t['cm']:.0f} | {t['hand'] / on:.2f} | {on / t['cm']:.2f} "
                   f"| {t['frame hot']:.0f} / {t['frame cold']:.0f} "
                   f"| {t['sub hot']:.0f} / {t['sub cold']:.0f} |", flush=True)  # fmt: skip

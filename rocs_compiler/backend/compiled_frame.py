@@ -18,26 +18,37 @@ these internals goes through ``torch.compile`` as before, which compiles anew wh
 
 from __future__ import annotations
 
+import inspect
 import types
 from typing import Any
 
 from torch import nn
 
 MISS = object()  # what a call returns when no compiled entry accepts it
+_VARIADIC = inspect.CO_VARARGS | inspect.CO_VARKEYWORDS
 
 
 class CompiledFrame:
     """Runs ``module.forward``'s compiled entries directly; :data:`MISS` when none accepts the
     call. :meth:`refresh` reads the entries again after dynamo compiled one."""
 
-    __slots__ = ("_module", "_code", "_globals", "_names", "_entries")
+    __slots__ = ("_module", "_code", "_globals", "_names", "_defaults", "_backend", "_entries")
 
-    def __init__(self, module: nn.Module):
+    def __init__(self, module: nn.Module, backend: Any = None):
+        """``backend``: run only the entries that backend compiled (None: any). The forward's
+        code is its class's, shared by every instance and by every ``torch.compile`` of one,
+        and an entry's guards do not tell the instances apart."""
         function = getattr(module.forward, "__func__", None)  # a forward that is no method: None
+        code = getattr(function, "__code__", None)
+        if code is not None and (code.co_flags & _VARIADIC or code.co_kwonlyargcount):
+            code = None  # ``*args``, ``**kwargs`` or keyword-only parameters: dynamo runs it
         self._module = module
-        self._code = getattr(function, "__code__", None)
+        self._code = code
         self._globals = getattr(function, "__globals__", None)
-        self._names = self._code.co_varnames[1 : self._code.co_argcount] if self._code else ()
+        self._names = code.co_varnames[1 : code.co_argcount] if code else ()
+        defaults = (getattr(function, "__defaults__", None) or ()) if code else ()
+        self._defaults = dict(zip(self._names[len(self._names) - len(defaults) :], defaults))
+        self._backend = backend
         self._entries: list[tuple[Any, types.FunctionType]] = []
 
     def __call__(self, args: tuple) -> Any:
@@ -49,6 +60,15 @@ class CompiledFrame:
             if guards.check(frame_locals):
                 return run(self._module, *args)
         return MISS
+
+    def call(self, args: tuple, kwargs: dict) -> Any:
+        """:meth:`__call__` with arguments by position and by name, defaults filled in."""
+        if not self._entries or len(args) > len(self._names):
+            return MISS
+        bound = {**self._defaults, **dict(zip(self._names, args)), **kwargs}
+        if len(bound) != len(self._names) or not all(n in bound for n in self._names):
+            return MISS  # a name forward does not take, or a parameter left without a value
+        return self(tuple(bound[n] for n in self._names))
 
     def __deepcopy__(self, memo: dict) -> None:
         """None: a copied module's forward is code of its own, which dynamo compiles at the
@@ -72,6 +92,8 @@ class CompiledFrame:
             code, guards = getattr(entry, "code", None), getattr(entry, "guard_manager", None)
             if code is None or not callable(getattr(guards, "check", None)) or _resumes(code):
                 continue
+            if self._backend is not None and getattr(entry, "backend", None) is not self._backend:
+                continue
             entries.append((guards, types.FunctionType(code, self._globals, code.co_name)))
         self._entries = entries
 
@@ -83,7 +105,9 @@ def _resumes(code: types.CodeType) -> bool:
 
 
 def _default_stance() -> bool:
-    from torch._dynamo import eval_frame
+    from torch._dynamo import config, eval_frame
 
     stance = getattr(eval_frame, "_stance", None)
+    if getattr(config, "disable", False):
+        return False
     return stance is None or (stance.stance == "default" and not stance.skip_guard_eval_unsafe)

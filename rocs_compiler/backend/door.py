@@ -58,6 +58,7 @@ from ..options import BackendOptions
 from .graph_compiler import RocsBackend
 from .request_names import request_covers
 from .subgraph import SHARED_CALL, SharedCall
+from .user_frame import call_compiled
 
 __all__ = ["RocsBackend", "backend", "rocs_backend", "shared_call"]
 
@@ -147,7 +148,7 @@ def shared_call(
     state = SharedCall(index, {n: leaves[n] for n in requests}, replicated)
     token = SHARED_CALL.set(state)
     try:
-        out = compiled(*call_args, **call_kwargs)
+        out = call_compiled(compiled, call_args, call_kwargs)
     finally:
         SHARED_CALL.reset(token)
     if not state.graphs_shared:

@@ -86,10 +86,11 @@ def classify(node: fx.Node) -> Slot:
     if source is None:
         return Slot("unsupported", label)
     if getattr(grapharg, "pass_arg_as_tensor", False):
-        # A Python float/int that dynamo passes as a 0-d tensor (unspecialized scalars under
-        # dynamic shapes), or a NumPy array it passes as a tensor made by ``from_numpy`` at every
-        # call (a new tensor each time, so neither identity nor ``_version`` tracks it). Its value
-        # is baked into the rewritten graph and compared at every call.
+        # A Python float/int that dynamo passes as a 0-d tensor (an unspecialized scalar under
+        # dynamic shapes that ``specialized_floats.py`` could not make a constant), or a NumPy
+        # array it passes as a tensor made by ``from_numpy`` at every call (a new tensor each
+        # time, so neither identity nor ``_version`` tracks it). Its value is baked into the
+        # rewritten graph and compared at every call.
         return Slot("value", label)
     if isinstance(source, S.TensorPropertySource):
         path = _path_of(source.base)

@@ -1,9 +1,10 @@
 """The backend object: :class:`RocsBackend`, which dynamo calls with each graph it traces.
 
-For each graph it names the placeholders (``dynamo_graph.py``), decides whether the graph can
-share anything (a request input reaches it, dynamo did not specialize it to one row, its
-rewrite did not share nothing before) and returns a :class:`~.subgraph.Subgraph`, which
-compiles at its first call, or the graph lowered plainly.
+For each graph it first has dynamo trace the frame again with the floats it would pass as tensors
+read as constants (``specialized_floats.py``), then names the placeholders (``dynamo_graph.py``),
+decides whether the graph can share anything (a request input reaches it, dynamo did not
+specialize it to one row, its rewrite did not share nothing before) and returns a
+:class:`~.subgraph.Subgraph`, which compiles at its first call, or the graph lowered plainly.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from ..errors import InputError, OptionsError
 from ..options import BackendOptions
 from .lowering import lower_plain
 from .request_names import request_covers, unknown_request_names, without_kjt_keys
+from .specialized_floats import specialize_floats
 from .subgraph import Subgraph, symbolic_dims_of
 from .unshared import UNSHARED, frame_code
 
@@ -57,6 +59,7 @@ class RocsBackend:
         return f"RocsBackend(request_inputs={self.request_inputs!r}, options={self.options!r})"
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any], **_: Any) -> Callable:
+        specialize_floats(gm)  # dynamo traces the frame again with its floats as constants
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         slots = [classify(n) for n in placeholders]
         inputs = [s.name for s in slots if s.kind == "input"]

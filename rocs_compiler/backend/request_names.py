@@ -69,20 +69,29 @@ def unknown_request_names(requested: list[str], present: list[str]) -> tuple[Opt
         f"unknown request input(s) {', '.join(map(repr, unknown))}; the compiled function "
         f"{code.co_name}() takes: {', '.join(arguments)}"
     )
-    return message, _called_by_user_code()
+    return message, _nested(code)
 
 
-def _called_by_user_code() -> bool:
-    """True when the frame dynamo is compiling was called from outside torch: by the user's own
-    function after a graph break, rather than by ``torch.compile``'s wrapper. That caller is the
-    frame below dynamo's frame-conversion callback on the Python stack."""
+def _nested(code) -> bool:
+    """True when the frame dynamo is compiling (of ``code``) is not the one the user compiled:
+    called from outside torch (by the user's own function after a graph break), or a module hook
+    (called by the module's ``_call_impl``, which calls the compiled ``forward`` too). That
+    caller is the frame below dynamo's frame-conversion callback on the Python stack."""
     frame, caller = inspect.currentframe(), None
     while frame is not None:
         if frame.f_code.co_filename.endswith(_CONVERT_FRAME):
             caller = frame.f_back
         frame = frame.f_back
-    return caller is not None and not caller.f_code.co_filename.startswith(_TORCH_DIR)
+    if caller is None:
+        return False
+    if not caller.f_code.co_filename.startswith(_TORCH_DIR):
+        return True
+    if not caller.f_code.co_filename.endswith(_MODULE_CALL):
+        return False
+    forward = caller.f_locals.get("forward_call")  # ``_call_impl``'s, or its hooks' ``inner``'s
+    return forward is not None and getattr(forward, "__code__", None) is not code
 
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _CONVERT_FRAME = os.path.join("_dynamo", "convert_frame.py")
+_MODULE_CALL = os.path.join("nn", "modules", "module.py")

@@ -20,7 +20,7 @@ TOLERANCE = 1e-4
 class _Ranker(nn.Module):
     """A user tower and a history at request rows, an item tower, a mixing matrix computed from a
     parameter alone (a constant rocs folds once per weight version), and a float scale read in
-    forward (dynamo hands it to the graph as a tensor, which rocs bakes and compares per call)."""
+    forward (traced as a constant dynamo guards: a changed one compiles anew)."""
 
     def __init__(self):
         super().__init__()

@@ -1,0 +1,74 @@
+"""The user's model, compiled by dynamo with the rocs backend, called from :func:`shared_call`
+without ``torch.compile``'s call machinery: :func:`call_compiled`.
+
+``torch.compile(model)(**inputs)`` runs the optimized module's call, the model's ``_call_impl``
+(which runs its hooks), dynamo's context (which installs the eval-frame hook and restores it) and
+the hook's lookup of ``forward``'s cache: 20-40 us on the CPU before the first guard is checked.
+``shared_call`` makes every call of a served model, so it keeps a :class:`CompiledFrame` of the
+model's ``forward`` restricted to the entries the optimized module's own backend compiled (the
+rocs backend; the code is the model class's, which other compiles may have cached entries on).
+
+Identity: without hooks, ``_call_impl`` calls ``forward`` and nothing else, and dynamo runs
+``forward`` as the code of a cache entry whose guards pass on its locals (``compiled_frame.py``),
+so running that code after the same guards passed computes what ``compiled(**inputs)`` computes.
+A model with hooks, a global module hook, a call no entry accepts, or a stance other than the
+default goes through ``compiled(...)`` as before.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable
+
+from torch import nn
+
+from .compiled_frame import MISS, CompiledFrame
+
+_FRAMES: "weakref.WeakKeyDictionary[nn.Module, CompiledFrame]" = weakref.WeakKeyDictionary()
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+def call_compiled(compiled: Callable, args: tuple, kwargs: dict) -> Any:
+    """``compiled(*args, **kwargs)``, through its rocs-compiled ``forward`` entries where one
+    accepts the call."""
+    frame = _FRAMES.get(compiled) if isinstance(compiled, nn.Module) else None
+    if frame is not None and not _hooked(compiled):
+        out = frame.call(args, kwargs)
+        if out is not MISS:
+            return out
+    out = compiled(*args, **kwargs)
+    if frame is None:
+        frame = _frame_of(compiled)
+    if frame is not None:
+        frame.refresh()  # dynamo may have compiled an entry for this call
+    return out
+
+
+def _frame_of(compiled: Callable):
+    """A compiled frame of the model behind ``compiled``, for the entries its own backend
+    compiles; None for anything but an optimized module (a function ``torch.compile`` wraps)."""
+    from torch._dynamo.eval_frame import OptimizedModule, innermost_backend
+
+    if not isinstance(compiled, OptimizedModule):
+        return None
+    callback = getattr(compiled.dynamo_ctx, "callback", None)
+    backend = innermost_backend(callback) if callback is not None else None
+    if backend is None:
+        return None
+    frame = CompiledFrame(compiled._orig_mod, backend)
+    try:
+        _FRAMES[compiled] = frame
+    except TypeError:
+        return None
+    return frame
+
+
+def _hooked(compiled: nn.Module) -> bool:
+    from torch.nn.modules.module import _has_any_global_hook
+
+    module = compiled._orig_mod
+    return (
+        _has_any_global_hook()
+        or any(getattr(module, h) for h in _HOOKS)
+        or any(getattr(compiled, h) for h in _HOOKS)
+    )

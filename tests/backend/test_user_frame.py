@@ -1,0 +1,153 @@
+"""``rocs.shared_call`` of a model compiled with the rocs backend: after the first call, the model's
+compiled ``forward`` runs without ``torch.compile``'s call machinery wherever its guards accept the
+call (``backend/user_frame.py``), and the floats dynamo would pass as tensors are traced as
+constants (``backend/specialized_floats.py``); both stay exact."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import rocs_compiler as rocs
+from rocs_compiler.backend import specialized_floats, user_frame
+from models_zoo import request_index
+
+TOLERANCE = 1e-4
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+class _Ranker(nn.Module):
+    """A user tower and an item embedding, a float scale and a dropout read in forward (dynamo
+    would pass both floats to the graph as tensors under ``dynamic=True``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.user = nn.Sequential(nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, 16))
+        self.items = nn.Embedding(300, 16)
+        self.head = nn.Linear(32, 1)
+        self.drop = nn.Dropout(0.2)
+        self.scale = 3.0
+
+    def forward(self, user_dense, item_id):
+        user = self.drop(self.user(user_dense))
+        both = torch.cat([user, self.items(item_id) * user], -1)
+        return self.scale * self.head(both).squeeze(-1)
+
+
+def _batch(counts, seed):
+    g = torch.Generator().manual_seed(seed)
+    index = request_index(counts)
+    index = index[torch.randperm(len(index), generator=g)]
+    shared = {
+        "user_dense": torch.randn(len(counts), 12, generator=g),
+        "item_id": torch.randint(0, 300, (len(index),), generator=g),
+    }
+    return shared, {**shared, "user_dense": shared["user_dense"][index]}, index
+
+
+def _compiled(model, backend=None):
+    backend = backend or rocs.backend(["user_dense"], inductor=False)
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    calls = []
+    through_dynamo = compiled.forward  # the optimized module's call into dynamo's context
+    compiled.forward = lambda *a, **k: calls.append(1) or through_dynamo(*a, **k)
+    return backend, compiled, calls
+
+
+def _check(model, compiled, counts, seed, allowed: str = "$^"):
+    shared, replicated, index = _batch(counts, seed)
+    want = model(**replicated)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # warns when no graph shared anything
+        warnings.filterwarnings("ignore", allowed, UserWarning)
+        got = rocs.shared_call(compiled, **shared, candidate_to_request=index)
+    torch.testing.assert_close(got, want, rtol=TOLERANCE, atol=TOLERANCE)
+    assert want.std() > 100 * TOLERANCE, "outputs too flat to tell a wrong answer"
+
+
+def test_shared_calls_after_the_first_run_the_compiled_forward_and_stay_exact():
+    torch.manual_seed(0)
+    model = _Ranker().eval()
+    _, compiled, calls = _compiled(model)
+    with torch.no_grad():
+        for seed, counts in enumerate([[3, 1, 5], [7], [2, 9, 1, 4], [1, 2], [30, 2, 11]]):
+            _check(model, compiled, counts, seed)
+    assert calls == [1], "a call after the first went through torch.compile's call"
+
+
+def test_floats_are_traced_as_constants_and_a_changed_one_compiles_anew():
+    torch.manual_seed(1)
+    model = _Ranker().eval()
+    backend, compiled, calls = _compiled(model)
+    with torch.no_grad():
+        _check(model, compiled, [3, 4], seed=1)
+        (subgraph,) = backend.subgraphs
+        assert subgraph.values == [], "a float reached the graph as a tensor"
+        assert not [s for s in subgraph.slots if s.kind == "value"]
+        model.scale = -0.5  # fails dynamo's guard on the constant: a new trace
+        _check(model, compiled, [2, 6, 1], seed=2)
+        _check(model, compiled, [4, 1], seed=3)
+    assert len(backend.subgraphs) == 2 and len(calls) == 2
+    assert not specialized_floats._OURS, "the names asked of dynamo outlived their trace"
+
+
+def test_a_model_with_hooks_is_called_through_torch_compile_and_runs_them():
+    torch.manual_seed(2)
+    model = _Ranker().eval()
+    _, compiled, calls = _compiled(model)
+    with torch.no_grad():
+        _check(model, compiled, [3, 1], seed=4)
+        handle = model.register_forward_hook(lambda module, args, out: out * 2.0)
+        try:
+            # The hook is a frame of its own, which takes no request input: it runs unshared.
+            for seed, counts in enumerate([[2, 5], [4, 4, 1]]):
+                _check(model, compiled, counts, 5 + seed, allowed="rocs: unknown request input")
+        finally:
+            handle.remove()
+        _check(model, compiled, [6], seed=9)
+    assert len(calls) == 3  # the two hooked calls, then the first, not the last
+
+
+def test_entries_another_backend_compiled_for_the_same_forward_are_not_run():
+    torch.manual_seed(3)
+    other, model = _Ranker().eval(), _Ranker().eval()
+    seen = []
+
+    def eager_backend(gm, example_inputs):
+        seen.append(gm)
+        return gm.forward
+
+    with torch.no_grad():
+        shared, replicated, index = _batch([3, 2], seed=10)
+        plain = torch.compile(other, backend=eager_backend, dynamic=True)
+        torch.testing.assert_close(plain(**replicated), other(**replicated))
+        # Both compiles cache entries on the class's one ``forward`` code, whose guards accept
+        # either instance; a shared call must run only the rocs backend's (else it warns).
+        _, compiled, calls = _compiled(model)
+        for seed, counts in enumerate([[3, 2], [5, 1, 1], [8]]):
+            _check(model, compiled, counts, seed=11 + seed)
+    frame = user_frame._FRAMES[compiled]
+    assert len(frame._entries) == 1 and calls == [1]
+
+
+def test_a_call_in_grad_mode_goes_through_dynamo_and_stays_exact():
+    torch.manual_seed(4)
+    model = _Ranker().eval()
+    _, compiled, calls = _compiled(model)
+    with torch.no_grad():
+        _check(model, compiled, [3, 5], seed=20)
+    shared, replicated, index = _batch([2, 4], seed=21)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # rocs compiles for inference: it says so
+        out = rocs.shared_call(compiled, **shared, candidate_to_request=index)
+    torch.testing.assert_close(out, model(**replicated), rtol=TOLERANCE, atol=TOLERANCE)
+    assert len(calls) == 2, "grad mode is among the guards: its call is dynamo's to compile"
