@@ -32,7 +32,9 @@ class CompiledFrame:
     """Runs ``module.forward``'s compiled entries directly; :data:`MISS` when none accepts the
     call. :meth:`refresh` reads the entries again after dynamo compiled one."""
 
-    __slots__ = ("_module", "_code", "_globals", "_names", "_defaults", "_backend", "_entries")
+    __slots__ = (
+        "_module", "_code", "_globals", "_names", "_defaults", "_backend", "_entries", "_misses",
+    )  # fmt: skip
 
     def __init__(self, module: nn.Module, backend: Any = None):
         """``backend``: run only the entries that backend compiled (None: any). The forward's
@@ -50,6 +52,7 @@ class CompiledFrame:
         self._defaults = dict(zip(self._names[len(self._names) - len(defaults) :], defaults))
         self._backend = backend
         self._entries: list[tuple[Any, types.FunctionType]] = []
+        self._misses = 0  # calls in a row that no entry accepted
 
     def __call__(self, args: tuple) -> Any:
         if not self._entries or len(args) != len(self._names) or not _default_stance():
@@ -58,6 +61,7 @@ class CompiledFrame:
         frame_locals["self"] = self._module
         for guards, run in self._entries:
             if guards.check(frame_locals):
+                self._misses = 0
                 return run(self._module, *args)
         return MISS
 
@@ -74,6 +78,14 @@ class CompiledFrame:
         """None: a copied module's forward is code of its own, which dynamo compiles at the
         copy's first call; its owner makes a frame of it then."""
         return None
+
+    def missed(self) -> None:
+        """After a call no entry accepted, which dynamo ran (compiling an entry where it could):
+        :meth:`refresh` at the 1st, 2nd, 4th, 8th... such call in a row, so that a frame whose
+        entries never accept (resume functions after a graph break) reads its cache rarely."""
+        self._misses += 1
+        if not self._misses & (self._misses - 1):
+            self.refresh()
 
     def refresh(self) -> None:
         """Read the frame's cache entries (after dynamo compiled one); none on a torch whose

@@ -91,7 +91,7 @@ class Lowered(nn.Module):
                 if frame is None:
                     module = getattr(compiled, "_orig_mod", self._portable)
                     frame = self._frame = CompiledFrame(module)
-                frame.refresh()
+                frame.missed()
         except Exception as err:
             # Bad inputs fail the FX graph too and propagate from here; Inductor is not blamed.
             out = self.gm(*args)

@@ -40,7 +40,7 @@ def call_compiled(compiled: Callable, args: tuple, kwargs: dict) -> Any:
     if frame is None:
         frame = _frame_of(compiled)
     if frame is not None:
-        frame.refresh()  # dynamo may have compiled an entry for this call
+        frame.missed()  # dynamo may have compiled an entry for this call
     return out
 
 

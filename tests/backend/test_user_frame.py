@@ -151,3 +151,26 @@ def test_a_call_in_grad_mode_goes_through_dynamo_and_stays_exact():
         out = rocs.shared_call(compiled, **shared, candidate_to_request=index)
     torch.testing.assert_close(out, model(**replicated), rtol=TOLERANCE, atol=TOLERANCE)
     assert len(calls) == 2, "grad mode is among the guards: its call is dynamo's to compile"
+
+
+class _Breaking(_Ranker):
+    def forward(self, user_dense, item_id):
+        user = self.user(user_dense)
+        torch._dynamo.graph_break()
+        return self.head(torch.cat([user, self.items(item_id) * user], -1)).squeeze(-1)
+
+
+def test_a_forward_with_a_graph_break_is_dynamos_to_run_and_its_cache_is_read_rarely(monkeypatch):
+    torch.manual_seed(5)
+    model = _Breaking().eval()
+    _, compiled, calls = _compiled(model)
+    reads = []
+    refresh = user_frame.CompiledFrame.refresh
+    monkeypatch.setattr(
+        user_frame.CompiledFrame, "refresh", lambda self: reads.append(1) or refresh(self)
+    )
+    with torch.no_grad():
+        for seed in range(16):
+            _check(model, compiled, [3, 1 + seed % 4], seed=30 + seed)
+    assert len(calls) == 16, "an entry that resumes after a graph break was run directly"
+    assert len(reads) == 5  # at the 1st, 2nd, 4th, 8th and 16th miss in a row
