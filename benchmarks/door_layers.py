@@ -56,7 +56,7 @@ class _AlwaysMiss:
     def __call__(self, args):
         return MISS
 
-    def refresh(self) -> None:
+    def missed(self) -> None:
         pass
 
 
