@@ -130,6 +130,27 @@ def op_counts(target: Any, args: tuple, kwargs: dict, out: Any, flops: Any) -> d
     return counts
 
 
+# Ops whose cost per count depends on a non-tensor argument: schema name -> the variant a call's
+# arguments name, or "" for the op's plain form. A variant has rates of its own in a calibration
+# that measured it (``Calibration.rates`` falls back to the op's, then to its family's).
+_VARIANTS = {
+    # ``(weight, indices, mode, padding_idx)``: a mean divides each bag by its count, and with a
+    # padding index ATen drops the padded entries one by one; either costs 2-3x a plain sum.
+    "rocs::embedding_bag_rows": lambda args: ",".join(
+        name for name, on in (("mean", args[2] == 1), ("padded", args[3] is not None)) if on
+    ),
+}
+
+
+def op_key(target: Any, args: tuple) -> str:
+    """The name a calibration keys ``target``'s rates by for a call on ``args``: its schema name,
+    with the variant in brackets for an op of :data:`_VARIANTS`
+    (``rocs::embedding_bag_rows[mean]``)."""
+    name = target._schema.name
+    variant = _VARIANTS[name](args) if name in _VARIANTS else ""
+    return f"{name}[{variant}]" if variant else name
+
+
 def _positive(x: Any) -> Any:
     return sympy.Max(0, x) if isinstance(x, sympy.Basic) else max(0.0, x)
 
@@ -177,8 +198,8 @@ class Counts:
 
 @dataclass(frozen=True)
 class OpTerm:
-    """One launched op of the graph: its node, family, op (schema name) and ``{count:
-    expression}`` for :data:`ALL_COUNTS`."""
+    """One launched op of the graph: its node, family, op (schema name, with its variant:
+    :func:`op_key`) and ``{count: expression}`` for :data:`ALL_COUNTS`."""
 
     node: str
     family: str
@@ -385,6 +406,6 @@ def call_cost(
                 if node.name in in_place:
                     counts["allocated"] = 0
                 counts = {c: sizes.expr(v) for c, v in counts.items()}
-                terms.append(OpTerm(node.name, family, node.target._schema.name, counts))
+                terms.append(OpTerm(node.name, family, op_key(node.target, args), counts))
     example = {symbol: hints[symbol] for symbol in of_length.values()}
     return CallCost(tuple(terms), R, N, lengths, example)

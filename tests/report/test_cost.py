@@ -140,6 +140,8 @@ def test_a_short_calibration_round_trips_through_json_and_predicts_more_for_more
     assert json.loads(calibration.to_json())["threads"] == 1
     assert torch.get_num_threads() == 1  # the calling process's count, restored
     assert {"gemm", "gather", "memory", "view"} <= set(calibration.families)
+    bags = {f"rocs::embedding_bag_rows{v}" for v in ("", "[mean]", "[padded]", "[mean,padded]")}
+    assert bags <= set(calibration.ops)  # each variant of the bag measured by itself
     numbers = [calibration.launch_s, calibration.spill_s, calibration.fresh_s,
                calibration.cold_row_s, calibration.mapped_s]  # fmt: skip
     for rates in [*calibration.families.values(), *calibration.ops.values()]:
@@ -167,3 +169,34 @@ def test_cost_symbols_are_plain_sympy_symbols(dlrm_model):
     cost = dlrm_model.cost()
     assert isinstance(cost.R, sympy.Symbol) and str(cost.R) == "R"
     assert isinstance(cost.N, sympy.Symbol) and str(cost.N) == "N"
+
+
+class _MeanBag(torch.nn.Module):
+    """A user history pooled by a mean bag with a padding index, and an item tower."""
+
+    def __init__(self):
+        super().__init__()
+        self.history = torch.nn.EmbeddingBag(300, 8, mode="mean", padding_idx=0)
+        self.items = torch.nn.Embedding(300, 8)
+
+    def forward(self, hist, item):
+        return (self.history(hist) * self.items(item)).sum(1)
+
+
+def test_a_mean_bag_with_padding_has_rates_of_its_own_and_falls_back_to_the_plain_ones():
+    example = {"hist": torch.randint(0, 300, (5, 6)), "item": torch.randint(0, 300, (5,))}
+    cm = rocs.compile(_MeanBag().eval(), ["hist"], example_kwargs=example)
+    ops = [t.op for t in cm.cost().terms]
+    assert "rocs::embedding_bag_rows[mean,padded]" in ops, ops
+    plain, variant = Rates(ops_s=1e-6), Rates(ops_s=9e-6)
+    family = Rates(ops_s=5e-6)
+    only_plain = Calibration({"gather": family}, {"rocs::embedding_bag_rows": plain})
+    both = Calibration(
+        {"gather": family},
+        {"rocs::embedding_bag_rows": plain, "rocs::embedding_bag_rows[mean,padded]": variant},
+    )
+    key = "rocs::embedding_bag_rows[mean,padded]"
+    assert only_plain.rates("gather", key) == plain  # the op's plain form before its family
+    assert both.rates("gather", key) == variant
+    assert Calibration({"gather": family}).rates("gather", key) == family
+    assert cm.cost().predict_ms(both, R=1, N=4) > cm.cost().predict_ms(only_plain, R=1, N=4)

@@ -26,7 +26,10 @@ much as one of a few milliseconds), in two stages.
    longer warm, an op's inputs come from other ops, its output from pages the allocator hands out
    afresh and its tables from memory that other ops evicted, which costs a memory-bound op two to
    three times its time in cache (docs/SPEED.md, "The cost model against measured time").
-   ``cache_bytes`` and ``fresh_bytes`` by a search over a few sizes. ``mapped_s`` is measured by
+   ``cache_bytes`` and ``fresh_bytes`` by a search over a few sizes; there an op's relative
+   error weighs by the square root of its time, so the long ops that make up a large call decide
+   what a spilled byte costs. ``rocs::embedding_bag_rows`` has rates per variant: a mean or a
+   padding index costs 2-3 times a plain sum (``analysis/call_cost.py::op_key``). ``mapped_s`` is measured by
    itself: a tensor of 36 or 48 MiB allocated and filled against one filled again (about 1 ns a
    byte on this VM, a page fault per 4 KiB).
 
@@ -52,7 +55,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from rocs_compiler.analysis.call_cost import node_seconds, op_counts, op_family
+from rocs_compiler.analysis.call_cost import node_seconds, op_counts, op_family, op_key
 from rocs_compiler.kernels import ROCS_OPS
 
 aten = torch.ops.aten
@@ -68,6 +71,13 @@ _FITTED = {
     "view": ("ops",),
 }
 _IN_CACHE = 2 * MIB  # bytes of a call of the first stage
+# The memory terms' fit weighs each large op of the chains by (its time / the median) to this
+# power: at 0 every op's relative error counts alike, and the many ops of a few hundred KiB, which
+# hardly spill, decided the terms (spill_s 8-13 ps a byte on a 2-core AMD EPYC, whose DRAM gives
+# one thread about 20); at 1 the few longest ops alone did, with the page faults the default
+# allocator adds to them (benchmarks/cost_model.py: 116 and 99 of 126 cells within 25 % by
+# default, 103 and 124 with malloc keeping its memory; at 0.5: 115 and 123).
+_TIME_WEIGHT = 0.5
 _CACHE_SIZES = (1 * MIB, 2 * MIB, 4 * MIB, 8 * MIB, 16 * MIB, 32 * MIB)
 _FRESH_SIZES = (MIB // 8, MIB // 2, 2 * MIB, 8 * MIB, 32 * MIB)
 # (rows, widths of the two hidden layers) of the chains: ranking-model-like layers, and narrow
@@ -109,9 +119,13 @@ class Calibration:
     median_error: float = 0.0  # relative, of the fitted model on the chains' ops
 
     def rates(self, family: str, op: Optional[str] = None) -> Rates:
-        """The rates of ``op`` where it was measured by itself, else of its ``family``."""
+        """The rates of ``op`` where it was measured by itself (a variant, ``op[mean]``, where
+        measured, else the op's plain form), else of its ``family``."""
         if op in self.ops:
             return self.ops[op]
+        plain = op.split("[", 1)[0] if op else op
+        if plain in self.ops:
+            return self.ops[plain]
         return self.families.get(family, Rates())
 
     def to_json(self) -> str:
@@ -193,7 +207,10 @@ def _rocs_ops(requests: int, candidates: int) -> list[tuple[Any, Callable, tuple
         q, k, v = _randn(n, 2, 1, 32), _randn(r, 2, length, 32), _randn(r, 2, length, 32)
         mask = torch.rand(r, length) > 0.2
         out.append((*op["broadcast_attention"], (q, k, v, idx, mask)))
-    out.append((*op["embedding_bag_rows"], (_randn(50_000, 16), _ids(50_000, n, 8), 0, None)))
+    table, ids = _randn(50_000, 16), _ids(50_000, n, 8)
+    padded = ids.masked_fill(torch.rand(n, 8) < 0.3, 0)  # a history's padding
+    for mode, padding_idx in ((0, None), (1, None), (0, 0), (1, 0)):  # each variant (``op_key``)
+        out.append((*op["embedding_bag_rows"], (table, padded, mode, padding_idx)))
     return out
 
 
@@ -240,7 +257,7 @@ def _samples() -> list[_Sample]:
 def _counts(target: Any, args: tuple, result: Any, flops: Any) -> tuple[str, str, dict]:
     counts = op_counts(target, args, {}, result, flops)
     family = op_family(target, args, result)
-    return target._schema.name, family, {c: float(v) for c, v in counts.items()}
+    return op_key(target, args), family, {c: float(v) for c, v in counts.items()}
 
 
 def _counted(sample: _Sample) -> tuple[str, str, dict]:
@@ -368,8 +385,9 @@ def _mapped_s(clock: Callable[[], float]) -> float:
 def _program_terms(calibration: Calibration, measured: list) -> Calibration:
     """The terms of an op in a program but ``mapped_s``, from what the rates leave unexplained in
     each op of the chains: ``launch_s`` from the ops of at most 256 KiB, mostly launches; then,
-    with it, ``spill_s``, ``fresh_s`` and ``cold_row_s`` from the larger ones, ``cache_bytes``
-    and ``fresh_bytes`` by a search over a few sizes."""
+    with it, ``spill_s``, ``fresh_s`` and ``cold_row_s`` from the larger ones (each weighed by
+    its time to the power :data:`_TIME_WEIGHT`), ``cache_bytes`` and ``fresh_bytes`` by a search
+    over a few sizes."""
     small = [m for m in measured if m[2]["bytes"] <= _IN_CACHE / 8]
     a = np.array([[counts["ops"] / spent] for _, _, counts, spent in small])
     b = np.array([1.0 - node_seconds(f, c, calibration.rates(f, op), calibration) / spent
@@ -377,6 +395,8 @@ def _program_terms(calibration: Calibration, measured: list) -> Calibration:
     (launch_s,), _ = nnls(a, b)
     calibration = dataclasses.replace(calibration, launch_s=float(launch_s))
     large = [m for m in measured if m[2]["bytes"] > _IN_CACHE / 8]
+    typical = statistics.median(spent for *_, spent in large)
+    weights = [(spent / typical) ** _TIME_WEIGHT for *_, spent in large]
     best, best_error = calibration, float("inf")
     for cache, fresh in itertools.product(_CACHE_SIZES, _FRESH_SIZES):
         zero = dataclasses.replace(calibration, cache_bytes=cache, fresh_bytes=fresh)
@@ -385,9 +405,10 @@ def _program_terms(calibration: Calibration, measured: list) -> Calibration:
             spill = max(0.0, counts["bytes"] - cache)
             fresh_bytes = counts["allocated"] if counts["allocated"] >= fresh else 0.0
             rows = counts["items"] if family == "gather" else 0.0
-            a.append([c / spent for c in (spill, fresh_bytes, rows)])
+            w = weights[len(a)]
+            a.append([w * c / spent for c in (spill, fresh_bytes, rows)])
             rates = calibration.rates(family, op)
-            b.append(1.0 - node_seconds(family, counts, rates, zero) / spent)
+            b.append(w * (1.0 - node_seconds(family, counts, rates, zero) / spent))
         theta, error = nnls(np.array(a), np.array(b))
         if error < best_error:
             names = ("spill_s", "fresh_s", "cold_row_s")
