@@ -29,9 +29,9 @@ much as one of a few milliseconds), in two stages.
    ``cache_bytes`` and ``fresh_bytes`` by a search over a few sizes; there an op's relative
    error weighs by the square root of its time, so the long ops that make up a large call decide
    what a spilled byte costs. ``rocs::embedding_bag_rows`` has rates per variant: a mean or a
-   padding index costs 2-3 times a plain sum (``analysis/call_cost.py::op_key``). ``mapped_s`` is measured by
-   itself: a tensor of 36 or 48 MiB allocated and filled against one filled again (about 1 ns a
-   byte on this VM, a page fault per 4 KiB).
+   padding index costs 2-3 times a plain sum (``analysis/call_cost.py::op_key``). ``mapped_s``
+   is measured by itself: a tensor of 36 or 48 MiB allocated and filled against one filled again
+   (about 1 ns a byte on this VM, a page fault per 4 KiB).
 
 No model is timed. The per-call overhead of a compiled model's call path (``call_s``) is not an
 op and not measured here (0 unless given; ``benchmarks/cost_model.py`` measures it on a
@@ -73,10 +73,10 @@ _FITTED = {
 _IN_CACHE = 2 * MIB  # bytes of a call of the first stage
 # The memory terms' fit weighs each large op of the chains by (its time / the median) to this
 # power: at 0 every op's relative error counts alike, and the many ops of a few hundred KiB, which
-# hardly spill, decided the terms (spill_s 8-13 ps a byte on a 2-core AMD EPYC, whose DRAM gives
-# one thread about 20); at 1 the few longest ops alone did, with the page faults the default
-# allocator adds to them (benchmarks/cost_model.py: 116 and 99 of 126 cells within 25 % by
-# default, 103 and 124 with malloc keeping its memory; at 0.5: 115 and 123).
+# hardly spill, decided the terms (spill_s 8-11 ps a byte on a 2-core AMD EPYC); at 1 the few
+# longest ops alone did, with the page faults the default allocator adds to them. Cells of
+# benchmarks/cost_model.py within 25 % on that VM, by default / with malloc keeping its memory:
+# 113-116 / 103-105 of 126 at 0, 115-117 / 106-123 at 0.5 (two runs each), 99 / 124 at 1 (one).
 _TIME_WEIGHT = 0.5
 _CACHE_SIZES = (1 * MIB, 2 * MIB, 4 * MIB, 8 * MIB, 16 * MIB, 32 * MIB)
 _FRESH_SIZES = (MIB // 8, MIB // 2, 2 * MIB, 8 * MIB, 32 * MIB)
