@@ -33,7 +33,8 @@ class CompiledFrame:
     call. :meth:`refresh` reads the entries again after dynamo compiled one."""
 
     __slots__ = (
-        "_module", "_code", "_globals", "_names", "_defaults", "_backend", "_entries", "_misses",
+        "_module", "_code", "_globals", "_self", "_names", "_defaults", "_backend", "_entries",
+        "_misses",
     )  # fmt: skip
 
     def __init__(self, module: nn.Module, backend: Any = None):
@@ -47,6 +48,7 @@ class CompiledFrame:
         self._module = module
         self._code = code
         self._globals = getattr(function, "__globals__", None)
+        self._self = code.co_varnames[0] if code and code.co_argcount else "self"
         self._names = code.co_varnames[1 : code.co_argcount] if code else ()
         defaults = (getattr(function, "__defaults__", None) or ()) if code else ()
         self._defaults = dict(zip(self._names[len(self._names) - len(defaults) :], defaults))
@@ -58,7 +60,7 @@ class CompiledFrame:
         if not self._entries or len(args) != len(self._names) or not _default_stance():
             return MISS
         frame_locals = dict(zip(self._names, args))
-        frame_locals["self"] = self._module
+        frame_locals[self._self] = self._module
         for guards, run in self._entries:
             if guards.check(frame_locals):
                 self._misses = 0
@@ -69,6 +71,8 @@ class CompiledFrame:
         """:meth:`__call__` with arguments by position and by name, defaults filled in."""
         if not self._entries or len(args) > len(self._names):
             return MISS
+        if args and any(n in kwargs for n in self._names[: len(args)]):
+            return MISS  # an argument given twice: Python's own call raises
         bound = {**self._defaults, **dict(zip(self._names, args)), **kwargs}
         if len(bound) != len(self._names) or not all(n in bound for n in self._names):
             return MISS  # a name forward does not take, or a parameter left without a value

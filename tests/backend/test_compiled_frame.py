@@ -127,3 +127,27 @@ def test_a_module_whose_forward_is_no_method_is_left_to_dynamo():
     frame = CompiledFrame(module)
     frame.refresh()
     assert frame((torch.randn(3),)) is MISS
+
+
+class _Named(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 3)
+
+    def forward(module, x, scale=2.0):  # noqa: N805  (``self`` by another name)
+        return module.linear(x) * scale
+
+
+def test_arguments_by_name_with_defaults_and_self_by_another_name_run_the_entry():
+    module = _Named()
+    compiled = torch.compile(module, backend="eager", dynamic=True)
+    x = torch.randn(5, 4)
+    with torch.no_grad():
+        compiled(x)
+        frame = CompiledFrame(module)
+        frame.refresh()
+        torch.testing.assert_close(frame.call((), {"x": x}), module(x))
+        torch.testing.assert_close(frame.call((x,), {}), module(x))
+        assert frame.call((x,), {"x": x}) is MISS  # given twice: Python's call raises
+        assert frame.call((), {"x": x, "y": x}) is MISS  # a name forward does not take
+        assert frame.call((), {}) is MISS  # a parameter without a value
