@@ -28,8 +28,10 @@ _OURS: set[str] = set()  # the symbols this module asked dynamo to specialize, n
 
 
 def unspecialized_floats(gm: fx.GraphModule) -> list[str]:
-    """The symbols of the floats ``gm`` receives as 0-d tensors (``pass_arg_as_tensor``), read
-    back only as numbers: those dynamo can trace as constants."""
+    """The symbols of the floats of module state or globals that ``gm`` receives as 0-d tensors
+    (``pass_arg_as_tensor``), read back only as numbers: those dynamo can trace as constants. A
+    float the caller passes (``forward(x, temperature)``) may change on every call, and stays an
+    input (each new value would compile anew up to dynamo's recompile limit)."""
     names = []
     for node in gm.graph.nodes:
         if node.op != "placeholder":
@@ -37,10 +39,22 @@ def unspecialized_floats(gm: fx.GraphModule) -> list[str]:
         grapharg = node.meta.get("grapharg")
         memo = getattr(node.meta.get("example_value"), "item_memo", None)
         symbol = getattr(getattr(getattr(memo, "node", None), "_expr", None), "name", None)
-        if getattr(grapharg, "pass_arg_as_tensor", False) and isinstance(symbol, str):
-            if node.users and all(u.target == "item" for u in node.users):
-                names.append(symbol)
+        if not getattr(grapharg, "pass_arg_as_tensor", False) or not isinstance(symbol, str):
+            continue
+        if _passed_by_caller(getattr(grapharg, "source", None)):
+            continue
+        if node.users and all(u.target == "item" for u in node.users):
+            names.append(symbol)
     return names
+
+
+def _passed_by_caller(source) -> bool:
+    """True for a value reached from a frame argument other than ``self``."""
+    from torch._dynamo.source import LocalSource
+
+    while getattr(source, "base", None) is not None:
+        source = source.base
+    return isinstance(source, LocalSource) and source.local_name != "self"
 
 
 def specialize_floats(gm: fx.GraphModule) -> None:

@@ -174,3 +174,25 @@ def test_a_forward_with_a_graph_break_is_dynamos_to_run_and_its_cache_is_read_ra
             _check(model, compiled, [3, 1 + seed % 4], seed=30 + seed)
     assert len(calls) == 16, "an entry that resumes after a graph break was run directly"
     assert len(reads) == 5  # at the 1st, 2nd, 4th, 8th and 16th miss in a row
+
+
+class _Tempered(_Ranker):
+    def forward(self, user_dense, item_id, temperature: float = 1.0):
+        return super().forward(user_dense, item_id) / temperature
+
+
+def test_a_float_the_caller_passes_stays_an_input_and_follows_every_value():
+    torch.manual_seed(6)
+    model = _Tempered().eval()
+    backend, compiled, _ = _compiled(model)
+    with torch.no_grad():
+        for step, temperature in enumerate([1.0, 0.5, 2.0, 0.25, 3.0]):
+            shared, replicated, index = _batch([3, 2, 4], seed=40 + step)
+            want = model(**replicated, temperature=temperature)
+            got = rocs.shared_call(
+                compiled, **shared, temperature=temperature, candidate_to_request=index
+            )
+            torch.testing.assert_close(got, want, rtol=TOLERANCE, atol=TOLERANCE)
+    slots = [s for sub in backend.subgraphs for s in sub.slots if s.kind == "value"]
+    assert slots, "the caller's float was traced as a constant"
+    assert len(backend.subgraphs) == 1  # one graph for every temperature
