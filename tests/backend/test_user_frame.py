@@ -196,3 +196,17 @@ def test_a_float_the_caller_passes_stays_an_input_and_follows_every_value():
     slots = [s for sub in backend.subgraphs for s in sub.slots if s.kind == "value"]
     assert slots, "the caller's float was traced as a constant"
     assert len(backend.subgraphs) == 1  # one graph for every temperature
+
+
+def test_the_backend_named_by_string_runs_its_own_entries_too():
+    torch.manual_seed(7)
+    model = _Ranker().eval()
+    options = {"request_inputs": ["user_dense"], "inductor": False}
+    compiled = torch.compile(model, backend="rocs", options=options, dynamic=True)
+    calls = []
+    through_dynamo = compiled.forward
+    compiled.forward = lambda *a, **k: calls.append(1) or through_dynamo(*a, **k)
+    with torch.no_grad():
+        for seed, counts in enumerate([[3, 1, 5], [7], [2, 9, 1, 4]]):
+            _check(model, compiled, counts, seed=50 + seed)
+    assert calls == [1] and len(user_frame._FRAMES[compiled]._entries) == 1
