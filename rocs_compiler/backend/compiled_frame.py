@@ -33,8 +33,8 @@ class CompiledFrame:
     call. :meth:`refresh` reads the entries again after dynamo compiled one."""
 
     __slots__ = (
-        "_module", "_code", "_globals", "_self", "_names", "_defaults", "_backend", "_entries",
-        "_misses",
+        "_module", "_code", "_globals", "_self", "_names", "_name_set", "_defaults", "_backend",
+        "_entries", "_misses",
     )  # fmt: skip
 
     def __init__(self, module: nn.Module, backend: Any = None):
@@ -50,6 +50,7 @@ class CompiledFrame:
         self._globals = getattr(function, "__globals__", None)
         self._self = code.co_varnames[0] if code and code.co_argcount else "self"
         self._names = code.co_varnames[1 : code.co_argcount] if code else ()
+        self._name_set = frozenset(self._names)
         defaults = (getattr(function, "__defaults__", None) or ()) if code else ()
         self._defaults = dict(zip(self._names[len(self._names) - len(defaults) :], defaults))
         self._backend = backend
@@ -74,7 +75,7 @@ class CompiledFrame:
         if args and any(n in kwargs for n in self._names[: len(args)]):
             return MISS  # an argument given twice: Python's own call raises
         bound = {**self._defaults, **dict(zip(self._names, args)), **kwargs}
-        if len(bound) != len(self._names) or not all(n in bound for n in self._names):
+        if bound.keys() != self._name_set:
             return MISS  # a name forward does not take, or a parameter left without a value
         return self(tuple(bound[n] for n in self._names))
 

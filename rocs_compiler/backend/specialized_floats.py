@@ -24,6 +24,8 @@ from typing import Iterable
 
 from torch import fx
 
+from .dynamo_graph import _source_chain
+
 _OURS: set[str] = set()  # the symbols this module asked dynamo to specialize, not yet done
 
 
@@ -52,9 +54,8 @@ def _passed_by_caller(source) -> bool:
     """True for a value reached from a frame argument other than ``self``."""
     from torch._dynamo.source import LocalSource
 
-    while getattr(source, "base", None) is not None:
-        source = source.base
-    return isinstance(source, LocalSource) and source.local_name != "self"
+    root, _ = _source_chain(source)
+    return isinstance(root, LocalSource) and root.local_name != "self"
 
 
 def specialize_floats(gm: fx.GraphModule) -> None:
