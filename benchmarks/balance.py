@@ -1,7 +1,7 @@
 """Balanced data parallelism: the bubble of 2 real DDP ranks with random, equal-count and
 equal-cost request assignment, and the bubble the cost model predicts at 2 to 256 ranks.
 
-    python benchmarks/balance.py [--steps 12] [--repeats 9] [--requests 16] [--sim-steps 20]
+    python benchmarks/balance.py [--retain] [--steps 12] [--repeats 9] [--requests 16]
 
 **Measured** (2 ranks, gloo on 127.0.0.1, one torch thread each): DIN (``models_zoo/din.py``,
 eval mode so that no batch statistic depends on the split) compiled for training with its history
@@ -32,6 +32,14 @@ of slowest, of compute; **steps/s** = steps / rank 0's wall time of its steps an
 **bound**: the mean over steps of the slowest rank's compute under random assignment over this
 one's, what balancing can give steps/s at most.
 
+``--retain``: every process (the ranks, and the calibration in the parent) runs with glibc's malloc
+keeping freed memory (``allocator.py``), as a GPU rank's caching allocator keeps its blocks across
+steps. By default a step's blocks of tens of megabytes come from fresh ``mmap`` pages on some runs
+and not on others: the same batch timed twice in one process, medians of 9 runs each, differs by
+7 % (standard deviation of the log ratio) by default and 2-4 % with ``--retain``, and that noise
+is part of every measured bubble. ``--noise`` measures it first: each rank 0 batch of ``--steps``
+steps timed twice in this process, two medians of ``--repeats`` runs.
+
 **Simulated**: the same draws at ``--ranks`` ranks with ``--sim-requests`` requests each, loads
 predicted by the calibrated cost, ranks running padded histories or grouped ones (the training
 call's default).
@@ -59,6 +67,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import rocs_compiler as rocs
+from allocator import retain_freed_memory
 from models_zoo import din
 from rocs_compiler.distributed.histories import content_lengths
 
@@ -125,6 +134,8 @@ def _rank(rank: int, port: int, tmp: str, args, calibration_json: str) -> None:
 
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
+    if args.retain:
+        retain_freed_memory()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=timedelta(seconds=600))
     try:
@@ -221,6 +232,33 @@ def batch_features(batch, cm) -> list[float]:
     return [float(lengths.shape[0]), float(widths.sum()), float(k.sum()),
             float((k * widths).sum()), float(torch.unique(widths).numel()),
             float(planned.sum()), float((k * planned).sum()), float(len(groups))]  # fmt: skip
+
+
+def repeat_noise(args) -> float:
+    """The standard deviation of the log ratio of two timings of the same batch (each the median
+    of ``--repeats`` runs of a training step) in one process, over rank 0's loaded batches."""
+    import torch.nn.functional as F
+
+    cm = compiled_din()
+    opt = torch.optim.SGD(cm.parameters(), lr=0.0)
+
+    def timed(batch) -> float:
+        cpus = []
+        for _ in range(args.repeats):
+            cpu = time.thread_time()
+            out = cm(**batch.inputs(leave_out=["label"]))
+            F.binary_cross_entropy_with_logits(out, batch.candidate["label"]).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            cpus.append(time.thread_time() - cpu)
+        return float(np.median(cpus))
+
+    ratios = []
+    for step in range(1, args.steps + 1):
+        batch = draw_batch(0, step, args.requests, args.impressions)
+        timed(batch)  # warm
+        ratios.append(np.log(timed(batch) / timed(batch)))
+    return float(np.std(ratios))
 
 
 def measured(args, calibration) -> dict:
@@ -349,7 +387,11 @@ def main() -> None:
     parser.add_argument("--sim-steps", type=int, default=20)
     parser.add_argument("--no-measure", action="store_true", help="the simulation only")
     parser.add_argument("--json", help="also write the measured per-step records here")
+    parser.add_argument("--retain", action="store_true", help="malloc keeps freed memory")
+    parser.add_argument("--noise", action="store_true", help="first time batches twice")
     args = parser.parse_args()
+    if args.retain and not retain_freed_memory():
+        print("# --retain: this malloc is not glibc's; it runs as it is")
     from rocs_compiler.distributed.costs import calibrated_cost, flops_cost
 
     torch.set_num_threads(1)
@@ -361,6 +403,9 @@ def main() -> None:
     print(f"calibration: {time.perf_counter() - begin:.0f} s")
     print(f"cost model (FLOPs): request {flops.request}, candidate {flops.candidate}")
     print(f"cost model (ms):    request {cost.request}, candidate {cost.candidate}\n")
+    if args.noise:
+        print(f"a batch timed twice in one process: {repeat_noise(args):.1%} (standard "
+              "deviation of the log ratio)\n")  # fmt: skip
     if not args.no_measure:
         begin = time.perf_counter()
         runs = measured(args, calibration)
@@ -368,6 +413,7 @@ def main() -> None:
             Path(args.json).write_text(json.dumps(runs, indent=1))
         print(f"## 2 ranks, measured ({args.steps} steps per policy, {args.requests} requests "
               f"per rank, median of {args.repeats} runs of each step, "
+              f"{'malloc keeping freed memory' if args.retain else 'default malloc'}, "
               f"{time.perf_counter() - begin:.0f} s)\n")  # fmt: skip
         print("\n".join(measured_table(runs)) + "\n")
     print(f"## Simulated from the calibrated cost ({args.sim_requests} requests per rank, "
