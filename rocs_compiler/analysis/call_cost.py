@@ -139,7 +139,19 @@ _VARIANTS = {
     "rocs::embedding_bag_rows": lambda args: ",".join(
         name for name, on in (("mean", args[2] == 1), ("padded", args[3] is not None)) if on
     ),
+    # ``(query, key, value, ...)``: heads of at most 8 numbers do a fraction of the FLOPs of the
+    # 32-wide heads the family is measured at for about the same work per query row.
+    "aten::scaled_dot_product_attention": lambda args: (
+        "narrow" if _static_width(args[0]) <= NARROW_HEAD else ""
+    ),
 }
+NARROW_HEAD = 8  # the widest head of an attention's "narrow" variant
+
+
+def _static_width(query: Any) -> float:
+    """The last dim of ``query`` where it is a number (a head's width), else infinity."""
+    width = query.shape[-1] if isinstance(query, torch.Tensor) and query.dim() else None
+    return int(width) if isinstance(width, int) else float("inf")
 
 
 def op_key(target: Any, args: tuple) -> str:

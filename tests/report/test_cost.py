@@ -17,7 +17,7 @@ import sympy
 import torch
 
 import rocs_compiler as rocs
-from models_zoo import din, dlrm
+from models_zoo import bst, din, dlrm, target_attention
 from rocs_compiler.analysis.flops import node_costs
 from rocs_compiler.ir.graph_meta import PLACEMENT
 from rocs_compiler.ir.roles import Role
@@ -142,6 +142,7 @@ def test_a_short_calibration_round_trips_through_json_and_predicts_more_for_more
     assert {"gemm", "gather", "memory", "view"} <= set(calibration.families)
     bags = {f"rocs::embedding_bag_rows{v}" for v in ("", "[mean]", "[padded]", "[mean,padded]")}
     assert bags <= set(calibration.ops)  # each variant of the bag measured by itself
+    assert "aten::scaled_dot_product_attention[narrow]" in calibration.ops
     numbers = [calibration.launch_s, calibration.spill_s, calibration.fresh_s,
                calibration.cold_row_s, calibration.mapped_s]  # fmt: skip
     for rates in [*calibration.families.values(), *calibration.ops.values()]:
@@ -200,3 +201,26 @@ def test_a_mean_bag_with_padding_has_rates_of_its_own_and_falls_back_to_the_plai
     assert both.rates("gather", key) == variant
     assert Calibration({"gather": family}).rates("gather", key) == family
     assert cm.cost().predict_ms(both, R=1, N=4) > cm.cost().predict_ms(only_plain, R=1, N=4)
+
+
+@pytest.mark.parametrize(
+    "zoo, narrow", [(bst, True), (target_attention, False)], ids=["bst", "target_attention"]
+)
+def test_an_attention_of_narrow_heads_has_rates_of_its_own(zoo, narrow):
+    """bst's attention has 4 heads of 8 numbers; target attention's heads are 32 wide. The narrow
+    ones are priced by the variant the calibration measures at that width, where it has one."""
+    model = zoo.build(seed=0).eval()
+    example = zoo.make_batch([3, 2]).replicated()
+    cm = rocs.compile(model, list(zoo.REQUEST_INPUTS), example_kwargs=example)
+    attention = [t.op for t in cm.cost().terms if t.family == "attention"]
+    assert attention, "no attention priced"
+    key = "aten::scaled_dot_product_attention[narrow]"
+    assert (key in attention) == narrow, attention
+    family, variant = Rates(ops_s=1e-6), Rates(ops_s=9e-6)
+    plain = Calibration({"attention": family})
+    measured = Calibration({"attention": family}, {key: variant})
+    assert measured.rates("attention", key) == variant
+    assert plain.rates("attention", key) == family  # not measured: the family's rates
+    sizes = {"R": 1, "N": 4, **dict.fromkeys(cm.cost().lengths, 8)}
+    slower = cm.cost().predict_ms(measured, **sizes) > cm.cost().predict_ms(plain, **sizes)
+    assert slower == narrow
