@@ -167,10 +167,12 @@ def _positive(x: Any) -> Any:
     return sympy.Max(0, x) if isinstance(x, sympy.Basic) else max(0.0, x)
 
 
-def _if_at_least(x: Any, threshold: float) -> Any:
-    if isinstance(x, sympy.Basic):
-        return sympy.Piecewise((x, x >= threshold), (0, True))
-    return x if x >= threshold else 0.0
+def _if_at_least(x: Any, threshold: float, value: Any = None) -> Any:
+    """``value`` (default ``x``) where ``x >= threshold``, else 0."""
+    value = x if value is None else value
+    if isinstance(x, sympy.Basic) or isinstance(value, sympy.Basic):
+        return sympy.Piecewise((value, sympy.sympify(x) >= threshold), (0, True))
+    return value if x >= threshold else 0.0
 
 
 # glibc maps an allocation of more than 32 MiB (its largest mmap threshold, on 64-bit machines)
@@ -186,8 +188,9 @@ def node_seconds(family: str, counts: Mapping[str, Any], rates, calibration) -> 
     interpreter and the op's code no longer warm), bytes past what the caches hold
     (``cache_bytes``) at ``spill_s`` each, an output of at least ``fresh_bytes`` (pages the
     allocator hands out afresh, faulted in on first write) at ``fresh_s`` per byte and one of
-    at least :data:`MAPPED_BYTES` at ``mapped_s`` more, and a gathered row of a table that other
-    work evicted from the caches at ``cold_row_s``."""
+    at least :data:`MAPPED_BYTES` at ``mapped_s`` more, a gathered row of a table that other
+    work evicted from the caches at ``cold_row_s``, and a FLOP of a GEMM that streams at least
+    ``streamed_bytes`` (its operands past the caches) at ``streamed_flop_s`` more."""
     seconds = sum(counts[c] * getattr(rates, f"{c}_s") for c in COUNTS)
     seconds += counts["ops"] * calibration.launch_s
     seconds += _positive(counts["bytes"] - calibration.cache_bytes) * calibration.spill_s
@@ -196,6 +199,9 @@ def node_seconds(family: str, counts: Mapping[str, Any], rates, calibration) -> 
     seconds += _if_at_least(allocated, MAPPED_BYTES) * calibration.mapped_s
     if family == "gather":
         seconds += counts["items"] * calibration.cold_row_s
+    elif family == "gemm" and calibration.streamed_flop_s:
+        streamed = _if_at_least(counts["bytes"], calibration.streamed_bytes, counts["flops"])
+        seconds += streamed * calibration.streamed_flop_s
     return seconds
 
 

@@ -116,7 +116,8 @@ def _hand_calibration() -> Calibration:
     families = {f: rates for f in ("gemm", "bmm", "attention", "gather", "memory", "view")}
     return Calibration(families, {"aten::relu": Rates(ops_s=1e-6, bytes_s=1e-11)},
                        launch_s=1e-6, spill_s=3e-11, cache_bytes=2**20, fresh_s=4e-11,
-                       fresh_bytes=2**17, cold_row_s=5e-9, mapped_s=1e-10, call_s=5e-5)  # fmt: skip
+                       fresh_bytes=2**17, cold_row_s=5e-9, mapped_s=1e-10,
+                       streamed_bytes=2**22, streamed_flop_s=5e-12, call_s=5e-5)  # fmt: skip
 
 
 def test_predicted_milliseconds_are_the_expression_at_the_sizes(din_model):
@@ -144,7 +145,8 @@ def test_a_short_calibration_round_trips_through_json_and_predicts_more_for_more
     assert bags <= set(calibration.ops)  # each variant of the bag measured by itself
     assert "aten::scaled_dot_product_attention[narrow]" in calibration.ops
     numbers = [calibration.launch_s, calibration.spill_s, calibration.fresh_s,
-               calibration.cold_row_s, calibration.mapped_s]  # fmt: skip
+               calibration.cold_row_s, calibration.mapped_s, calibration.streamed_bytes,
+               calibration.streamed_flop_s]  # fmt: skip
     for rates in [*calibration.families.values(), *calibration.ops.values()]:
         numbers += [rates.ops_s, rates.flops_s, rates.bytes_s, rates.items_s]
     assert all(math.isfinite(x) and x >= 0 for x in numbers)
@@ -224,3 +226,34 @@ def test_an_attention_of_narrow_heads_has_rates_of_its_own(zoo, narrow):
     sizes = {"R": 1, "N": 4, **dict.fromkeys(cm.cost().lengths, 8)}
     slower = cm.cost().predict_ms(measured, **sizes) > cm.cost().predict_ms(plain, **sizes)
     assert slower == narrow
+
+
+def test_a_gemm_that_streams_its_operands_costs_more_per_flop():
+    """Past ``streamed_bytes`` a GEMM's FLOPs cost ``streamed_flop_s`` more (its input no longer
+    in the caches); smaller GEMMs and other families are priced as before."""
+    from rocs_compiler.analysis.call_cost import node_seconds
+
+    rates = Rates(flops_s=1e-11, bytes_s=1e-12)
+    streamed = Calibration({"gemm": rates}, streamed_bytes=1e6, streamed_flop_s=4e-12)
+    plain = Calibration({"gemm": rates})
+
+    def extra(family, counts):
+        return node_seconds(family, counts, rates, streamed) - node_seconds(
+            family, counts, rates, plain
+        )
+
+    small = {"ops": 1, "flops": 1e6, "bytes": 1e5, "items": 0, "allocated": 0}
+    large = {**small, "flops": 1e9, "bytes": 1e7}
+    assert extra("gemm", small) == 0
+    assert extra("gemm", large) == pytest.approx(1e9 * 4e-12)
+    assert extra("memory", large) == 0
+    rows = sympy.Symbol("N", positive=True)
+    symbolic = {**small, "flops": 320 * rows, "bytes": 4 * rows}
+    seconds = node_seconds("gemm", symbolic, rates, streamed)
+    for n in (10, 10**6):  # below and past 1e6 bytes
+        at = {c: float(sympy.sympify(v).subs(rows, n)) for c, v in symbolic.items()}
+        expected = node_seconds("gemm", at, rates, streamed)
+        assert float(seconds.subs(rows, n)) == pytest.approx(expected)
+    assert float(seconds.subs(rows, 10**6)) > float(
+        node_seconds("gemm", symbolic, rates, plain).subs(rows, 10**6)
+    )

@@ -12,6 +12,7 @@ few sizes each. Each call is counted exactly as a node of a graph is
               + launch_s + spill_s * max(0, bytes - cache_bytes)             (in a program)
               + fresh_s * (allocated if allocated >= fresh_bytes)
               + mapped_s * (allocated if allocated > 32 MiB) + cold_row_s * rows gathered
+              + streamed_flop_s * (FLOPs of a GEMM if bytes >= streamed_bytes)
 
 fitted by non-negative least squares on relative error (a call of a few microseconds weighs as
 much as one of a few milliseconds), in two stages.
@@ -31,7 +32,11 @@ much as one of a few milliseconds), in two stages.
    what a spilled byte costs. ``rocs::embedding_bag_rows`` has rates per variant: a mean or a
    padding index costs 2-3 times a plain sum (``analysis/call_cost.py::op_key``). ``mapped_s``
    is measured by itself: a tensor of 36 or 48 MiB allocated and filled against one filled again
-   (about 1 ns a byte on this VM, a page fault per 4 KiB).
+   (about 1 ns a byte on this VM, a page fault per 4 KiB). So is a GEMM that streams its input
+   from memory: ``linear`` of 320 to 80 features at 2,048 to 32,768 rows; from the size where its
+   time per FLOP first rises by a sixth over the smallest's (``streamed_bytes``: 13 MB on a 2-core
+   AMD EPYC, where a FLOP then costs half as much again), each FLOP costs ``streamed_flop_s``
+   more (the median excess of that size and the larger ones).
 
 No model is timed. The per-call overhead of a compiled model's call path (``call_s``) is not an
 op and not measured here (0 unless given; ``benchmarks/cost_model.py`` measures it on a
@@ -117,6 +122,8 @@ class Calibration:
     cold_row_s: float = 0.0
     launch_s: float = 0.0
     mapped_s: float = 0.0
+    streamed_bytes: float = 0.0
+    streamed_flop_s: float = 0.0
     call_s: float = 0.0
     threads: int = 1
     torch_version: str = ""
@@ -395,6 +402,35 @@ def _mapped_s(clock: Callable[[], float]) -> float:
     return statistics.median(extra)
 
 
+# Rows of the streamed GEMM's samples (``linear`` of 320 to 80 features: 2.6 to 42 MB of input;
+# the first in the caches of the machines measured), and the rise of a sample's time per FLOP over
+# the first's that marks it streamed.
+_STREAMED_ROWS = (2048, 4096, 8192, 16_384, 32_768)
+_STREAMED_RISE = 1 / 6
+
+
+def _streamed_gemm(calibration: Calibration, clock: Callable[[], float]) -> Calibration:
+    """``streamed_bytes``, the bytes of the first sample whose time per FLOP exceeds the first
+    sample's by more than :data:`_STREAMED_RISE`, and ``streamed_flop_s``, the median excess per
+    FLOP of it and the larger ones (none where no sample rises so)."""
+    weight, bias = _randn(80, 320), _randn(80)
+    found = []
+    for rows in _STREAMED_ROWS:
+        sample = _Sample(aten.linear.default, F.linear, (_randn(rows, 320), weight, bias))
+        counts = _counted(sample)[2]
+        found.append((counts["bytes"], _seconds(sample, 0.0, clock) / counts["flops"]))
+    in_cache = found[0][1]
+    rises = [per_flop > in_cache * (1 + _STREAMED_RISE) for _, per_flop in found]
+    streamed = [i for i, rise in enumerate(rises) if rise]
+    if not streamed:
+        return calibration
+    first = streamed[0]
+    excess = statistics.median(per_flop - in_cache for _, per_flop in found[first:])
+    return dataclasses.replace(
+        calibration, streamed_bytes=float(found[first][0]), streamed_flop_s=float(excess)
+    )
+
+
 def _program_terms(calibration: Calibration, measured: list) -> Calibration:
     """The terms of an op in a program but ``mapped_s``, from what the rates leave unexplained in
     each op of the chains: ``launch_s`` from the ops of at most 256 KiB, mostly launches; then,
@@ -430,6 +466,24 @@ def _program_terms(calibration: Calibration, measured: list) -> Calibration:
     return best
 
 
+def _rates(single: list) -> tuple[dict, dict]:
+    """The first stage's rates, fitted on the samples in cache: per family, and per op measured
+    by itself (elementwise and ``rocs::`` ops, and the variants of :data:`_OWN_RATES`)."""
+    in_cache = [m for m in single if m[2]["bytes"] <= _IN_CACHE]
+    families, ops = {}, {}
+    for family, counts in _FITTED.items():
+        mine = [(c, s) for op, f, c, s in in_cache if f == family and op not in _OWN_RATES]
+        if mine:
+            families[family] = _fit(mine, counts)
+    by_itself = {
+        op: f for op, f, _, _ in in_cache
+        if f == "memory" or op.startswith("rocs::") or op in _OWN_RATES
+    }  # fmt: skip
+    for name, family in sorted(by_itself.items()):
+        ops[name] = _fit([(c, s) for op, _, c, s in in_cache if op == name], _FITTED[family])
+    return families, ops
+
+
 def calibrate(seconds: float = 3.0, threads: Optional[int] = 1) -> Calibration:
     """Measure a :class:`Calibration` of this machine with about ``seconds`` of timed single ops
     (building them, the chains and the mapped pages add several more: 12 s in all by default on
@@ -452,24 +506,14 @@ def calibrate(seconds: float = 3.0, threads: Optional[int] = 1) -> Calibration:
                 for m in _Chain(rows, widths).measure(7 if rows < 10_000 else 3)
             ]
             mapped_s = _mapped_s(clock)
+            calibration = Calibration(
+                *_rates(single), mapped_s=mapped_s, threads=threads,
+                torch_version=torch.__version__,
+            )  # fmt: skip
+            calibration = _streamed_gemm(calibration, clock)
     finally:
         torch.set_num_threads(previous)
         torch.random.set_rng_state(random_state)
-    in_cache = [m for m in single if m[2]["bytes"] <= _IN_CACHE]
-    families, ops = {}, {}
-    for family, counts in _FITTED.items():
-        mine = [(c, s) for op, f, c, s in in_cache if f == family and op not in _OWN_RATES]
-        if mine:
-            families[family] = _fit(mine, counts)
-    by_itself = {
-        op: f for op, f, _, _ in in_cache
-        if f == "memory" or op.startswith("rocs::") or op in _OWN_RATES
-    }  # fmt: skip
-    for name, family in sorted(by_itself.items()):
-        ops[name] = _fit([(c, s) for op, _, c, s in in_cache if op == name], _FITTED[family])
-    calibration = Calibration(
-        families, ops, mapped_s=mapped_s, threads=threads, torch_version=torch.__version__
-    )
     calibration = _program_terms(calibration, chained)
     errors = [abs(node_seconds(f, c, calibration.rates(f, op), calibration) - s) / s
               for op, f, c, s in chained]  # fmt: skip
