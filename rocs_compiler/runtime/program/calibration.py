@@ -32,10 +32,10 @@ much as one of a few milliseconds), in two stages.
    what a spilled byte costs. ``rocs::embedding_bag_rows`` has rates per variant: a mean or a
    padding index costs 2-3 times a plain sum (``analysis/call_cost.py::op_key``). ``mapped_s``
    is measured by itself: a tensor of 36 or 48 MiB allocated and filled against one filled again
-   (about 1 ns a byte on this VM, a page fault per 4 KiB). So is a GEMM that streams its input
-   from memory: ``linear`` of 320 to 80 features at 2,048 to 32,768 rows; from the size where its
-   time per FLOP first rises by a sixth over the smallest's (``streamed_bytes``: 13 MB on a 2-core
-   AMD EPYC, where a FLOP then costs half as much again), each FLOP costs ``streamed_flop_s``
+   (about 1 ns a byte on this VM, a page fault per 4 KiB). So is a GEMM that streams its input from
+   memory: ``linear`` of 320 to 80 features at 2,048 to 32,768 rows; from the size where its time
+   per FLOP first rises by a sixth over the smallest's (``streamed_bytes``: 12.6 or 25 MiB on a
+   2-core AMD EPYC, where a FLOP then costs half as much again), each FLOP costs ``streamed_flop_s``
    more (the median excess of that size and the larger ones).
 
 No model is timed. The per-call overhead of a compiled model's call path (``call_s``) is not an
