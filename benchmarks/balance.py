@@ -129,7 +129,6 @@ def compiled_din():
 
 
 def _rank(rank: int, port: int, tmp: str, args, calibration_json: str) -> None:
-    import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     os.environ["OMP_NUM_THREADS"] = "1"
@@ -162,20 +161,7 @@ def _rank(rank: int, port: int, tmp: str, args, calibration_json: str) -> None:
             return time.perf_counter() - drawn, drawn - begin
 
         def timed_step(batch) -> tuple[float, float]:
-            """Median CPU and wall seconds of ``--repeats`` runs of a step on ``batch``."""
-            cpus, walls = [], []
-            for _ in range(args.repeats):  # the same step again (lr 0)
-                wall, cpu = time.perf_counter(), time.thread_time()
-                out = ddp(**batch.inputs(leave_out=["label"]))
-                losses = F.binary_cross_entropy_with_logits(
-                    out, batch.candidate["label"], reduction="none"
-                )
-                batch.global_mean(losses).backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                cpus.append(time.thread_time() - cpu)
-                walls.append(time.perf_counter() - wall)
-            return float(np.median(cpus)), float(np.median(walls))
+            return timed_steps(ddp, opt, batch, args.repeats)
 
         exposed = {p: start(p, 0)[0] for p in names}
         order = random.Random(0)  # both ranks draw the same order: their collectives pair up
@@ -234,30 +220,35 @@ def batch_features(batch, cm) -> list[float]:
             float(planned.sum()), float((k * planned).sum()), float(len(groups))]  # fmt: skip
 
 
+def timed_steps(model, opt, batch, repeats: int) -> tuple[float, float]:
+    """Median CPU and wall seconds of ``repeats`` runs of a training step of ``model`` on
+    ``batch`` (the same step again: the learning rate is 0)."""
+    import torch.nn.functional as F
+
+    cpus, walls = [], []
+    for _ in range(repeats):
+        wall, cpu = time.perf_counter(), time.thread_time()
+        out = model(**batch.inputs(leave_out=["label"]))
+        losses = F.binary_cross_entropy_with_logits(out, batch.candidate["label"], reduction="none")
+        batch.global_mean(losses).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        cpus.append(time.thread_time() - cpu)
+        walls.append(time.perf_counter() - wall)
+    return float(np.median(cpus)), float(np.median(walls))
+
+
 def repeat_noise(args) -> float:
     """The standard deviation of the log ratio of two timings of the same batch (each the median
     of ``--repeats`` runs of a training step) in one process, over rank 0's loaded batches."""
-    import torch.nn.functional as F
-
     cm = compiled_din()
     opt = torch.optim.SGD(cm.parameters(), lr=0.0)
-
-    def timed(batch) -> float:
-        cpus = []
-        for _ in range(args.repeats):
-            cpu = time.thread_time()
-            out = cm(**batch.inputs(leave_out=["label"]))
-            F.binary_cross_entropy_with_logits(out, batch.candidate["label"]).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            cpus.append(time.thread_time() - cpu)
-        return float(np.median(cpus))
-
     ratios = []
     for step in range(1, args.steps + 1):
         batch = draw_batch(0, step, args.requests, args.impressions)
-        timed(batch)  # warm
-        ratios.append(np.log(timed(batch) / timed(batch)))
+        timed_steps(cm, opt, batch, args.repeats)  # warm
+        first, second = (timed_steps(cm, opt, batch, args.repeats)[0] for _ in range(2))
+        ratios.append(np.log(first / second))
     return float(np.std(ratios))
 
 
