@@ -12,9 +12,11 @@ round by round (``regression.time_interleaved``):
   dynamic=True)``, with the compiled frames of the lowered graphs (``backend/compiled_frame.py``)
   and of the user's model (``backend/user_frame.py``), and with both swapped for ones that always
   miss (every call through ``torch.compile``'s own call);
-- **door, baked**: a second door of the same model compiled with its floats passed as tensors and
-  baked into the rewrite (``backend/specialized_floats.py`` off), frames on;
-- **hand**: ``torch.compile(hand rewrite, dynamic=True)`` on the shared layout;
+- **door, full guards**: a second door of the same model whose frames dynamo guards with its
+  default guards (every parameter checked) rather than the recursive dict tags ``shared_call``
+  compiles with (``backend/user_frame.py``), frames on;
+- **hand**: ``torch.compile(hand rewrite, dynamic=True)`` on the shared layout; **hand, tags**:
+  the same, its guards built with the recursive dict tags (what an expert gets from the flag);
 - **cm**: ``rocs.compile``'s eager call on the shared layout.
 
 Then the door's layers: the user's frame and ``shared_call`` (the subgraph replaced by one that
@@ -30,6 +32,7 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -43,7 +46,7 @@ import rocs_compiler as rocs  # noqa: E402
 from backend_door import _own_frame  # noqa: E402
 from hand_rewrites import CASES  # noqa: E402
 from regression import time_interleaved  # noqa: E402
-from rocs_compiler.backend import door as door_module, graph_compiler  # noqa: E402
+from rocs_compiler.backend import door as door_module, user_frame  # noqa: E402
 from rocs_compiler.backend.compiled_frame import MISS  # noqa: E402
 from rocs_compiler.backend.lowering import Lowered  # noqa: E402
 from rocs_compiler.backend.subgraph import SHARED_CALL, Subgraph  # noqa: E402
@@ -75,23 +78,38 @@ def _through_torch_compile(compiled, args: tuple, kwargs: dict):
     return compiled(*args, **kwargs)
 
 
-def _baked_door(s, request_inputs: list, inputs: dict):
-    """A door of ``s.model`` whose floats reach the rewrite as tensors, baked and compared."""
+def _compiled_with_full_guards(compile_and_warm):
+    """What ``compile_and_warm()`` returns, its frames guarded by dynamo's default guards (every
+    parameter's checks) rather than the recursive dict tags ``shared_call`` compiles with."""
+    tags, user_frame._recursive_dict_tags = user_frame._recursive_dict_tags, contextlib.nullcontext
+    try:
+        return compile_and_warm()
+    finally:
+        user_frame._recursive_dict_tags = tags
+
+
+def _full_guards_door(s, request_inputs: list, inputs: dict):
     door = torch.compile(
-        _own_frame(s.model, s.names, "door, baked"), backend=rocs.backend(request_inputs),
+        _own_frame(s.model, s.names, "door, full guards"), backend=rocs.backend(request_inputs),
         dynamic=True,
     )  # fmt: skip
-    specialize, graph_compiler.specialize_floats = graph_compiler.specialize_floats, _no_floats
-    try:
+
+    def warm():
         for _ in range(3):  # dynamo traces the frame at the first call
             rocs.shared_call(door, request_inputs=request_inputs, **inputs)
-    finally:
-        graph_compiler.specialize_floats = specialize
+
+    _compiled_with_full_guards(warm)
     return lambda: rocs.shared_call(door, request_inputs=request_inputs, **inputs)
 
 
-def _no_floats(gm) -> None:
-    pass
+def _hand_with_tags(s, inputs: dict):
+    """The hand rewrite through ``torch.compile``, its guards built with recursive dict tags."""
+    names = [*s.names, "candidate_to_request"]
+    hand = torch.compile(_own_frame(s.hand, names, "hand, tags"), dynamic=True)
+    with torch._dynamo.config.patch(use_recursive_dict_tags_for_guards=True):
+        for _ in range(3):
+            hand(**inputs)
+    return lambda: hand(**inputs)
 
 
 def measure(name: str, requests: int, candidates: int, rounds: int, sample_s: float) -> dict:
@@ -111,8 +129,9 @@ def measure(name: str, requests: int, candidates: int, rounds: int, sample_s: fl
         for _ in range(3):
             call_door(), hand(**inputs), s.cm(**inputs)
         torch.testing.assert_close(call_door(), hand(**inputs), rtol=1e-4, atol=1e-4)
-        baked = _baked_door(s, request_inputs, inputs)
-        torch.testing.assert_close(baked(), hand(**inputs), rtol=1e-4, atol=1e-4)
+        full = _full_guards_door(s, request_inputs, inputs)
+        torch.testing.assert_close(full(), hand(**inputs), rtol=1e-4, atol=1e-4)
+        hand_tags = _hand_with_tags(s, inputs)
         lowered = _lowered_graphs(backend)
         frames = [g._frame for g in lowered]
 
@@ -128,8 +147,8 @@ def measure(name: str, requests: int, candidates: int, rounds: int, sample_s: fl
         # Switching frames costs the same in each, and far less than a call.
         times = _interleaved_us(
             {"door, off": with_frames(False), "door, on": with_frames(True),
-             "door, baked": with_frames(True, baked),
-             "hand": lambda: hand(**inputs), "cm": lambda: s.cm(**inputs)},
+             "door, full guards": with_frames(True, full),
+             "hand": lambda: hand(**inputs), "hand, tags": hand_tags, "cm": lambda: s.cm(**inputs)},
             rounds, sample_s,
         )  # fmt: skip
         for graph, frame in zip(lowered, frames):
@@ -196,17 +215,18 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     doors.retain_freed_memory()  # as doors.py times: freed memory kept, no page faults per call
-    print("| model | R x N | door, off us | door, baked us | door, on us | hand us | cm us "
-          "| hand / door | door / cm | frame + shared_call, hot / cold "
+    print("| model | R x N | door, off us | door, full guards us | door, on us | hand us "
+          "| hand, tags us | cm us | hand / door | door / cm | frame + shared_call, hot / cold "
           "| subgraph, hot / cold |")  # fmt: skip
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in args.models.split(","):
         for size in args.sizes.split(","):
             requests, candidates = map(int, size.split("x"))
             t = measure(name, requests, candidates, args.rounds, args.sample_ms / 1e3)
-            off, on, baked = t["door, off"], t["door, on"], t["door, baked"]
-            print(f"| {name} | {requests} x {candidates} | {off:.0f} | {baked:.0f} | {on:.0f} "
-                  f"| {t['hand']:.0f} | {t['cm']:.0f} | {t['hand'] / on:.2f} | {on / t['cm']:.2f} "
+            off, on, full = t["door, off"], t["door, on"], t["door, full guards"]
+            print(f"| {name} | {requests} x {candidates} | {off:.0f} | {full:.0f} | {on:.0f} "
+                  f"| {t['hand']:.0f} | {t['hand, tags']:.0f} | {t['cm']:.0f} "
+                  f"| {t['hand'] / on:.2f} | {on / t['cm']:.2f} "
                   f"| {t['frame hot']:.0f} / {t['frame cold']:.0f} "
                   f"| {t['sub hot']:.0f} / {t['sub cold']:.0f} |", flush=True)  # fmt: skip
 

@@ -17,6 +17,9 @@ from ..ir.roles import Role
 from .compiled_frame import MISS, CompiledFrame
 
 
+_INDUCTOR = {"size_asserts": False}  # the class docstring says why
+
+
 class Lowered(nn.Module):
     """Runs the rewritten FX graph through Inductor; through FX if Inductor fails (with a warning).
 
@@ -33,6 +36,15 @@ class Lowered(nn.Module):
     is compiled dynamic only: with unbacked sizes Inductor computed wrong values for such graphs
     (an ``nn.TransformerEncoder`` over ``[L, B, D]``); so is a graph with an attention, whose
     mask's broadcast asks whether a size is 1, which an unbacked size cannot answer.
+
+    Inductor's code is generated without its input asserts (``size_asserts``), which check each
+    input's sizes and strides on every call (one Python call per input: 48 at glm_dcnv2, a tenth
+    of its graph's time at one request). Nothing the asserts would catch reaches the graph: the
+    inputs' dtypes, devices and sizes past the batch pick the variant, their strides are made
+    contiguous below and dynamo's guards check them on the frame's locals; the constants are the
+    module state the subgraph checks by identity, version and data pointer before every call
+    (``subgraph.py``). The ops Inductor runs as fallbacks are ATen's, whose shapes it computes
+    with PyTorch's own meta functions (the ``rocs::`` ops arrive in their portable forms).
 
     After the first compile, a call runs the compiled graph whose dynamo guards accept it without
     going through ``torch.compile``'s call (``compiled_frame.py``); one no guard accepts compiles
@@ -60,7 +72,7 @@ class Lowered(nn.Module):
         if _batch_moves(gm) or _attends(gm):
             self._strategies = self._strategies[1:]
         self._compiled = {
-            s: torch.compile(self._portable, backend="inductor", dynamic=True)
+            s: torch.compile(self._portable, backend="inductor", dynamic=True, options=_INDUCTOR)
             for s in self._strategies
         }
         # Once compiled, calls run the compiled entries without dynamo's call machinery.

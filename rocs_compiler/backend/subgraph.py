@@ -2,7 +2,8 @@
 arguments, and the state of a shared-layout call (:data:`SHARED_CALL`) it reads.
 
 A subgraph compiles itself with ``rocs.compile`` at its first call (one variant per set of
-non-batch shapes), recompiles when module state or a baked scalar changed since, and runs
+non-batch shapes), recompiles when module state (a tensor's identity, version or data pointer)
+or a baked scalar changed since, and runs
 plainly (Inductor or the graph itself) when the rewrite fails or shares nothing. Inside
 ``shared_call`` a subgraph that receives the request inputs untouched runs on their R-row
 tensors with ``candidate_to_request``.
@@ -86,6 +87,9 @@ class Subgraph:
     # The consts' positions, tensors and versions, compared per call in C-level passes; None
     # before the first compile, or with an inference tensor among them (``_seen_state``).
     _seen: Optional[tuple] = None
+    # The consts and their data pointers (``_pointers_of``): an assignment to ``.data`` gives a
+    # tensor another storage without a new object or a version bump.
+    _pointers: Optional[tuple] = None
     _input_slots: list = field(init=False)  # (position, path) of each input
 
     def __post_init__(self):
@@ -149,6 +153,10 @@ class Subgraph:
             for i, value, version in self.consts
         ):
             return True
+        if self._pointers is not None:
+            tensors, pointers = self._pointers
+            if list(map(_DATA_PTR, tensors)) != pointers:
+                return True
         return any(not _same_value(args[i], value, number) for i, value, number in self.values)
 
     def _key(self, leaves: dict) -> tuple:
@@ -209,6 +217,7 @@ class Subgraph:
             if s.kind == "const"
         ]
         self._seen = _seen_state(self.consts)
+        self._pointers = _pointers_of([value for _, value, _ in self.consts])
         baked = [(i, args[i].detach().clone())
                  for i, s in enumerate(self.slots) if s.kind == "value"]
         self.values = [(i, value, None if value.dim() else value.item()) for i, value in baked]
@@ -268,6 +277,7 @@ def _takes_shared(variant: _Variant, state: SharedCall, leaves: dict) -> bool:
 
 
 _VERSION = operator.attrgetter("_version")
+_DATA_PTR = torch.Tensor.data_ptr
 
 
 def _seen_state(consts: list) -> Optional[tuple]:
@@ -276,6 +286,15 @@ def _seen_state(consts: list) -> Optional[tuple]:
     if any(value.is_inference() for _, value, _ in consts):
         return None
     return [i for i, _, _ in consts], [v for _, v, _ in consts], [n for _, _, n in consts]
+
+
+def _pointers_of(tensors: list) -> Optional[tuple]:
+    """``(tensors, their data pointers)``; None when one has no storage to point at (a sparse
+    tensor), which leaves identity and version to tell its changes."""
+    try:
+        return tensors, list(map(_DATA_PTR, tensors))
+    except RuntimeError:
+        return None
 
 
 def _static_sizes(shape: torch.Size, dynamic: tuple[int, ...]) -> tuple:

@@ -13,6 +13,18 @@ Identity: without hooks, ``_call_impl`` calls ``forward`` and nothing else, and 
 so running that code after the same guards passed computes what ``compiled(**inputs)`` computes.
 A model with hooks, a global module hook, a call no entry accepts, or a stance other than the
 default goes through ``compiled(...)`` as before.
+
+The frames dynamo compiles inside such a call (the model's, and the graphs the backend lowers
+while compiling it) are guarded with dynamo's recursive dict tags
+(``use_recursive_dict_tags_for_guards``): a module whose ``__dict__``, and every dict below it,
+is the same object with the same version tag as when the guards last passed has its subtree's
+guards skipped, so a call checks one tag per module instead of every parameter's dtype, sizes
+and strides (glm_dcnv2's frame: 17 mask buffers and 34 parameters). A module changed by
+assignment (``model.train()``, a swapped parameter, a new float) changes its dict's tag and has
+its guards checked in full. What the tags do not see is a tensor changed in place; dynamo's
+default guards already skip a parameter's checks when its own module's dict tag matches
+(``skip_tensor_guards_with_matching_dict_tags``), and the backend's rewrite checks the module
+state it reads on every call, by identity and version (``subgraph.py``).
 """
 
 from __future__ import annotations
@@ -36,12 +48,19 @@ def call_compiled(compiled: Callable, args: tuple, kwargs: dict) -> Any:
         out = frame.call(args, kwargs)
         if out is not MISS:
             return out
-    out = compiled(*args, **kwargs)
+    with _recursive_dict_tags():
+        out = compiled(*args, **kwargs)
     if frame is None:
         frame = _frame_of(compiled)
     if frame is not None:
         frame.missed()  # dynamo may have compiled an entry for this call
     return out
+
+
+def _recursive_dict_tags():
+    from torch._dynamo import config
+
+    return config.patch(use_recursive_dict_tags_for_guards=True)
 
 
 def _frame_of(compiled: Callable):

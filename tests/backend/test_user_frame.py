@@ -210,3 +210,49 @@ def test_the_backend_named_by_string_runs_its_own_entries_too():
         for seed, counts in enumerate([[3, 1, 5], [7], [2, 9, 1, 4]]):
             _check(model, compiled, counts, seed=50 + seed)
     assert calls == [1] and len(user_frame._FRAMES[compiled]._entries) == 1
+
+
+def _tag_safe_roots(manager) -> int:
+    if manager is None:
+        return 0
+    own = int(manager.is_tag_safe_root())
+    return own + sum(_tag_safe_roots(child) for child in manager.get_child_managers())
+
+
+def test_the_models_frame_is_guarded_by_dict_tags_and_follows_what_changes():
+    torch.manual_seed(8)
+    model = _Ranker().eval()
+    _, compiled, calls = _compiled(model)
+    with torch.no_grad():
+        _check(model, compiled, [3, 2], seed=60)
+        (entry,) = user_frame._FRAMES[compiled]._entries
+        guards = entry[0]
+        # The modules' subtrees are skipped while their dicts' tags match.
+        assert _tag_safe_roots(guards.root) >= 1
+        assert not torch._dynamo.config.use_recursive_dict_tags_for_guards, "the flag leaked"
+        model.head = nn.Linear(32, 1)  # a new submodule: the model's dict tag changes
+        _check(model, compiled, [4, 1], seed=61)
+        model.user[2].weight = nn.Parameter(torch.randn(16, 32))  # a swapped parameter
+        _check(model, compiled, [2, 5, 3], seed=62)
+        model.items.weight.mul_(-2.0)  # in place: no tag sees it, the rewrite's state check does
+        _check(model, compiled, [1, 6], seed=63)
+        _check(model, compiled, [5, 2], seed=64)
+    # Swapped modules and parameters reach the graph as inputs, whose identity the rewrite's state
+    # check follows: dynamo's guards (checked in full after a tag changed) needed no new trace.
+    assert calls == [1]
+
+
+def test_a_weight_given_new_data_through_dot_data_is_followed():
+    """``p.data = t`` gives ``p`` another storage without a new object or a version bump (the
+    old way to load weights); the door's rewrite, which reads an alias of ``p``, compiles again."""
+    torch.manual_seed(9)
+    model = _Ranker().eval()
+    backend = rocs.backend(["user_dense"])  # lowered with Inductor, as the door runs by default
+    _, compiled, _ = _compiled(model, backend)
+    with torch.no_grad():
+        _check(model, compiled, [3, 2], seed=70)
+        _check(model, compiled, [2, 4], seed=71)
+        model.user[0].weight.data = torch.randn(32, 12)
+        model.head.weight.data = torch.randn(1, 32)
+        _check(model, compiled, [4, 1, 2], seed=72)
+        _check(model, compiled, [1, 5], seed=73)
