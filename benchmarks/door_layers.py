@@ -12,9 +12,10 @@ round by round (``regression.time_interleaved``):
   dynamic=True)``, with the compiled frames of the lowered graphs (``backend/compiled_frame.py``)
   and of the user's model (``backend/user_frame.py``), and with both swapped for ones that always
   miss (every call through ``torch.compile``'s own call);
-- **door, full guards**: a second door of the same model whose frames dynamo guards with its
+- **door, as before**: a second door of the same model whose frames dynamo guards with its
   default guards (every parameter checked) rather than the recursive dict tags ``shared_call``
-  compiles with (``backend/user_frame.py``), frames on;
+  compiles with (``backend/user_frame.py``), and whose lowered graphs keep Inductor's input
+  asserts (``backend/lowering.py``), frames on;
 - **hand**: ``torch.compile(hand rewrite, dynamic=True)`` on the shared layout; **hand, tags**:
   the same, its guards built with the recursive dict tags (what an expert gets from the flag);
 - **cm**: ``rocs.compile``'s eager call on the shared layout.
@@ -46,7 +47,7 @@ import rocs_compiler as rocs  # noqa: E402
 from backend_door import _own_frame  # noqa: E402
 from hand_rewrites import CASES  # noqa: E402
 from regression import time_interleaved  # noqa: E402
-from rocs_compiler.backend import door as door_module, user_frame  # noqa: E402
+from rocs_compiler.backend import door as door_module, lowering, user_frame  # noqa: E402
 from rocs_compiler.backend.compiled_frame import MISS  # noqa: E402
 from rocs_compiler.backend.lowering import Lowered  # noqa: E402
 from rocs_compiler.backend.subgraph import SHARED_CALL, Subgraph  # noqa: E402
@@ -78,19 +79,23 @@ def _through_torch_compile(compiled, args: tuple, kwargs: dict):
     return compiled(*args, **kwargs)
 
 
-def _compiled_with_full_guards(compile_and_warm):
+def _compiled_as_before(compile_and_warm):
     """What ``compile_and_warm()`` returns, its frames guarded by dynamo's default guards (every
-    parameter's checks) rather than the recursive dict tags ``shared_call`` compiles with."""
+    parameter's checks) rather than the recursive dict tags ``shared_call`` compiles with, and its
+    lowered graphs' Inductor code with its input asserts (the door before 2026-12-07)."""
     tags, user_frame._recursive_dict_tags = user_frame._recursive_dict_tags, contextlib.nullcontext
+    inductor = dict(lowering._INDUCTOR)
+    lowering._INDUCTOR.clear()
     try:
         return compile_and_warm()
     finally:
         user_frame._recursive_dict_tags = tags
+        lowering._INDUCTOR.update(inductor)
 
 
-def _full_guards_door(s, request_inputs: list, inputs: dict):
+def _door_as_before(s, request_inputs: list, inputs: dict):
     door = torch.compile(
-        _own_frame(s.model, s.names, "door, full guards"), backend=rocs.backend(request_inputs),
+        _own_frame(s.model, s.names, "door, as before"), backend=rocs.backend(request_inputs),
         dynamic=True,
     )  # fmt: skip
 
@@ -98,7 +103,7 @@ def _full_guards_door(s, request_inputs: list, inputs: dict):
         for _ in range(3):  # dynamo traces the frame at the first call
             rocs.shared_call(door, request_inputs=request_inputs, **inputs)
 
-    _compiled_with_full_guards(warm)
+    _compiled_as_before(warm)
     return lambda: rocs.shared_call(door, request_inputs=request_inputs, **inputs)
 
 
@@ -129,8 +134,8 @@ def measure(name: str, requests: int, candidates: int, rounds: int, sample_s: fl
         for _ in range(3):
             call_door(), hand(**inputs), s.cm(**inputs)
         torch.testing.assert_close(call_door(), hand(**inputs), rtol=1e-4, atol=1e-4)
-        full = _full_guards_door(s, request_inputs, inputs)
-        torch.testing.assert_close(full(), hand(**inputs), rtol=1e-4, atol=1e-4)
+        before = _door_as_before(s, request_inputs, inputs)
+        torch.testing.assert_close(before(), hand(**inputs), rtol=1e-4, atol=1e-4)
         hand_tags = _hand_with_tags(s, inputs)
         lowered = _lowered_graphs(backend)
         frames = [g._frame for g in lowered]
@@ -147,7 +152,7 @@ def measure(name: str, requests: int, candidates: int, rounds: int, sample_s: fl
         # Switching frames costs the same in each, and far less than a call.
         times = _interleaved_us(
             {"door, off": with_frames(False), "door, on": with_frames(True),
-             "door, full guards": with_frames(True, full),
+             "door, as before": with_frames(True, before),
              "hand": lambda: hand(**inputs), "hand, tags": hand_tags, "cm": lambda: s.cm(**inputs)},
             rounds, sample_s,
         )  # fmt: skip
@@ -215,7 +220,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     doors.retain_freed_memory()  # as doors.py times: freed memory kept, no page faults per call
-    print("| model | R x N | door, off us | door, full guards us | door, on us | hand us "
+    print("| model | R x N | door, off us | door, as before us | door, on us | hand us "
           "| hand, tags us | cm us | hand / door | door / cm | frame + shared_call, hot / cold "
           "| subgraph, hot / cold |")  # fmt: skip
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -223,8 +228,8 @@ def main() -> None:
         for size in args.sizes.split(","):
             requests, candidates = map(int, size.split("x"))
             t = measure(name, requests, candidates, args.rounds, args.sample_ms / 1e3)
-            off, on, full = t["door, off"], t["door, on"], t["door, full guards"]
-            print(f"| {name} | {requests} x {candidates} | {off:.0f} | {full:.0f} | {on:.0f} "
+            off, on, before = t["door, off"], t["door, on"], t["door, as before"]
+            print(f"| {name} | {requests} x {candidates} | {off:.0f} | {before:.0f} | {on:.0f} "
                   f"| {t['hand']:.0f} | {t['hand, tags']:.0f} | {t['cm']:.0f} "
                   f"| {t['hand'] / on:.2f} | {on / t['cm']:.2f} "
                   f"| {t['frame hot']:.0f} / {t['frame cold']:.0f} "
