@@ -29,6 +29,7 @@ state it reads on every call, by identity and version (``subgraph.py``).
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import Any, Callable
 
@@ -58,8 +59,12 @@ def call_compiled(compiled: Callable, args: tuple, kwargs: dict) -> Any:
 
 
 def _recursive_dict_tags():
+    """Dynamo's recursive dict tags for the guards it builds in this scope; a torch without the
+    option keeps its default guards."""
     from torch._dynamo import config
 
+    if not hasattr(config, "use_recursive_dict_tags_for_guards"):
+        return contextlib.nullcontext()
     return config.patch(use_recursive_dict_tags_for_guards=True)
 
 
