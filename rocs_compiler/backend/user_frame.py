@@ -24,7 +24,8 @@ assignment (``model.train()``, a swapped parameter, a new float) changes its dic
 its guards checked in full. What the tags do not see is a tensor changed in place; dynamo's
 default guards already skip a parameter's checks when its own module's dict tag matches
 (``skip_tensor_guards_with_matching_dict_tags``), and the backend's rewrite checks the module
-state it reads on every call, by identity and version (``subgraph.py``).
+state it reads on every call, by identity, version and data pointer (``subgraph.py``). A torch
+without the option keeps its default guards.
 """
 
 from __future__ import annotations
