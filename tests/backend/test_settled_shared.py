@@ -138,3 +138,29 @@ def test_calls_the_settled_path_cannot_vouch_for_take_the_call_path(door, settle
     out = rocs.shared_call(compiled, **shared, candidate_to_request=index)  # grad mode
     assert settled_calls["call_path"] == calls + 1
     torch.testing.assert_close(out, model(**replicated), rtol=TOLERANCE, atol=TOLERANCE)
+
+
+def test_inputs_of_any_layout_stay_exact_without_inductors_input_asserts(door, settled_calls):
+    """The lowered graph's Inductor code does not assert its inputs' sizes and strides
+    (``backend/lowering.py``): strided views, views at an offset and transposed copies reach it
+    with the strides it was compiled for, or compile anew."""
+    model, _, compiled = door
+    with torch.no_grad():
+        _check(model, compiled, [3, 1, 5], seed=20)
+        for seed, counts in enumerate([[2, 4], [6, 1, 3], [1, 1, 2, 5]]):
+            shared, replicated, index = _batch(counts, seed=21 + seed)
+            wide = torch.randn(len(counts), 24)
+            wide[:, ::2] = shared["user_dense"]
+            long = torch.randint(0, 500, (len(counts) + 1, 20))
+            long[1:] = shared["history"]
+            spaced = torch.randint(0, 500, (2 * len(index),))
+            spaced[::2] = shared["item_id"]
+            views = {
+                "user_dense": wide[:, ::2],  # every other column
+                "history": long[1:],  # contiguous, one row into its storage
+                "item_id": spaced[::2],  # a row stride of 2
+            }
+            assert not views["user_dense"].is_contiguous() and views["history"].storage_offset()
+            got = rocs.shared_call(compiled, **views, candidate_to_request=index)
+            torch.testing.assert_close(got, model(**replicated), rtol=TOLERANCE, atol=TOLERANCE)
+    assert settled_calls["settled"] >= 3
