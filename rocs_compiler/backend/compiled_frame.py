@@ -79,6 +79,12 @@ class CompiledFrame:
             return MISS  # a name forward does not take, or a parameter left without a value
         return self(tuple(bound[n] for n in self._names))
 
+    @property
+    def has_entries(self) -> bool:
+        """Whether some compiled entry may run a call (one that refuses a call means dynamo
+        compiles another for it)."""
+        return bool(self._entries)
+
     def __deepcopy__(self, memo: dict) -> None:
         """None: a copied module's forward is code of its own, which dynamo compiles at the
         copy's first call; its owner makes a frame of it then."""

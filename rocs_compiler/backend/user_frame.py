@@ -15,7 +15,8 @@ A model with hooks, a global module hook, a call no entry accepts, or a stance o
 default goes through ``compiled(...)`` as before.
 
 The frames dynamo compiles inside such a call (the model's, and the graphs the backend lowers
-while compiling it) are guarded with dynamo's recursive dict tags
+while compiling it: at the first call, and at a call the compiled entries refused) are guarded
+with dynamo's recursive dict tags
 (``use_recursive_dict_tags_for_guards``): a module whose ``__dict__``, and every dict below it,
 is the same object with the same version tag as when the guards last passed has its subtree's
 guards skipped, so a call checks one tag per module instead of every parameter's dtype, sizes
@@ -25,7 +26,10 @@ its guards checked in full. What the tags do not see is a tensor changed in plac
 default guards already skip a parameter's checks when its own module's dict tag matches
 (``skip_tensor_guards_with_matching_dict_tags``), and the backend's rewrite checks the module
 state it reads on every call, by identity, version and data pointer (``subgraph.py``). A torch
-without the option keeps its default guards.
+without the option keeps its default guards. The option is dynamo's process-wide configuration,
+so it is set only around those calls (setting and restoring it costs about 20 us): a model with
+hooks or a graph break, whose every call goes through ``torch.compile``, does not pay that per
+call, and another thread's compile sees the option only while such a call compiles.
 """
 
 from __future__ import annotations
@@ -46,11 +50,16 @@ def call_compiled(compiled: Callable, args: tuple, kwargs: dict) -> Any:
     """``compiled(*args, **kwargs)``, through its rocs-compiled ``forward`` entries where one
     accepts the call."""
     frame = _FRAMES.get(compiled) if isinstance(compiled, nn.Module) else None
+    compiles = frame is None  # the first call compiles
     if frame is not None and not _hooked(compiled):
         out = frame.call(args, kwargs)
         if out is not MISS:
             return out
-    with _recursive_dict_tags():
+        compiles = frame.has_entries  # an entry refused the call: dynamo compiles another
+    if compiles:
+        with _recursive_dict_tags():
+            out = compiled(*args, **kwargs)
+    else:
         out = compiled(*args, **kwargs)
     if frame is None:
         frame = _frame_of(compiled)
