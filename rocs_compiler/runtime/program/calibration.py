@@ -207,12 +207,11 @@ def _streamed_gemm(calibration: Calibration, clock: Callable[[], float]) -> Cali
         sample = Sample(aten.linear.default, F.linear, (randn(rows, 320), weight, bias))
         counts = counted(sample)[2]
         found.append((counts["bytes"], median_seconds(sample, 0.0, clock) / counts["flops"]))
-    in_cache = found[0][1]
-    rises = [per_flop > in_cache * (1 + _STREAMED_RISE) for _, per_flop in found]
-    streamed = [i for i, rise in enumerate(rises) if rise]
-    if not streamed:
+    bound = found[0][1] * (1 + _STREAMED_RISE)
+    first = next((i for i, (_, per_flop) in enumerate(found) if per_flop > bound), None)
+    if first is None:
         return calibration
-    first = streamed[0]
+    in_cache = found[0][1]
     excess = statistics.median(per_flop - in_cache for _, per_flop in found[first:])
     return dataclasses.replace(
         calibration, streamed_bytes=float(found[first][0]), streamed_flop_s=float(excess)
