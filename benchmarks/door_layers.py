@@ -20,10 +20,14 @@ round by round (``regression.time_interleaved``):
   the same, its guards built with the recursive dict tags (what an expert gets from the flag);
 - **cm**: ``rocs.compile``'s eager call on the shared layout.
 
-Then the door's layers: the user's frame and ``shared_call`` (the subgraph replaced by one that
-returns a cached output), the subgraph alone (called with the arguments dynamo handed it, inside
-the same shared-call state), each *hot* (timed alone) and *cold* (after touching 8 MB, as the
-call's own kernels evict what the next layer reads; the 8 MB pass's own time taken off).
+Then the door's layers: ``shared_call`` alone (the user's frame replaced by one that returns a
+cached output), the user's frame and ``shared_call`` (the subgraph replaced so), the subgraph
+alone (called with the arguments dynamo handed it, inside the same shared-call state), each *hot*
+(timed alone) and *cold* (after touching 8 MB, as the call's own kernels evict what the next layer
+reads; the 8 MB pass's own time taken off); and the lowered graphs' code alone, hot: the code of
+the cache entry each runs, called with the arguments it got, without its guard check (what the
+door's kernels cost with dynamo's bytecode around them, to set against the hand rewrite's whole
+call). "door - code" is what the door's layers cost in the door's call.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import argparse
 import contextlib
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -159,12 +164,13 @@ def measure(name: str, requests: int, candidates: int, rounds: int, sample_s: fl
         for graph, frame in zip(lowered, frames):
             graph._frame = frame
         door_module.call_compiled = call_compiled
-        times.update(_layers(call_door, rounds, sample_s))
+        times.update(_layers(call_door, lowered, rounds, sample_s))
     return times
 
 
-def _layers(call_door, rounds: int, sample_s: float) -> dict:
-    """The user's frame with ``shared_call``, and the subgraph, hot and cold."""
+def _layers(call_door, lowered: list, rounds: int, sample_s: float) -> dict:
+    """The user's frame with ``shared_call``, and the subgraph, hot and cold; then the door's
+    call split by where its time goes (:func:`_in_call`)."""
     seen = {}
     real = Subgraph.__call__
 
@@ -208,7 +214,86 @@ def _layers(call_door, rounds: int, sample_s: float) -> dict:
         Subgraph.__call__ = real
     sub_hot, sub_cold = hot_and_cold(call_subgraph)
     return {"frame hot": frame_hot, "frame cold": frame_cold, "sub hot": sub_hot,
-            "sub cold": sub_cold}  # fmt: skip
+            "sub cold": sub_cold, **_in_call(call_door, lowered, rounds, sample_s)}  # fmt: skip
+
+
+# The door's nested layers, outermost first: what each wrapper times includes the next.
+_NESTED = ("shared_call", "user frame", "subgraph", "lowered frame", "code")
+
+
+def _in_call(call_door, lowered: list, rounds: int, sample_s: float) -> dict:
+    """Microseconds per door call spent in ``shared_call`` outside the user's frame, in the
+    user's frame outside the subgraph (its guards and code), in the subgraph outside the lowered
+    graph (its checks, the settled call), in the lowered graph's frame outside its entry's code
+    (``Lowered``'s preparation, the entry's guards), and in that code (dynamo's bytecode and
+    Inductor's): each layer timed by the thread's CPU clock around it, inside real calls, so with
+    the caches as the call's own kernels leave them; the clock's reads are taken off the layer
+    they fall in, what is left of the timers (a Python call each) is under a microsecond per
+    layer. Medians of ``rounds`` loops."""
+    spent = dict.fromkeys(_NESTED, 0.0)
+    clock = time.thread_time
+
+    def timed(label: str, fn):
+        def run(*args, **kwargs):
+            start = clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[label] += clock() - start
+
+        return run
+
+    frames = [g._frame for g in lowered if g._frame is not None]
+    entries = [frame._entries for frame in frames]
+    real_forward, real_subgraph = Lowered.forward, Subgraph.__call__
+    patches = [
+        (door_module, "call_compiled", timed("user frame", call_compiled)),
+        (Subgraph, "__call__", timed("subgraph", real_subgraph)),
+        (Lowered, "forward", timed("lowered frame", real_forward)),
+    ]
+    for owner, name, wrapper in patches:
+        setattr(owner, name, wrapper)
+    for frame, frame_entries in zip(frames, entries):
+        frame._entries = [(guards, timed("code", run)) for guards, run in frame_entries]
+    samples = {label: [] for label in _NESTED}
+    try:
+        door = timed("shared_call", call_door)
+        loops = max(1, round(sample_s / max(_seconds(door), 1e-7)))
+        for _ in range(rounds):
+            for label in spent:
+                spent[label] = 0.0
+            for _ in range(loops):
+                door()
+            for label in _NESTED:
+                samples[label].append(spent[label] / loops * 1e6)
+    finally:
+        door_module.call_compiled = call_compiled
+        Subgraph.__call__ = real_subgraph
+        Lowered.forward = real_forward
+        for frame, frame_entries in zip(frames, entries):
+            frame._entries = frame_entries
+    medians = {label: statistics.median(v) for label, v in samples.items()}
+    reads = _clock_read_us()  # the inner layer's two reads fall inside each outer layer's span
+    own = {}
+    for outer, inner in zip(_NESTED, _NESTED[1:]):
+        own[outer] = medians[outer] - medians[inner] - 2 * reads
+    own["code"] = medians["code"]
+    return {f"in call: {label}": value for label, value in own.items()}
+
+
+def _clock_read_us() -> float:
+    """Microseconds one read of the thread's CPU clock takes (a system call on some VMs)."""
+    reads = 10_000
+    start = time.thread_time()
+    for _ in range(reads):
+        time.thread_time()
+    return (time.thread_time() - start) / (reads + 1) * 1e6
+
+
+def _seconds(call) -> float:
+    start = time.thread_time()
+    call()
+    return time.thread_time() - start
 
 
 def main() -> None:
@@ -222,18 +307,21 @@ def main() -> None:
     doors.retain_freed_memory()  # as doors.py times: freed memory kept, no page faults per call
     print("| model | R x N | door, off us | door, as before us | door, on us | hand us "
           "| hand, tags us | cm us | hand / door | door / cm | frame + shared_call, hot / cold "
-          "| subgraph, hot / cold |")  # fmt: skip
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| subgraph, hot / cold | in the call: shared_call / user frame / subgraph / "
+          "lowered frame / code us |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in args.models.split(","):
         for size in args.sizes.split(","):
             requests, candidates = map(int, size.split("x"))
             t = measure(name, requests, candidates, args.rounds, args.sample_ms / 1e3)
             off, on, before = t["door, off"], t["door, on"], t["door, as before"]
+            in_call = " / ".join(f"{t['in call: ' + label]:.0f}" for label in _NESTED)
             print(f"| {name} | {requests} x {candidates} | {off:.0f} | {before:.0f} | {on:.0f} "
                   f"| {t['hand']:.0f} | {t['hand, tags']:.0f} | {t['cm']:.0f} "
                   f"| {t['hand'] / on:.2f} | {on / t['cm']:.2f} "
                   f"| {t['frame hot']:.0f} / {t['frame cold']:.0f} "
-                  f"| {t['sub hot']:.0f} / {t['sub cold']:.0f} |", flush=True)  # fmt: skip
+                  f"| {t['sub hot']:.0f} / {t['sub cold']:.0f} "
+                  f"| {in_call} |", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -19,6 +19,44 @@ from .compiled_frame import MISS, CompiledFrame
 
 _INDUCTOR = {"size_asserts": False}  # the class docstring says why
 
+# Guards on the identity of functions and modules of torch and of rocs that the portable graph's
+# code reads as globals (``G['torch'].ops.aten.add``, a portable form's helper).
+_IDENTITY_GUARDS = frozenset(
+    {"MODULE_MATCH", "BUILTIN_MATCH", "CLOSURE_MATCH", "FUNCTION_MATCH", "ID_MATCH", "TYPE_MATCH"}
+)
+_OWN_GLOBALS = ("G['torch']", "G['__import_torch", "G['__import_rocs_compiler", "G['rocs_compiler")
+_SELF = ("self", "L['self']")  # the frame's module, as dynamo names it
+
+
+def _guard_filter(entries) -> list[bool]:
+    """Which of dynamo's guards on a lowered graph's frame to keep (``guard_filter_fn``): all but
+    those on the portable module's own state, and on the identity of torch's and rocs's functions
+    its code calls (the class docstring says why neither can fail)."""
+    return [not _never_fails(e) for e in entries]
+
+
+def _never_fails(entry) -> bool:
+    name = entry.name
+    if any(name == s or name.startswith((s + ".", s + "[")) for s in _SELF):
+        return True
+    return (
+        entry.is_global
+        and entry.guard_type in _IDENTITY_GUARDS
+        and name.startswith(_OWN_GLOBALS)
+        and "hooks" not in name  # the global module hooks are the user's to register
+    )
+
+
+def _compile_options() -> dict:
+    """``torch.compile``'s options for a lowered graph: a new dict each time (``torch.compile``
+    takes ``guard_filter_fn`` out of the dict it is given); a torch without the filter keeps
+    every guard."""
+    from torch._dynamo import types
+
+    if not hasattr(types, "GuardFilterEntry"):
+        return dict(_INDUCTOR)
+    return {**_INDUCTOR, "guard_filter_fn": _guard_filter}
+
 
 class Lowered(nn.Module):
     """Runs the rewritten FX graph through Inductor; through FX if Inductor fails (with a warning).
@@ -46,6 +84,22 @@ class Lowered(nn.Module):
     (``subgraph.py``). The ops Inductor runs as fallbacks are ATen's, whose shapes it computes
     with PyTorch's own meta functions (the ``rocs::`` ops arrive in their portable forms).
 
+    Of the guards dynamo builds for the compiled graph's frame, two kinds are left out
+    (``guard_filter_fn``), as they cannot fail; every other guard stays (the global state, grad
+    mode, the shape environment's relations, each input's dtype, device, sizes and strides):
+
+    - those on the portable module itself (its type, its dicts, each constant's sizes and
+      strides: 43 tensors at glm_dcnv2). That module is built here from the rewritten graph and
+      kept private; nothing assigns to its attributes afterwards (the runtime's weight following
+      rebinds the rewritten graph's attributes, never the portable copy's), so what those guards
+      check is what they saw at compile time;
+    - those on the identity of torch's and rocs's own functions and modules that its code reads as
+      globals (``torch.ops.aten.add``, a portable form's helper): replacing them at run time is
+      no supported use.
+
+    Checked after the call's kernels have evicted them, these cost more than their count says:
+    the frame's guards took 22 of the door's 470 us at glm_dcnv2, 1 x 270 (docs/SPEED.md).
+
     After the first compile, a call runs the compiled graph whose dynamo guards accept it without
     going through ``torch.compile``'s call (``compiled_frame.py``); one no guard accepts compiles
     as before.
@@ -72,7 +126,9 @@ class Lowered(nn.Module):
         if _batch_moves(gm) or _attends(gm):
             self._strategies = self._strategies[1:]
         self._compiled = {
-            s: torch.compile(self._portable, backend="inductor", dynamic=True, options=_INDUCTOR)
+            s: torch.compile(
+                self._portable, backend="inductor", dynamic=True, options=_compile_options()
+            )
             for s in self._strategies
         }
         # Once compiled, calls run the compiled entries without dynamo's call machinery.

@@ -151,3 +151,40 @@ def test_arguments_by_name_with_defaults_and_self_by_another_name_run_the_entry(
         assert frame.call((x,), {"x": x}) is MISS  # given twice: Python's call raises
         assert frame.call((), {"x": x, "y": x}) is MISS  # a name forward does not take
         assert frame.call((), {}) is MISS  # a parameter without a value
+
+
+def test_the_frame_keeps_every_guard_but_those_on_its_own_module_and_torchs_functions():
+    from rocs_compiler.backend import lowering
+
+    kept_and_dropped = []
+    real = lowering._guard_filter
+
+    def recording(entries):
+        keep = real(entries)
+        kept_and_dropped.extend(zip(entries, keep))
+        return keep
+
+    gm = fx.symbolic_trace(_Scorer())
+    lowering._guard_filter = recording
+    try:
+        lowered = Lowered(gm, use_inductor=True)
+        x, index = _inputs(3, 7)
+        with torch.no_grad():
+            lowered(x, index)
+    finally:
+        lowering._guard_filter = real
+    kept = {(e.guard_type, e.name) for e, keep in kept_and_dropped if keep}
+    dropped = [e for e, keep in kept_and_dropped if not keep]
+    kinds = {kind for kind, _ in kept}
+    assert {"GLOBAL_STATE", "GRAD_MODE", "SHAPE_ENV"} <= kinds
+    assert ("TENSOR_MATCH", "x") in kept and ("TENSOR_MATCH", "index") in kept
+    assert any(e.guard_type == "TENSOR_MATCH" and e.name.startswith("self.") for e in dropped)
+    assert any(e.guard_type == "BUILTIN_MATCH" and e.name.startswith("G['torch']") for e in dropped)
+    assert all(e.name.split(".")[0] == "self" or e.name.startswith("G[") for e in dropped)
+    assert all("hooks" not in e.name for e in dropped if e.name.startswith("G["))
+    # What is kept still guards: another dtype of an input is not the compiled entry's.
+    with torch.no_grad():
+        x64 = x.double()
+        gm.double()
+        torch.testing.assert_close(lowered(x64, index)[0], gm(x64, index)[0])
+    assert len(lowered._frame._entries) == 2
