@@ -127,10 +127,17 @@ def _resumes(code: types.CodeType) -> bool:
     return bool(code.co_freevars) or any(n.startswith("__resume_at") for n in code.co_names)
 
 
-def _default_stance() -> bool:
-    from torch._dynamo import config, eval_frame
+_EVAL_FRAME: Any = None  # torch._dynamo.eval_frame, imported at the first call
 
-    stance = getattr(eval_frame, "_stance", None)
-    if getattr(config, "disable", False):
-        return False
+
+def _default_stance() -> bool:
+    """True under dynamo's default stance, where a call runs the entry whose guards accept it.
+    Dynamo reads ``config.disable`` only when it converts a frame: an entry compiled before runs
+    whatever the option says, and so does a call here (reading the option took 2 us a call)."""
+    global _EVAL_FRAME
+    if _EVAL_FRAME is None:
+        from torch._dynamo import eval_frame
+
+        _EVAL_FRAME = eval_frame
+    stance = getattr(_EVAL_FRAME, "_stance", None)
     return stance is None or (stance.stance == "default" and not stance.skip_guard_eval_unsafe)

@@ -188,3 +188,21 @@ def test_the_frame_keeps_every_guard_but_those_on_its_own_module_and_torchs_func
         gm.double()
         torch.testing.assert_close(lowered(x64, index)[0], gm(x64, index)[0])
     assert len(lowered._frame._entries) == 2
+
+
+def test_dynamos_disable_option_is_followed_as_dynamo_follows_it():
+    gm = fx.symbolic_trace(_Scorer())
+    lowered = Lowered(gm, use_inductor=True)
+    calls = _counted(lowered)
+    x, index = _inputs(3, 7)
+    with torch.no_grad():
+        lowered(x, index)
+        with torch._dynamo.config.patch(disable=True):
+            # An entry compiled before runs (dynamo's own call runs it too) ...
+            torch.testing.assert_close(lowered(x, index)[0], gm(x, index)[0])
+            assert len(calls) == 1
+            # ... and a call no entry accepts runs uncompiled: nothing new is compiled.
+            x64 = x.double()
+            gm.double()
+            torch.testing.assert_close(lowered(x64, index)[0], gm(x64, index)[0])
+    assert len(calls) == 2 and len(lowered._frame._entries) == 1
