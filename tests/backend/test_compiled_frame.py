@@ -79,13 +79,20 @@ def test_a_call_no_guard_accepts_goes_through_dynamo_which_compiles_it():
     assert len(calls) == 3 and out.requires_grad
 
 
-def test_a_stance_other_than_the_default_is_dynamos_to_apply():
+def _compiled_once():
+    """A lowered graph compiled by one call, its later ``torch.compile`` calls counted."""
     gm = fx.symbolic_trace(_Scorer())
     lowered = Lowered(gm, use_inductor=True)
     calls = _counted(lowered)
     x, index = _inputs(3, 7)
     with torch.no_grad():
         lowered(x, index)
+    return gm, lowered, calls, x, index
+
+
+def test_a_stance_other_than_the_default_is_dynamos_to_apply():
+    gm, lowered, calls, x, index = _compiled_once()
+    with torch.no_grad():
         with torch.compiler.set_stance("force_eager"):
             torch.testing.assert_close(lowered(x, index)[0], gm(x, index)[0])
     assert len(calls) == 2
@@ -191,12 +198,8 @@ def test_the_frame_keeps_every_guard_but_those_on_its_own_module_and_torchs_func
 
 
 def test_dynamos_disable_option_is_followed_as_dynamo_follows_it():
-    gm = fx.symbolic_trace(_Scorer())
-    lowered = Lowered(gm, use_inductor=True)
-    calls = _counted(lowered)
-    x, index = _inputs(3, 7)
+    gm, lowered, calls, x, index = _compiled_once()
     with torch.no_grad():
-        lowered(x, index)
         with torch._dynamo.config.patch(disable=True):
             # An entry compiled before runs (dynamo's own call runs it too) ...
             torch.testing.assert_close(lowered(x, index)[0], gm(x, index)[0])
