@@ -97,8 +97,9 @@ class Lowered(nn.Module):
       globals (``torch.ops.aten.add``, a portable form's helper): replacing them at run time is
       no supported use.
 
-    Checked after the call's kernels have evicted them, these cost more than their count says:
-    the frame's guards took 22 of the door's 470 us at glm_dcnv2, 1 x 270 (docs/SPEED.md).
+    Checked after the call's kernels have evicted what they read, guards cost more than their
+    count says: at glm_dcnv2, 1 x 270, the frame's whole check took 6.9 us hot and 22.5 us after
+    an 8 MB pass, in a door call of about 470 us (docs/SPEED.md).
 
     After the first compile, a call runs the compiled graph whose dynamo guards accept it without
     going through ``torch.compile``'s call (``compiled_frame.py``); one no guard accepts compiles
