@@ -254,7 +254,10 @@ def _in_call(call_door, lowered: list, rounds: int, sample_s: float) -> dict:
     for owner, name, wrapper in patches:
         setattr(owner, name, wrapper)
     for frame, frame_entries in zip(frames, entries):
-        frame._entries = [(guards, timed("code", run)) for guards, run in frame_entries]
+        frame._entries = [
+            (guards, timed("code", run), direct and timed("code", direct))
+            for guards, run, direct in frame_entries
+        ]
     samples = {label: [] for label in _NESTED}
     try:
         door = timed("shared_call", call_door)

@@ -10,7 +10,9 @@ graph.
 
 Identity: dynamo runs the frame as the code of a cache entry whose guards pass on the frame's
 locals, with the frame's globals; calling that code as a function of the same arguments, after
-the same guards passed, computes the same thing. A call that no entry's guards accept (another
+the same guards passed, computes the same thing; with no eval-frame hook installed, the code runs
+with dynamo's helpers and the compiled graph called past their disable wrappers, which then have
+nothing to do (``direct_code.py``). A call that no entry's guards accept (another
 dtype, grad mode on, a size a guard pins), an entry that resumes after a graph break (its resume
 functions are compiled frames of their own), a stance other than the default, or a torch without
 these internals goes through ``torch.compile`` as before, which compiles anew where it must.
@@ -23,6 +25,8 @@ import types
 from typing import Any
 
 from torch import nn
+
+from .direct_code import direct_function
 
 MISS = object()  # what a call returns when no compiled entry accepts it
 _VARIADIC = inspect.CO_VARARGS | inspect.CO_VARKEYWORDS
@@ -54,19 +58,15 @@ class CompiledFrame:
         defaults = (getattr(function, "__defaults__", None) or ()) if code else ()
         self._defaults = dict(zip(self._names[len(self._names) - len(defaults) :], defaults))
         self._backend = backend
-        self._entries: list[tuple[Any, types.FunctionType]] = []
+        # Per entry: its guards, its code as a function, and the same with dynamo's helpers
+        # called past their disable wrappers (``direct_code.py``; None where it has none).
+        self._entries: list[tuple[Any, types.FunctionType, Any]] = []
         self._misses = 0  # calls in a row that no entry accepted
 
     def __call__(self, args: tuple) -> Any:
-        if not self._entries or len(args) != len(self._names) or not _default_stance():
+        if not self._entries or len(args) != len(self._names):
             return MISS
-        frame_locals = dict(zip(self._names, args))
-        frame_locals[self._self] = self._module
-        for guards, run in self._entries:
-            if guards.check(frame_locals):
-                self._misses = 0
-                return run(self._module, *args)
-        return MISS
+        return self._run(dict(zip(self._names, args)), args)
 
     def call(self, args: tuple, kwargs: dict) -> Any:
         """:meth:`__call__` with arguments by position and by name, defaults filled in."""
@@ -77,7 +77,26 @@ class CompiledFrame:
         bound = {**self._defaults, **dict(zip(self._names, args)), **kwargs}
         if bound.keys() != self._name_set:
             return MISS  # a name forward does not take, or a parameter left without a value
-        return self(tuple(bound[n] for n in self._names))
+        return self._run(bound, tuple(map(bound.__getitem__, self._names)))
+
+    def _run(self, frame_locals: dict, args: tuple) -> Any:
+        """The entry whose guards accept ``frame_locals`` (``args`` by name, ``self`` to come),
+        run on ``args``; :data:`MISS` when none does."""
+        if not _default_stance():
+            return MISS
+        frame_locals[self._self] = self._module
+        for guards, run, direct in self._entries:
+            if guards.check(frame_locals):
+                self._misses = 0
+                if direct is not None and _no_eval_frame_hook():
+                    return direct(self._module, *args)
+                return run(self._module, *args)
+        return MISS
+
+    @property
+    def module(self) -> nn.Module:
+        """The module whose forward it runs."""
+        return self._module
 
     @property
     def has_entries(self) -> bool:
@@ -117,7 +136,8 @@ class CompiledFrame:
                 continue
             if self._backend is not None and getattr(entry, "backend", None) is not self._backend:
                 continue
-            entries.append((guards, types.FunctionType(code, self._globals, code.co_name)))
+            run = types.FunctionType(code, self._globals, code.co_name)
+            entries.append((guards, run, direct_function(code, self._globals)))
         self._entries = entries
 
 
@@ -128,6 +148,18 @@ def _resumes(code: types.CodeType) -> bool:
 
 
 _EVAL_FRAME: Any = None  # torch._dynamo.eval_frame, imported at the first call
+_HOOK: Any = None  # torch._C._dynamo.eval_frame.get_eval_frame_callback
+
+
+def _no_eval_frame_hook() -> bool:
+    """True when no eval-frame hook is installed (no dynamo frame runs around this call), where
+    dynamo's disable wrappers have nothing to take off (``direct_code.py``)."""
+    global _HOOK
+    if _HOOK is None:
+        from torch._C._dynamo.eval_frame import get_eval_frame_callback
+
+        _HOOK = get_eval_frame_callback
+    return _HOOK() is None
 
 
 def _default_stance() -> bool:

@@ -118,34 +118,34 @@ def shared_call(
     ``request_inputs`` defaults to the ones the backend was given.
     """
     names = (
-        list(request_inputs) if request_inputs is not None else _backend_request_inputs(compiled)
+        tuple(request_inputs) if request_inputs is not None else _backend_request_inputs(compiled)
     )
     signature, order = _signature_of(_original_callable(compiled))
     named = given_by_name(order, args, kwargs)
     leaves = named_leaves(named if named is not None else bind_inputs(signature, args, kwargs))
-    covered, missing = _request_leaves(tuple(names), tuple(leaves))
-    requests = [n for n in covered if is_tensor(leaves[n])]
-    if len(requests) != len(covered):  # a leaf that is not a tensor stands for no request
-        missing = _request_leaves(tuple(names), tuple(requests))[1]
+    covered, missing = _request_leaves(names, tuple(leaves))
+    shared = {n: leaves[n] for n in covered if is_tensor(leaves[n])}
+    if len(shared) != len(covered):  # a leaf that is not a tensor stands for no request
+        missing = _request_leaves(names, tuple(shared))[1]
     if missing:
         raise InputError(f"missing request input(s): {', '.join(missing)}")
     index = candidate_to_request
-    rows = {n: leaves[n].shape[0] if leaves[n].dim() else None for n in requests}
+    rows = {n: t.shape[0] if t.dim() else None for n, t in shared.items()}
     if len(set(rows.values())) != 1 or None in rows.values():
         raise InputError(f"request inputs disagree on the number of rows R: {rows}")
     num_requests = next(iter(rows.values()))
     # On the CPU the gather below checks the index's range as it reads (``runtime/call/bound.py``).
     check_candidate_to_request(index, None, num_requests, check_range=index.is_cuda)
     try:
-        replicated = {n: leaves[n].index_select(0, index) for n in requests}
+        replicated = {n: t.index_select(0, index) for n, t in shared.items()}
     except IndexError:
         check_candidate_to_request(index, None, num_requests)  # names the value out of range
         raise
-    if named is not None and all(n in named for n in requests):  # top-level tensors: no tree
+    if named is not None and all(n in named for n in shared):  # top-level tensors: no tree
         call_args, call_kwargs = (), {**named, **replicated}
     else:
         call_args, call_kwargs = replace_leaves(signature, args, kwargs, replicated)
-    state = SharedCall(index, {n: leaves[n] for n in requests}, replicated)
+    state = SharedCall(index, shared, replicated)
     token = SHARED_CALL.set(state)
     try:
         out = call_compiled(compiled, call_args, call_kwargs)
@@ -191,14 +191,34 @@ def _signature_of(original: Callable) -> tuple[inspect.Signature, Optional[tuple
 
 
 def _original_callable(compiled: Callable) -> Callable:
-    orig = getattr(compiled, "_orig_mod", None)
+    modules = getattr(compiled, "_modules", None)  # an optimized module holds its model there
+    orig = modules.get("_orig_mod") if isinstance(modules, dict) else None
+    if orig is None:
+        orig = getattr(compiled, "_orig_mod", None)
     if isinstance(orig, nn.Module):
         return orig.forward
     return getattr(compiled, "_torchdynamo_orig_callable", compiled)
 
 
-def _backend_request_inputs(compiled: Callable) -> list[str]:
-    """The request inputs of the rocs backend behind a ``torch.compile`` result, if any."""
+_REQUEST_INPUTS: "weakref.WeakKeyDictionary[Callable, tuple]" = weakref.WeakKeyDictionary()
+
+
+def _backend_request_inputs(compiled: Callable) -> tuple[str, ...]:
+    """The request inputs of the rocs backend behind a ``torch.compile`` result, if any (read
+    once per compiled callable: its backend is fixed when it is made)."""
+    try:
+        return _REQUEST_INPUTS[compiled]
+    except (KeyError, TypeError):
+        pass
+    found = tuple(_read_backend_request_inputs(compiled))
+    try:
+        _REQUEST_INPUTS[compiled] = found
+    except TypeError:  # not weakly referenceable: read it every call
+        pass
+    return found
+
+
+def _read_backend_request_inputs(compiled: Callable) -> list[str]:
     from torch._dynamo.eval_frame import innermost_backend
 
     callback = getattr(getattr(compiled, "dynamo_ctx", None), "callback", None)

@@ -183,10 +183,10 @@ class Lowered(nn.Module):
         # Marks matter to the compile only: the compiled graph has no guard on an unbacked size.
         copy = self._copy_layouts
         if strategy != "unbacked" or self._succeeded:
-            return tuple(
+            return tuple([
                 _with_contiguous_strides(v, copy) if isinstance(v, torch.Tensor) else v
                 for v in args
-            )
+            ])  # fmt: skip
         from torch._dynamo.decorators import mark_unbacked
 
         out = []

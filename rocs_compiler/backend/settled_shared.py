@@ -22,7 +22,9 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import torch
+from torch.utils import _pytree as pytree
 
+from ..formats.leaves import GRAPH_OUTPUT
 from ..runtime import CompiledModel
 from ..runtime.call.program_io import clone_constants
 from .dynamo_graph import dotted
@@ -33,7 +35,7 @@ class SettledShared:
     """Runs a variant's lowered graph on a shared call's leaves (its outputs as the runtime
     returns them); None when the call needs the call path."""
 
-    __slots__ = ("_model", "_graph", "_inputs")
+    __slots__ = ("_model", "_graph", "_inputs", "_flat_outputs")
 
     def __init__(self, model: CompiledModel, paths: list[tuple]):
         self._model = model
@@ -46,6 +48,9 @@ class SettledShared:
         self._inputs = [
             (by_name[n], n, n in requests, n in candidates) for n in contract.input_names
         ]
+        # Outputs that are the graph's outputs as one flat list or tuple: the list the subgraph
+        # returns is the graph's own, without building the structure to take it apart again.
+        self._flat_outputs = _flat(contract)
 
     @staticmethod
     def of(model: Any, paths: list[tuple]) -> Optional["SettledShared"]:
@@ -87,4 +92,17 @@ class SettledShared:
         model = self._model
         if model._constant_outputs:
             outputs = clone_constants(model, outputs)
-        return model.contract.outputs(outputs)
+        return outputs if self._flat_outputs else model.contract.outputs(outputs)
+
+
+def _flat(contract) -> bool:
+    """Whether ``contract.outputs(tensors)`` holds ``tensors`` in order and nothing else, as a
+    list or tuple."""
+    spec = contract.out_spec
+    if not isinstance(spec, pytree.TreeSpec) or spec.type not in (list, tuple):
+        return False
+    children = spec.children() if hasattr(spec, "children") else spec.children_specs
+    return (
+        all(child.is_leaf() for child in children)
+        and all(c is GRAPH_OUTPUT for c in contract.out_constants)
+    )

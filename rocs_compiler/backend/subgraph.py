@@ -55,7 +55,7 @@ class _Variant:
 
     model: Any  # the rocs CompiledModel (runs the FX graph)
     runner: Callable  # the same contract, running the lowered graph
-    requests: frozenset = frozenset()  # the paths of its request leaves
+    requests: tuple = ()  # (path, dotted name) of each of its request leaves
     settled: Optional[SettledShared] = None  # its shared calls without the call path
 
 
@@ -162,7 +162,7 @@ class Subgraph:
     def _key(self, leaves: dict) -> tuple:
         dynamic = self.dynamic_dims
         if not dynamic:  # the sizes past the batch as they are
-            return tuple((t.shape[1:], t.dim(), t.dtype, t.device) for t in leaves.values())
+            return tuple([(t.shape[1:], t.dim(), t.dtype, t.device) for t in leaves.values()])
         return tuple(
             (_static_sizes(t.shape, dynamic.get(path, ())), t.dim(), t.dtype, t.device)
             for path, t in leaves.items()
@@ -262,7 +262,7 @@ class Subgraph:
             runner = compiled.with_graph(Lowered(compiled.graph_module, True))
         paths = list(leaves)
         request_names = set(compiled.contract.request_inputs)
-        requests = frozenset(p for p in paths if dotted(p) in request_names)
+        requests = tuple((p, dotted(p)) for p in paths if dotted(p) in request_names)
         variant = _Variant(compiled, runner, requests, SettledShared.of(runner, paths))
         self.variants[self._key(leaves)] = variant
         return variant
@@ -272,7 +272,7 @@ def _takes_shared(variant: _Variant, state: SharedCall, leaves: dict) -> bool:
     """True when every request leaf of the call is the one ``shared_call`` handed to dynamo."""
     replicated = state.replicated
     return bool(variant.requests) and all(
-        replicated.get(dotted(p)) is leaves[p] for p in variant.requests
+        replicated.get(name) is leaves[path] for path, name in variant.requests
     )
 
 

@@ -39,11 +39,11 @@ import weakref
 from typing import Any, Callable
 
 from torch import nn
+from torch.nn.modules.module import _has_any_global_hook
 
 from .compiled_frame import MISS, CompiledFrame
 
 _FRAMES: "weakref.WeakKeyDictionary[nn.Module, CompiledFrame]" = weakref.WeakKeyDictionary()
-_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 
 
 def call_compiled(compiled: Callable, args: tuple, kwargs: dict) -> Any:
@@ -51,7 +51,7 @@ def call_compiled(compiled: Callable, args: tuple, kwargs: dict) -> Any:
     accepts the call."""
     frame = _FRAMES.get(compiled) if isinstance(compiled, nn.Module) else None
     compiles = frame is None  # the first call compiles
-    if frame is not None and not _hooked(compiled):
+    if frame is not None and not _hooked(compiled, frame.module):
         out = frame.call(args, kwargs)
         if out is not MISS:
             return out
@@ -97,12 +97,12 @@ def _frame_of(compiled: Callable):
     return frame
 
 
-def _hooked(compiled: nn.Module) -> bool:
-    from torch.nn.modules.module import _has_any_global_hook
-
-    module = compiled._orig_mod
+def _hooked(compiled: nn.Module, module: nn.Module) -> bool:
+    """Whether a hook runs around ``module``'s forward (``compiled`` optimizes ``module``)."""
     return (
         _has_any_global_hook()
-        or any(getattr(module, h) for h in _HOOKS)
-        or any(getattr(compiled, h) for h in _HOOKS)
+        or bool(module._forward_hooks or module._forward_pre_hooks)
+        or bool(module._backward_hooks or module._backward_pre_hooks)
+        or bool(compiled._forward_hooks or compiled._forward_pre_hooks)
+        or bool(compiled._backward_hooks or compiled._backward_pre_hooks)
     )

@@ -1,0 +1,102 @@
+"""A compiled entry's code, run with no eval-frame hook installed, calls dynamo's helpers and the
+compiled graph past their disable wrappers; with a hook installed it runs as dynamo wrote it
+(``backend/direct_code.py``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import fx, nn
+
+from rocs_compiler.backend import direct_code
+from rocs_compiler.backend.lowering import Lowered
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+class _Scorer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.hidden, self.head = nn.Linear(6, 16), nn.Linear(16, 1)
+
+    def forward(self, x, index):
+        return (self.head(torch.relu(self.hidden(x))).index_select(0, index),)
+
+
+def _inputs(rows: int, candidates: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, 6, generator=g), torch.randint(0, rows, (candidates,), generator=g)
+
+
+@pytest.fixture
+def hook_swaps(monkeypatch):
+    """The eval-frame hook swaps dynamo's disable wrappers make."""
+    from torch._dynamo import eval_frame
+
+    swaps = []
+    real = eval_frame.set_eval_frame
+    monkeypatch.setattr(eval_frame, "set_eval_frame", lambda cb: swaps.append(cb) or real(cb))
+    return swaps
+
+
+def _lowered_after_first_call():
+    gm = fx.symbolic_trace(_Scorer())
+    lowered = Lowered(gm, use_inductor=True)
+    with torch.no_grad():
+        lowered(*_inputs(3, 17, seed=0))
+    (entry,) = lowered._frame._entries
+    return gm, lowered, entry
+
+
+def test_the_direct_code_reads_the_unwrapped_graph_and_helpers_and_stays_exact(hook_swaps):
+    gm, lowered, (_, run, direct) = _lowered_after_first_call()
+    assert direct is not None
+    names = direct.__code__.co_names
+    assert not any(n.startswith(("__compiled_fn", "__import_torch_dot__dynamo")) for n in names)
+    renamed = [n for n in names if n.startswith("__rocs_direct_")]
+    assert any("__compiled_fn" in n for n in renamed) and any("call_size" in n for n in names)
+    assert direct.__globals__ is run.__globals__  # every other global is read live
+    scores = []
+    with torch.no_grad():
+        for rows, candidates in [(4, 40), (2, 9), (5, 33)]:
+            x, index = _inputs(rows, candidates, seed=rows)
+            hook_swaps.clear()
+            (got,), (want,) = lowered(x, index), gm(x, index)
+            assert hook_swaps == []  # no disable wrapper ran
+            torch.testing.assert_close(got, want)
+            scores.append(want)
+    assert torch.cat(scores).std() > 100 * 1e-5  # scores differ far more than the tolerance
+
+
+def test_with_an_eval_frame_hook_installed_the_code_runs_as_dynamo_wrote_it(hook_swaps):
+    gm, lowered, _ = _lowered_after_first_call()
+    x, index = _inputs(4, 21, seed=4)
+    hook_swaps.clear()
+    with torch.no_grad():
+        got = torch._dynamo.run(lambda: lowered(x, index))()  # the hook installed, run-only
+        want = gm(x, index)
+    torch.testing.assert_close(got[0], want[0])
+    assert len(hook_swaps) >= 4  # the disable wrappers took the hook off and put it back
+
+
+def test_the_helpers_are_dynamos_own_functions_unwrapped_and_the_rest_read_through():
+    import torch._dynamo.utils as utils
+
+    helpers = direct_code._helpers(utils)
+    assert helpers.call_size is utils.call_size.__wrapped__
+    assert helpers.call_size(torch.zeros(3, 5), 1) == 5
+    assert helpers.record_pregraph_bytecode_exit is utils.record_pregraph_bytecode_exit.__wrapped__
+    assert helpers.istype is utils.istype  # a function no disable wraps
+    assert helpers.counters is utils.counters  # not a function: read from the module
+
+
+def test_code_that_reads_no_wrapped_global_gets_no_direct_function():
+    def plain(x):
+        return torch.relu(x)
+
+    assert direct_code.direct_function(plain.__code__, plain.__globals__) is None
