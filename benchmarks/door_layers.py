@@ -27,7 +27,9 @@ alone (called with the arguments dynamo handed it, inside the same shared-call s
 reads; the 8 MB pass's own time taken off); and the lowered graphs' code alone, hot: the code of
 the cache entry each runs, called with the arguments it got, without its guard check (what the
 door's kernels cost with dynamo's bytecode around them, to set against the hand rewrite's whole
-call). "door - code" is what the door's layers cost in the door's call.
+call). "door - code" is what the door's layers cost in the door's call. Last, the guard checks
+in real calls: the user's frame's (part of its layer) and the hand rewrite's frame's, its
+compiled entry run as the door runs the user's (``CompiledFrame``), each timed around the check.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ from backend_door import _own_frame  # noqa: E402
 from hand_rewrites import CASES  # noqa: E402
 from regression import time_interleaved  # noqa: E402
 from rocs_compiler.backend import door as door_module, lowering, user_frame  # noqa: E402
-from rocs_compiler.backend.compiled_frame import MISS  # noqa: E402
+from rocs_compiler.backend.compiled_frame import MISS, CompiledFrame  # noqa: E402
 from rocs_compiler.backend.lowering import Lowered  # noqa: E402
 from rocs_compiler.backend.subgraph import SHARED_CALL, Subgraph  # noqa: E402
 from rocs_compiler.backend.user_frame import call_compiled  # noqa: E402
@@ -164,11 +166,12 @@ def measure(name: str, requests: int, candidates: int, rounds: int, sample_s: fl
         for graph, frame in zip(lowered, frames):
             graph._frame = frame
         door_module.call_compiled = call_compiled
-        times.update(_layers(call_door, lowered, rounds, sample_s))
+        times.update(_layers(call_door, lowered, rounds, sample_s, user_frame._FRAMES[door]))
+        times["hand guards"] = _hand_guards(hand, inputs, rounds, sample_s)
     return times
 
 
-def _layers(call_door, lowered: list, rounds: int, sample_s: float) -> dict:
+def _layers(call_door, lowered: list, rounds: int, sample_s: float, user) -> dict:
     """The user's frame with ``shared_call``, and the subgraph, hot and cold; then the door's
     call split by where its time goes (:func:`_in_call`)."""
     seen = {}
@@ -213,15 +216,48 @@ def _layers(call_door, lowered: list, rounds: int, sample_s: float) -> dict:
     finally:
         Subgraph.__call__ = real
     sub_hot, sub_cold = hot_and_cold(call_subgraph)
+    in_call = _in_call(call_door, lowered, rounds, sample_s, user)
     return {"frame hot": frame_hot, "frame cold": frame_cold, "sub hot": sub_hot,
-            "sub cold": sub_cold, **_in_call(call_door, lowered, rounds, sample_s)}  # fmt: skip
+            "sub cold": sub_cold, **in_call}  # fmt: skip
 
 
 # The door's nested layers, outermost first: what each wrapper times includes the next.
 _NESTED = ("shared_call", "user frame", "subgraph", "lowered frame", "code")
 
 
-def _in_call(call_door, lowered: list, rounds: int, sample_s: float) -> dict:
+class _TimedGuards:
+    """A compiled entry's guards whose checks add their time to ``spent[label]``."""
+
+    def __init__(self, guards, spent: dict, label: str):
+        self._guards, self._spent, self._label = guards, spent, label
+
+    def check(self, frame_locals: dict) -> bool:
+        start = time.thread_time()
+        try:
+            return self._guards.check(frame_locals)
+        finally:
+            self._spent[self._label] += time.thread_time() - start
+
+
+def _hand_guards(hand, inputs: dict, rounds: int, sample_s: float) -> float:
+    """Microseconds per call the hand rewrite's frame spends in its guard check, in real calls of
+    its compiled entry (run as the door runs the user's frame: ``CompiledFrame``)."""
+    frame = CompiledFrame(hand._orig_mod)
+    frame.refresh()
+    spent = {"guards": 0.0}
+    frame._entries = [(_TimedGuards(g, spent, "guards"), run, d) for g, run, d in frame._entries]
+    assert frame.call((), inputs) is not MISS
+    loops = max(1, round(sample_s / max(_seconds(lambda: frame.call((), inputs)), 1e-7)))
+    samples = []
+    for _ in range(rounds):
+        spent["guards"] = 0.0
+        for _ in range(loops):
+            frame.call((), inputs)
+        samples.append(spent["guards"] / loops * 1e6)
+    return statistics.median(samples) - 2 * _clock_read_us()
+
+
+def _in_call(call_door, lowered: list, rounds: int, sample_s: float, user: CompiledFrame) -> dict:
     """Microseconds per door call spent in ``shared_call`` outside the user's frame, in the
     user's frame outside the subgraph (its guards and code), in the subgraph outside the lowered
     graph (its checks, the settled call), in the lowered graph's frame outside its entry's code
@@ -230,7 +266,7 @@ def _in_call(call_door, lowered: list, rounds: int, sample_s: float) -> dict:
     the caches as the call's own kernels leave them; the clock's reads are taken off the layer
     they fall in, what is left of the timers (a Python call each) is under a microsecond per
     layer. Medians of ``rounds`` loops."""
-    spent = dict.fromkeys(_NESTED, 0.0)
+    spent = dict.fromkeys((*_NESTED, "user guards"), 0.0)
     clock = time.thread_time
 
     def timed(label: str, fn):
@@ -258,7 +294,9 @@ def _in_call(call_door, lowered: list, rounds: int, sample_s: float) -> dict:
             (guards, timed("code", run), direct and timed("code", direct))
             for guards, run, direct in frame_entries
         ]
-    samples = {label: [] for label in _NESTED}
+    user_entries = user._entries
+    user._entries = [(_TimedGuards(g, spent, "user guards"), r, d) for g, r, d in user_entries]
+    samples = {label: [] for label in spent}
     try:
         door = timed("shared_call", call_door)
         loops = max(1, round(sample_s / max(_seconds(door), 1e-7)))
@@ -267,9 +305,10 @@ def _in_call(call_door, lowered: list, rounds: int, sample_s: float) -> dict:
                 spent[label] = 0.0
             for _ in range(loops):
                 door()
-            for label in _NESTED:
+            for label in spent:
                 samples[label].append(spent[label] / loops * 1e6)
     finally:
+        user._entries = user_entries
         door_module.call_compiled = call_compiled
         Subgraph.__call__ = real_subgraph
         Lowered.forward = real_forward
@@ -281,6 +320,8 @@ def _in_call(call_door, lowered: list, rounds: int, sample_s: float) -> dict:
     for outer, inner in zip(_NESTED, _NESTED[1:]):
         own[outer] = medians[outer] - medians[inner] - 2 * reads
     own["code"] = medians["code"]
+    own["user guards"] = medians["user guards"] - 2 * reads
+    own["user frame"] -= 2 * reads  # the guards' timer reads fall inside the user's frame
     return {f"in call: {label}": value for label, value in own.items()}
 
 
@@ -311,8 +352,8 @@ def main() -> None:
     print("| model | R x N | door, off us | door, as before us | door, on us | hand us "
           "| hand, tags us | cm us | hand / door | door / cm | frame + shared_call, hot / cold "
           "| subgraph, hot / cold | in the call: shared_call / user frame / subgraph / "
-          "lowered frame / code us |")  # fmt: skip
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "lowered frame / code us | guard check in the call: user's frame / hand's frame us |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in args.models.split(","):
         for size in args.sizes.split(","):
             requests, candidates = map(int, size.split("x"))
@@ -324,7 +365,8 @@ def main() -> None:
                   f"| {t['hand'] / on:.2f} | {on / t['cm']:.2f} "
                   f"| {t['frame hot']:.0f} / {t['frame cold']:.0f} "
                   f"| {t['sub hot']:.0f} / {t['sub cold']:.0f} "
-                  f"| {in_call} |", flush=True)  # fmt: skip
+                  f"| {in_call} | {t['in call: user guards']:.0f} / {t['hand guards']:.0f} |",
+                  flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
