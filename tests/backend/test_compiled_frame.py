@@ -9,24 +9,12 @@ import pytest
 import torch
 from torch import fx, nn
 
+from dynamo_frames import Scorer, scorer_inputs
+from dynamo_frames import fresh_dynamo  # noqa: F401 (the fixture every test uses)
 from rocs_compiler.backend.compiled_frame import MISS, CompiledFrame
 from rocs_compiler.backend.lowering import Lowered
 
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
-class _Scorer(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.hidden, self.head = nn.Linear(6, 16), nn.Linear(16, 1)
-
-    def forward(self, x, index):
-        return (self.head(torch.relu(self.hidden(x))).index_select(0, index),)
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _counted(lowered: Lowered) -> list:
@@ -39,20 +27,14 @@ def _counted(lowered: Lowered) -> list:
     return calls
 
 
-def _inputs(rows: int, candidates: int, dtype=torch.float32, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(rows, 6, generator=g).to(dtype)
-    return x, torch.randint(0, rows, (candidates,), generator=g)
-
-
 def test_calls_after_the_first_run_the_compiled_entry_and_stay_exact():
-    gm = fx.symbolic_trace(_Scorer())
+    gm = fx.symbolic_trace(Scorer())
     lowered = Lowered(gm, use_inductor=True)
     calls = _counted(lowered)
     scores = []
     with torch.no_grad():
         for rows, candidates in [(3, 17), (4, 40), (2, 9), (5, 3)]:
-            x, index = _inputs(rows, candidates, seed=rows)
+            x, index = scorer_inputs(rows, candidates, seed=rows)
             (got,), (want,) = lowered(x, index), gm(x, index)
             torch.testing.assert_close(got, want)
             scores.append(want)
@@ -62,12 +44,12 @@ def test_calls_after_the_first_run_the_compiled_entry_and_stay_exact():
 
 
 def test_a_call_no_guard_accepts_goes_through_dynamo_which_compiles_it():
-    gm = fx.symbolic_trace(_Scorer())
+    gm = fx.symbolic_trace(Scorer())
     lowered = Lowered(gm, use_inductor=True)
     calls = _counted(lowered)
     with torch.no_grad():
-        lowered(*_inputs(3, 7))
-        x, index = _inputs(3, 7, dtype=torch.float64)
+        lowered(*scorer_inputs(3, 7))
+        x, index = scorer_inputs(3, 7, dtype=torch.float64)
         gm.double()  # the guards pin the dtype: a float64 call is not the float32 entry's
         torch.testing.assert_close(lowered(x, index)[0], gm(x, index)[0])
         assert len(calls) == 2 and len(lowered._frame._entries) == 2
@@ -81,10 +63,10 @@ def test_a_call_no_guard_accepts_goes_through_dynamo_which_compiles_it():
 
 def _compiled_once():
     """A lowered graph compiled by one call, its later ``torch.compile`` calls counted."""
-    gm = fx.symbolic_trace(_Scorer())
+    gm = fx.symbolic_trace(Scorer())
     lowered = Lowered(gm, use_inductor=True)
     calls = _counted(lowered)
-    x, index = _inputs(3, 7)
+    x, index = scorer_inputs(3, 7)
     with torch.no_grad():
         lowered(x, index)
     return gm, lowered, calls, x, index
@@ -116,9 +98,9 @@ def test_an_entry_that_resumes_after_a_graph_break_is_left_to_dynamo():
 
 
 def test_a_copied_lowered_graph_stays_exact_without_the_original_frame():
-    gm = fx.symbolic_trace(_Scorer())
+    gm = fx.symbolic_trace(Scorer())
     lowered = Lowered(gm, use_inductor=True)
-    x, index = _inputs(3, 7)
+    x, index = scorer_inputs(3, 7)
     with torch.no_grad():
         lowered(x, index)
         copied = copy.deepcopy(lowered)
@@ -171,11 +153,11 @@ def test_the_frame_keeps_every_guard_but_those_on_its_own_module_and_torchs_func
         kept_and_dropped.extend(zip(entries, keep))
         return keep
 
-    gm = fx.symbolic_trace(_Scorer())
+    gm = fx.symbolic_trace(Scorer())
     lowering._guard_filter = recording
     try:
         lowered = Lowered(gm, use_inductor=True)
-        x, index = _inputs(3, 7)
+        x, index = scorer_inputs(3, 7)
         with torch.no_grad():
             lowered(x, index)
     finally:

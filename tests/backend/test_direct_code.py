@@ -6,31 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import fx, nn
+from torch import fx
 
+from dynamo_frames import Scorer, scorer_inputs
+from dynamo_frames import fresh_dynamo  # noqa: F401 (the fixture every test uses)
 from rocs_compiler.backend import direct_code
 from rocs_compiler.backend.lowering import Lowered
 
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
-class _Scorer(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.hidden, self.head = nn.Linear(6, 16), nn.Linear(16, 1)
-
-    def forward(self, x, index):
-        return (self.head(torch.relu(self.hidden(x))).index_select(0, index),)
-
-
-def _inputs(rows: int, candidates: int, seed: int):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(rows, 6, generator=g), torch.randint(0, rows, (candidates,), generator=g)
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 @pytest.fixture
@@ -45,10 +28,10 @@ def hook_swaps(monkeypatch):
 
 
 def _lowered_after_first_call():
-    gm = fx.symbolic_trace(_Scorer())
+    gm = fx.symbolic_trace(Scorer())
     lowered = Lowered(gm, use_inductor=True)
     with torch.no_grad():
-        lowered(*_inputs(3, 17, seed=0))
+        lowered(*scorer_inputs(3, 17, seed=0))
     (entry,) = lowered._frame._entries
     return gm, lowered, entry
 
@@ -64,7 +47,7 @@ def test_the_direct_code_reads_the_unwrapped_graph_and_helpers_and_stays_exact(h
     scores = []
     with torch.no_grad():
         for rows, candidates in [(4, 40), (2, 9), (5, 33)]:
-            x, index = _inputs(rows, candidates, seed=rows)
+            x, index = scorer_inputs(rows, candidates, seed=rows)
             hook_swaps.clear()
             (got,), (want,) = lowered(x, index), gm(x, index)
             assert hook_swaps == []  # no disable wrapper ran
@@ -75,7 +58,7 @@ def test_the_direct_code_reads_the_unwrapped_graph_and_helpers_and_stays_exact(h
 
 def test_with_an_eval_frame_hook_installed_the_code_runs_as_dynamo_wrote_it(hook_swaps):
     gm, lowered, _ = _lowered_after_first_call()
-    x, index = _inputs(4, 21, seed=4)
+    x, index = scorer_inputs(4, 21, seed=4)
     hook_swaps.clear()
     with torch.no_grad():
         got = torch._dynamo.run(lambda: lowered(x, index))()  # the hook installed, run-only

@@ -12,17 +12,14 @@ import torch
 from torch import nn
 
 import rocs_compiler as rocs
+from dynamo_frames import fresh_dynamo  # noqa: F401 (the fixture every test uses)
 from rocs_compiler.backend import specialized_floats, user_frame
 from models_zoo import request_index
 
 TOLERANCE = 1e-4
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 class _Ranker(nn.Module):
