@@ -8,7 +8,7 @@ eval-frame hook off around the call and puts it back (four hook swaps, about 0.9
 over the call itself). Inside a frame dynamo runs, the hook is installed, and the wrapper keeps
 dynamo from tracing the helper or the graph. A call of the code as a plain function with no hook
 installed (``compiled_frame.py``) has no hook to take off: there the wrapper's only work is the
-swaps, 19 wrapped calls per door call at glm_dcnv2 (the user's frame and the lowered graph's).
+swaps, 15 wrapped calls per door call at glm_dcnv2 (the user's frame and the lowered graph's).
 
 Identity: with no eval-frame hook installed and dynamo's default stance, ``disable(fn)(*args)``
 calls ``fn(*args)`` and nothing else (it traces nothing and, outside an export, annotates
