@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import fx
+from torch import fx, nn
 
+import rocs_compiler as rocs
 from dynamo_frames import Scorer, scorer_inputs
 from dynamo_frames import fresh_dynamo  # noqa: F401 (the fixture every test uses)
 from rocs_compiler.backend import direct_code
 from rocs_compiler.backend.lowering import Lowered
+from models_zoo import request_index
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -83,3 +85,35 @@ def test_code_that_reads_no_wrapped_global_gets_no_direct_function():
         return torch.relu(x)
 
     assert direct_code.direct_function(plain.__code__, plain.__globals__) is None
+
+
+class _Ranker(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.user = nn.Sequential(nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, 16))
+        self.items = nn.Embedding(300, 16)
+        self.head = nn.Linear(32, 1)
+
+    def forward(self, user_dense, item_id):
+        user = self.user(user_dense)
+        return self.head(torch.cat([user, self.items(item_id) * user], -1)).squeeze(-1)
+
+
+def test_a_settled_door_call_swaps_no_hook_and_stays_exact(hook_swaps):
+    torch.manual_seed(0)
+    model = _Ranker().eval()
+    door = torch.compile(model, backend=rocs.backend(["user_dense"]), dynamic=True)
+    g = torch.Generator().manual_seed(1)
+    outputs = []
+    with torch.no_grad():
+        for counts in [[3, 5], [7, 1, 2], [4, 4, 9], [2, 6]]:
+            index = request_index(counts)
+            user = torch.randn(len(counts), 12, generator=g)
+            items = torch.randint(0, 300, (len(index),), generator=g)
+            hook_swaps.clear()
+            got = rocs.shared_call(door, user, items, candidate_to_request=index)
+            want = model(user[index], items)
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+            outputs.append(want)
+    assert hook_swaps == []  # the last call ran both frames' direct code
+    assert torch.cat(outputs).std() > 1e-2  # outputs differ far more than the tolerance

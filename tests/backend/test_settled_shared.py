@@ -5,12 +5,16 @@ vouch for (one request per candidate, grad mode) back to the call path, which ch
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 
 import rocs_compiler as rocs
 from rocs_compiler.backend import settled_shared
+from rocs_compiler.formats.leaves import GRAPH_OUTPUT
 from rocs_compiler.runtime.call import path
 from models_zoo import request_index
 
@@ -164,3 +168,24 @@ def test_inputs_of_any_layout_stay_exact_without_inductors_input_asserts(door, s
             got = rocs.shared_call(compiled, **views, candidate_to_request=index)
             torch.testing.assert_close(got, model(**replicated), rtol=TOLERANCE, atol=TOLERANCE)
     assert settled_calls["settled"] >= 3
+
+
+def test_a_flat_list_of_graph_outputs_is_returned_as_the_graph_returns_it(door, settled_calls):
+    model, backend, compiled = door
+    with torch.no_grad():
+        _check(model, compiled, [5, 1, 9], seed=3)
+        _check(model, compiled, [2, 8], seed=4)
+    assert settled_calls["settled"] >= 1
+    settled = [v.settled for s in backend.subgraphs for v in s.variants.values() if v.settled]
+    assert settled and all(s._flat_outputs for s in settled)  # dynamo's graphs return a tuple
+
+    def contract(outputs, constants):
+        return SimpleNamespace(out_spec=pytree.tree_flatten(outputs)[1], out_constants=constants)
+
+    x = torch.zeros(1)
+    assert settled_shared._flat(contract([x, x], [GRAPH_OUTPUT] * 2))
+    assert settled_shared._flat(contract((x,), [GRAPH_OUTPUT]))
+    assert not settled_shared._flat(contract([x, x], [GRAPH_OUTPUT, 3]))  # a constant output
+    assert not settled_shared._flat(contract([[x], x], [GRAPH_OUTPUT] * 2))  # a nested list
+    assert not settled_shared._flat(contract({"a": x}, [GRAPH_OUTPUT]))  # a dict
+    assert not settled_shared._flat(contract(x, [GRAPH_OUTPUT]))  # a single tensor
