@@ -65,7 +65,7 @@ def _helpers(utils: types.ModuleType) -> types.ModuleType:
     lookup through ``__getattr__``), every other attribute as the module has it when read."""
     global _HELPERS
     if _HELPERS is None:
-        wrapper_code = torch._disable_dynamo(_helpers).__code__
+        wrapper_code = torch._disable_dynamo(_helpers).__code__  # the wrapper's, for any function
         helpers = _Helpers(utils.__name__)
         helpers.utils = utils
         for name, value in vars(utils).items():
