@@ -148,18 +148,17 @@ def _resumes(code: types.CodeType) -> bool:
 
 
 _EVAL_FRAME: Any = None  # torch._dynamo.eval_frame, imported at the first call
-_HOOK: Any = None  # torch._C._dynamo.eval_frame.get_eval_frame_callback
+
+try:  # part of torch's C extension: no import of dynamo's Python
+    from torch._C._dynamo.eval_frame import get_eval_frame_callback as _eval_frame_hook
+except ImportError:  # a torch without it: a hook may be installed, run dynamo's code as written
+    _eval_frame_hook = object
 
 
 def _no_eval_frame_hook() -> bool:
     """True when no eval-frame hook is installed (no dynamo frame runs around this call), where
     dynamo's disable wrappers have nothing to take off (``direct_code.py``)."""
-    global _HOOK
-    if _HOOK is None:
-        from torch._C._dynamo.eval_frame import get_eval_frame_callback
-
-        _HOOK = get_eval_frame_callback
-    return _HOOK() is None
+    return _eval_frame_hook() is None
 
 
 def _default_stance() -> bool:

@@ -170,6 +170,21 @@ def _request_leaves(names: tuple[str, ...], leaves: tuple[str, ...]) -> tuple[tu
     return covered, missing
 
 
+def _read_once(cache: weakref.WeakKeyDictionary, key: Any, read: Callable, arg: Any) -> Any:
+    """``cache[key]``, filled by ``read(arg)`` at the first call; a key that is not weakly
+    referenceable is read every call."""
+    try:
+        return cache[key]
+    except (KeyError, TypeError):
+        pass
+    found = read(arg)
+    try:
+        cache[key] = found
+    except TypeError:
+        pass
+    return found
+
+
 _SIGNATURES: "weakref.WeakKeyDictionary[Callable, tuple]" = weakref.WeakKeyDictionary()
 
 
@@ -177,17 +192,12 @@ def _signature_of(original: Callable) -> tuple[inspect.Signature, Optional[tuple
     """The signature of the model's forward and its parameter order (``parameter_order``), read
     once per callable."""
     key = getattr(original, "__func__", original)  # a bound method is made anew on every read
-    try:
-        return _SIGNATURES[key]
-    except (KeyError, TypeError):
-        pass
+    return _read_once(_SIGNATURES, key, _read_signature, original)
+
+
+def _read_signature(original: Callable) -> tuple[inspect.Signature, Optional[tuple[str, ...]]]:
     signature = inspect.signature(original)
-    found = (signature, parameter_order(signature))
-    try:
-        _SIGNATURES[key] = found
-    except TypeError:  # not weakly referenceable: read it every call
-        pass
-    return found
+    return signature, parameter_order(signature)
 
 
 def _original_callable(compiled: Callable) -> Callable:
@@ -206,29 +216,20 @@ _REQUEST_INPUTS: "weakref.WeakKeyDictionary[Callable, tuple]" = weakref.WeakKeyD
 def _backend_request_inputs(compiled: Callable) -> tuple[str, ...]:
     """The request inputs of the rocs backend behind a ``torch.compile`` result, if any (read
     once per compiled callable: its backend is fixed when it is made)."""
-    try:
-        return _REQUEST_INPUTS[compiled]
-    except (KeyError, TypeError):
-        pass
-    found = tuple(_read_backend_request_inputs(compiled))
-    try:
-        _REQUEST_INPUTS[compiled] = found
-    except TypeError:  # not weakly referenceable: read it every call
-        pass
-    return found
+    return _read_once(_REQUEST_INPUTS, compiled, _read_backend_request_inputs, compiled)
 
 
-def _read_backend_request_inputs(compiled: Callable) -> list[str]:
+def _read_backend_request_inputs(compiled: Callable) -> tuple[str, ...]:
     from torch._dynamo.eval_frame import innermost_backend
 
     callback = getattr(getattr(compiled, "dynamo_ctx", None), "callback", None)
     inner = innermost_backend(callback) if callback is not None else None
     for _ in range(4):  # see through wrappers such as dynamo's CompileCounterWithBackend
         if isinstance(inner, RocsBackend):
-            return inner.request_inputs
+            return tuple(inner.request_inputs)
         options = (getattr(inner, "kwargs", None) or {}).get("options") or {}
         if getattr(inner, "compiler_fn", None) is rocs_backend and "request_inputs" in options:
-            return list(options["request_inputs"])
+            return tuple(options["request_inputs"])
         inner = getattr(inner, "backend", None) or getattr(inner, "compiler_fn", None)
     raise InputError(
         "cannot tell which inputs are request-side for this callable; pass "
