@@ -44,6 +44,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -225,18 +226,25 @@ def _layers(call_door, lowered: list, rounds: int, sample_s: float, user) -> dic
 _NESTED = ("shared_call", "user frame", "subgraph", "lowered frame", "code")
 
 
-class _TimedGuards:
-    """A compiled entry's guards whose checks add their time to ``spent[label]``."""
+def _timed(spent: dict, label: str, fn):
+    """``fn``, its calls adding their time on the thread's CPU clock to ``spent[label]``."""
 
-    def __init__(self, guards, spent: dict, label: str):
-        self._guards, self._spent, self._label = guards, spent, label
-
-    def check(self, frame_locals: dict) -> bool:
+    def run(*args, **kwargs):
         start = time.thread_time()
         try:
-            return self._guards.check(frame_locals)
+            return fn(*args, **kwargs)
         finally:
-            self._spent[self._label] += time.thread_time() - start
+            spent[label] += time.thread_time() - start
+
+    return run
+
+
+def _timed_guards(entries: list, spent: dict, label: str) -> list:
+    """A compiled frame's entries whose guard checks add their time to ``spent[label]``."""
+    return [
+        (SimpleNamespace(check=_timed(spent, label, guards.check)), run, direct)
+        for guards, run, direct in entries
+    ]
 
 
 def _hand_guards(hand, inputs: dict, rounds: int, sample_s: float) -> float:
@@ -245,7 +253,7 @@ def _hand_guards(hand, inputs: dict, rounds: int, sample_s: float) -> float:
     frame = CompiledFrame(hand._orig_mod)
     frame.refresh()
     spent = {"guards": 0.0}
-    frame._entries = [(_TimedGuards(g, spent, "guards"), run, d) for g, run, d in frame._entries]
+    frame._entries = _timed_guards(frame._entries, spent, "guards")
     assert frame.call((), inputs) is not MISS
     loops = max(1, round(sample_s / max(_seconds(lambda: frame.call((), inputs)), 1e-7)))
     samples = []
@@ -267,17 +275,9 @@ def _in_call(call_door, lowered: list, rounds: int, sample_s: float, user: Compi
     they fall in, what is left of the timers (a Python call each) is under a microsecond per
     layer. Medians of ``rounds`` loops."""
     spent = dict.fromkeys((*_NESTED, "user guards"), 0.0)
-    clock = time.thread_time
 
     def timed(label: str, fn):
-        def run(*args, **kwargs):
-            start = clock()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                spent[label] += clock() - start
-
-        return run
+        return _timed(spent, label, fn)
 
     frames = [g._frame for g in lowered if g._frame is not None]
     entries = [frame._entries for frame in frames]
@@ -295,7 +295,7 @@ def _in_call(call_door, lowered: list, rounds: int, sample_s: float, user: Compi
             for guards, run, direct in frame_entries
         ]
     user_entries = user._entries
-    user._entries = [(_TimedGuards(g, spent, "user guards"), r, d) for g, r, d in user_entries]
+    user._entries = _timed_guards(user_entries, spent, "user guards")
     samples = {label: [] for label in spent}
     try:
         door = timed("shared_call", call_door)
