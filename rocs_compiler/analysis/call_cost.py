@@ -29,7 +29,7 @@ import math
 import operator
 import re
 from dataclasses import dataclass, field
-from typing import Any, Collection, Mapping, Optional
+from typing import Any, Collection, Mapping, Optional, Sequence
 
 import sympy
 import torch
@@ -144,6 +144,9 @@ _VARIANTS = {
     "aten::scaled_dot_product_attention": lambda args: (
         "narrow" if _static_width(args[0]) <= NARROW_HEAD else ""
     ),
+    # ``(input, normalized_shape, weight, bias, eps)``: without a weight ATen's CPU kernel takes
+    # a slower path (1.4x at 64 wide), so models' affine norms are the op's plain form.
+    "aten::layer_norm": lambda args: "" if len(args) > 2 and args[2] is not None else "unscaled",
 }
 NARROW_HEAD = 8  # the widest head of an attention's "narrow" variant
 
@@ -175,6 +178,19 @@ def _if_at_least(x: Any, threshold: float, value: Any = None) -> Any:
     return value if x >= threshold else 0.0
 
 
+def _streamed_per_byte(nbytes: Any, points: Sequence[tuple[float, float]]) -> Any:
+    """Extra seconds per byte of a GEMM of ``nbytes`` (a number or an expression): linear
+    between ``points`` (bytes, seconds per byte; bytes rising), 0 below the first, the last's
+    past it."""
+    pieces = [(sympy.Integer(0), nbytes < points[0][0])]
+    pieces += [(e0 + (e1 - e0) * (nbytes - b0) / (b1 - b0), nbytes < b1)
+               for (b0, e0), (b1, e1) in zip(points, points[1:])]  # fmt: skip
+    pieces.append((points[-1][1], True))
+    if isinstance(nbytes, sympy.Basic):
+        return sympy.Piecewise(*pieces)
+    return float(next(value for value, below in pieces if below))
+
+
 # glibc maps an allocation of more than 32 MiB (its largest mmap threshold, on 64-bit machines)
 # afresh from the kernel each time and unmaps it when freed.
 MAPPED_BYTES = 32 * 2**20 + 1
@@ -189,8 +205,8 @@ def node_seconds(family: str, counts: Mapping[str, Any], rates, calibration) -> 
     (``cache_bytes``) at ``spill_s`` each, an output of at least ``fresh_bytes`` (pages the
     allocator hands out afresh, faulted in on first write) at ``fresh_s`` per byte and one of
     at least :data:`MAPPED_BYTES` at ``mapped_s`` more, a gathered row of a table that other
-    work evicted from the caches at ``cold_row_s``, and a FLOP of a GEMM that streams at least
-    ``streamed_bytes`` (its operands past the caches) at ``streamed_flop_s`` more."""
+    work evicted from the caches at ``cold_row_s``, and a byte of a GEMM whose operands no
+    longer fit in the caches at what ``streamed`` gives for its size."""
     seconds = sum(counts[c] * getattr(rates, f"{c}_s") for c in COUNTS)
     seconds += counts["ops"] * calibration.launch_s
     seconds += _positive(counts["bytes"] - calibration.cache_bytes) * calibration.spill_s
@@ -199,9 +215,8 @@ def node_seconds(family: str, counts: Mapping[str, Any], rates, calibration) -> 
     seconds += _if_at_least(allocated, MAPPED_BYTES) * calibration.mapped_s
     if family == "gather":
         seconds += counts["items"] * calibration.cold_row_s
-    elif family == "gemm" and calibration.streamed_flop_s:
-        streamed = _if_at_least(counts["bytes"], calibration.streamed_bytes, counts["flops"])
-        seconds += streamed * calibration.streamed_flop_s
+    elif family == "gemm" and calibration.streamed:
+        seconds += counts["bytes"] * _streamed_per_byte(counts["bytes"], calibration.streamed)
     return seconds
 
 

@@ -117,7 +117,7 @@ def _hand_calibration() -> Calibration:
     return Calibration(families, {"aten::relu": Rates(ops_s=1e-6, bytes_s=1e-11)},
                        launch_s=1e-6, spill_s=3e-11, cache_bytes=2**20, fresh_s=4e-11,
                        fresh_bytes=2**17, cold_row_s=5e-9, mapped_s=1e-10,
-                       streamed_bytes=2**22, streamed_flop_s=5e-12, call_s=5e-5)  # fmt: skip
+                       streamed=((2**21, 0.0), (2**22, 5e-11)), call_s=5e-5)  # fmt: skip
 
 
 def test_predicted_milliseconds_are_the_expression_at_the_sizes(din_model):
@@ -144,9 +144,14 @@ def test_a_short_calibration_round_trips_through_json_and_predicts_more_for_more
     bags = {f"rocs::embedding_bag_rows{v}" for v in ("", "[mean]", "[padded]", "[mean,padded]")}
     assert bags <= set(calibration.ops)  # each variant of the bag measured by itself
     assert "aten::scaled_dot_product_attention[narrow]" in calibration.ops
+    assert {"aten::layer_norm", "aten::layer_norm[unscaled]"} <= set(calibration.ops)
     numbers = [calibration.launch_s, calibration.spill_s, calibration.fresh_s,
-               calibration.cold_row_s, calibration.mapped_s, calibration.streamed_bytes,
-               calibration.streamed_flop_s]  # fmt: skip
+               calibration.cold_row_s, calibration.mapped_s,
+               *(x for point in calibration.streamed for x in point)]  # fmt: skip
+    streamed_bytes = [nbytes for nbytes, _ in calibration.streamed]
+    assert len(streamed_bytes) >= 2 and streamed_bytes == sorted(streamed_bytes)
+    per_byte = [extra for _, extra in calibration.streamed]
+    assert per_byte[0] == 0 and per_byte == sorted(per_byte)
     for rates in [*calibration.families.values(), *calibration.ops.values()]:
         numbers += [rates.ops_s, rates.flops_s, rates.bytes_s, rates.items_s]
     assert all(math.isfinite(x) and x >= 0 for x in numbers)
@@ -228,32 +233,68 @@ def test_an_attention_of_narrow_heads_has_rates_of_its_own(zoo, narrow):
     assert slower == narrow
 
 
-def test_a_gemm_that_streams_its_operands_costs_more_per_flop():
-    """Past ``streamed_bytes`` a GEMM's FLOPs cost ``streamed_flop_s`` more (its input no longer
-    in the caches); smaller GEMMs and other families are priced as before."""
+def test_a_gemm_that_streams_its_operands_costs_more_per_byte_as_interpolated():
+    """A GEMM's bytes cost what ``streamed`` gives for its size more (its operands no longer in
+    the caches): nothing below the first point, linear between points, the last's past it;
+    other families are priced as before, and the expression agrees with the numbers."""
     from rocs_compiler.analysis.call_cost import node_seconds
 
     rates = Rates(flops_s=1e-11, bytes_s=1e-12)
-    streamed = Calibration({"gemm": rates}, streamed_bytes=1e6, streamed_flop_s=4e-12)
+    streamed = Calibration({"gemm": rates}, streamed=((1e6, 0.0), (2e6, 4e-11), (4e6, 1e-10)))
     plain = Calibration({"gemm": rates})
 
-    def extra(family, counts):
+    def extra(family, nbytes):
+        counts = {"ops": 1, "flops": 100 * nbytes, "bytes": nbytes, "items": 0, "allocated": 0}
         return node_seconds(family, counts, rates, streamed) - node_seconds(
             family, counts, rates, plain
         )
 
-    small = {"ops": 1, "flops": 1e6, "bytes": 1e5, "items": 0, "allocated": 0}
-    large = {**small, "flops": 1e9, "bytes": 1e7}
-    assert extra("gemm", small) == 0
-    assert extra("gemm", large) == pytest.approx(1e9 * 4e-12)
-    assert extra("memory", large) == 0
+    assert extra("gemm", 5e5) == 0
+    assert extra("gemm", 1.5e6) == pytest.approx(1.5e6 * 2e-11)
+    assert extra("gemm", 3e6) == pytest.approx(3e6 * 7e-11)
+    assert extra("gemm", 1e8) == pytest.approx(1e8 * 1e-10)
+    assert extra("memory", 1e8) == 0
     rows = sympy.Symbol("N", positive=True)
-    symbolic = {**small, "flops": 320 * rows, "bytes": 4 * rows}
+    symbolic = {"ops": 1, "flops": 320 * rows, "bytes": 4 * rows, "items": 0, "allocated": 0}
     seconds = node_seconds("gemm", symbolic, rates, streamed)
-    for n in (10, 10**6):  # below and past 1e6 bytes
+    for n in (10, 3 * 10**5, 6 * 10**5, 10**7):  # below, between each pair of points, past them
         at = {c: float(sympy.sympify(v).subs(rows, n)) for c, v in symbolic.items()}
         expected = node_seconds("gemm", at, rates, streamed)
         assert float(seconds.subs(rows, n)) == pytest.approx(expected)
-    assert float(seconds.subs(rows, 10**6)) > float(
-        node_seconds("gemm", symbolic, rates, plain).subs(rows, 10**6)
+    assert float(seconds.subs(rows, 10**7)) > float(
+        node_seconds("gemm", symbolic, rates, plain).subs(rows, 10**7)
     )
+
+
+def test_the_streamed_points_rise_with_the_bytes():
+    from rocs_compiler.runtime.program.calibration import rising
+
+    assert rising([0.0, 3.0, 1.0, 5.0]) == [0.0, 2.0, 2.0, 5.0]
+    assert rising([0.0, 4.0, 2.0, 0.0, 6.0]) == [0.0, 2.0, 2.0, 2.0, 6.0]
+    assert rising([1.0, 2.0, 3.0]) == [1.0, 2.0, 3.0]
+
+
+def test_a_calibration_from_another_version_is_refused_naming_its_fields():
+    text = Calibration({"gemm": Rates()}).to_json()
+    old = json.dumps({**json.loads(text), "streamed_bytes": 1e6})
+    with pytest.raises(ValueError, match="streamed_bytes.*rocs.calibrate"):
+        Calibration.from_json(old)
+
+
+def test_a_layer_norm_without_a_weight_is_priced_as_its_own_variant():
+    """ATen's CPU layer norm without weight and bias takes a slower path than the affine norm
+    of ``nn.LayerNorm``: a calibration measures both, and a graph's norms are keyed by which."""
+
+    class Norms(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.affine = torch.nn.LayerNorm(8)
+
+        def forward(self, user, item):
+            x = torch.cat([user, item], 1)
+            return self.affine(x).sum(1) + torch.nn.functional.layer_norm(x, [8]).sum(1)
+
+    example = {"user": torch.randn(6, 4), "item": torch.randn(6, 4)}
+    cm = rocs.compile(Norms().eval(), ["user"], example_kwargs=example)
+    norms = sorted(t.op for t in cm.cost().terms if t.op.startswith("aten::layer_norm"))
+    assert norms == ["aten::layer_norm", "aten::layer_norm[unscaled]"]

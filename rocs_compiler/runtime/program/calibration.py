@@ -12,7 +12,7 @@ few sizes each. Each call is counted exactly as a node of a graph is
               + launch_s + spill_s * max(0, bytes - cache_bytes)             (in a program)
               + fresh_s * (allocated if allocated >= fresh_bytes)
               + mapped_s * (allocated if allocated > 32 MiB) + cold_row_s * rows gathered
-              + streamed_flop_s * (FLOPs of a GEMM if bytes >= streamed_bytes)
+              + streamed(bytes) * bytes of a GEMM                    (its operands past the caches)
 
 fitted by non-negative least squares on relative error (a call of a few microseconds weighs as
 much as one of a few milliseconds), in two stages.
@@ -32,11 +32,12 @@ much as one of a few milliseconds), in two stages.
    what a spilled byte costs. ``rocs::embedding_bag_rows`` has rates per variant: a mean or a
    padding index costs 2-3 times a plain sum (``analysis/call_cost.py::op_key``). ``mapped_s``
    is measured by itself: a tensor of 36 or 48 MiB allocated and filled against one filled again
-   (about 1 ns a byte on this VM, a page fault per 4 KiB). So is a GEMM that streams its input from
-   memory: ``linear`` of 320 to 80 features at 2,048 to 32,768 rows; from the size where its time
-   per FLOP first rises by a sixth over the smallest's (``streamed_bytes``: 12.6 or 25 MiB on a
-   2-core AMD EPYC, where a FLOP then costs half as much again), each FLOP costs ``streamed_flop_s``
-   more (the median excess of that size and the larger ones).
+   (about 1 ns a byte on this VM, a page fault per 4 KiB). So is a GEMM that streams its operands
+   from memory: ``linear`` of 320 to 80 features at 2,048 to 32,768 rows, whose time per FLOP
+   over the smallest's, per byte, gives ``streamed``, the extra seconds per byte at each size
+   (none in the caches; about 60 ps at 13 MiB and 110 ps past 25 MiB on a 2-core AMD EPYC),
+   interpolated between the sizes: a step at one size put GEMMs just below it a third under
+   their time.
 
 No model is timed. The per-call overhead of a compiled model's call path (``call_s``) is not an
 op and not measured here (0 unless given; ``benchmarks/cost_model.py`` measures it on a
@@ -120,8 +121,8 @@ class Calibration:
     cold_row_s: float = 0.0
     launch_s: float = 0.0
     mapped_s: float = 0.0
-    streamed_bytes: float = 0.0
-    streamed_flop_s: float = 0.0
+    # (bytes, extra seconds per byte) of a GEMM past the caches, rising with the bytes.
+    streamed: tuple[tuple[float, float], ...] = ()
     call_s: float = 0.0
     threads: int = 1
     torch_version: str = ""
@@ -144,6 +145,13 @@ class Calibration:
     @classmethod
     def from_json(cls, text: str) -> "Calibration":
         data = json.loads(text)
+        unknown = sorted(data.keys() - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(
+                f"calibration has fields this version does not know ({', '.join(unknown)}): "
+                "measured by another rocs version; run rocs.calibrate() again"
+            )
+        data["streamed"] = tuple(tuple(point) for point in data.get("streamed", ()))
         for key in ("families", "ops"):
             data[key] = {name: Rates(**rates) for name, rates in data[key].items()}
         return cls(**data)
@@ -191,31 +199,39 @@ def _mapped_s(clock: Callable[[], float]) -> float:
 
 
 # Rows of the streamed GEMM's samples (``linear`` of 320 to 80 features: 2.6 to 42 MB of input;
-# the first in the caches of the machines measured), and the rise of a sample's time per FLOP over
-# the first's that marks it streamed.
-_STREAMED_ROWS = (2048, 4096, 8192, 16_384, 32_768)
-_STREAMED_RISE = 1 / 6
+# the first two in the caches of the machines measured).
+_STREAMED_ROWS = (2048, 4096, 8192, 12_288, 16_384, 24_576, 32_768)
+
+
+def rising(values: list[float]) -> list[float]:
+    """The non-decreasing sequence nearest ``values`` in least squares (adjacent violators
+    pooled into their mean)."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for value in values:
+        blocks.append([value, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (mean, count), (last, n) = blocks[-2], blocks.pop()
+            blocks[-1] = [(mean * count + last * n) / (count + n), count + n]
+    return [mean for mean, count in blocks for _ in range(int(count))]
 
 
 def _streamed_gemm(calibration: Calibration, clock: Callable[[], float]) -> Calibration:
-    """``streamed_bytes``, the bytes of the first sample whose time per FLOP exceeds the first
-    sample's by more than :data:`_STREAMED_RISE`, and ``streamed_flop_s``, the median excess per
-    FLOP of it and the larger ones (none where no sample rises so)."""
+    """``streamed``: at each sample's bytes, its time per FLOP over the in-cache one (the lower
+    of the first two samples'), times its FLOPs per byte, made to rise with the bytes (a GEMM's
+    operands only fall out of faster caches as they grow); the first sample's is 0."""
     weight, bias = randn(80, 320), randn(80)
     found = []
     for rows in _STREAMED_ROWS:
         sample = Sample(aten.linear.default, F.linear, (randn(rows, 320), weight, bias))
         counts = counted(sample)[2]
-        found.append((counts["bytes"], median_seconds(sample, 0.0, clock) / counts["flops"]))
-    bound = found[0][1] * (1 + _STREAMED_RISE)
-    first = next((i for i, (_, per_flop) in enumerate(found) if per_flop > bound), None)
-    if first is None:
-        return calibration
-    in_cache = found[0][1]
-    excess = statistics.median(per_flop - in_cache for _, per_flop in found[first:])
-    return dataclasses.replace(
-        calibration, streamed_bytes=float(found[first][0]), streamed_flop_s=float(excess)
+        per_flop = median_seconds(sample, 0.0, clock) / counts["flops"]
+        found.append((counts["bytes"], per_flop, counts["flops"] / counts["bytes"]))  # FLOP/byte
+    in_cache = min(found[0][1], found[1][1])
+    excess = [0.0] + [(per_flop - in_cache) * density for _, per_flop, density in found[1:]]
+    points = tuple(
+        (float(nbytes), max(0.0, float(e))) for (nbytes, *_), e in zip(found, rising(excess))
     )
+    return dataclasses.replace(calibration, streamed=points)
 
 
 def _program_terms(calibration: Calibration, measured: list) -> Calibration:
