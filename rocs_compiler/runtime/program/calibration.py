@@ -201,6 +201,7 @@ def _mapped_s(clock: Callable[[], float]) -> float:
 # Rows of the streamed GEMM's samples (``linear`` of 320 to 80 features: 2.6 to 42 MB of input;
 # the first two in the caches of the machines measured).
 _STREAMED_ROWS = (2048, 4096, 8192, 12_288, 16_384, 24_576, 32_768)
+_STREAMED_ROUNDS = 3
 
 
 def rising(values: list[float]) -> list[float]:
@@ -217,19 +218,31 @@ def rising(values: list[float]) -> list[float]:
 
 def _streamed_gemm(calibration: Calibration, clock: Callable[[], float]) -> Calibration:
     """``streamed``: at each sample's bytes, its time per FLOP over the in-cache one (the lower
-    of the first two samples'), times its FLOPs per byte, made to rise with the bytes (a GEMM's
-    operands only fall out of faster caches as they grow); the first sample's is 0."""
+    of the first two samples'), times its FLOPs per byte; each the median of it and its
+    neighbours', made to rise with the bytes (a GEMM's operands only fall out of faster caches
+    as they grow); the first sample's is 0. The sizes are timed in turn, round after round, so
+    a slow phase of the machine does not fall on one size alone."""
     weight, bias = randn(80, 320), randn(80)
+    samples = [Sample(aten.linear.default, F.linear, (randn(rows, 320), weight, bias))
+               for rows in _STREAMED_ROWS]  # fmt: skip
+    times: list[list[float]] = [[] for _ in samples]
+    for _ in range(_STREAMED_ROUNDS):
+        for spent, sample in zip(times, samples):
+            sample()  # its operands back in the caches they fit in, as the rates measure
+            for _ in range(3):
+                start = clock()
+                sample()
+                spent.append(clock() - start)
     found = []
-    for rows in _STREAMED_ROWS:
-        sample = Sample(aten.linear.default, F.linear, (randn(rows, 320), weight, bias))
+    for spent, sample in zip(times, samples):
         counts = counted(sample)[2]
-        per_flop = median_seconds(sample, 0.0, clock) / counts["flops"]
+        per_flop = statistics.median(spent) / counts["flops"]
         found.append((counts["bytes"], per_flop, counts["flops"] / counts["bytes"]))  # FLOP/byte
     in_cache = min(found[0][1], found[1][1])
     excess = [0.0] + [(per_flop - in_cache) * density for _, per_flop, density in found[1:]]
+    smoothed = [0.0] + [statistics.median(excess[i - 1 : i + 2]) for i in range(1, len(excess))]
     points = tuple(
-        (float(nbytes), max(0.0, float(e))) for (nbytes, *_), e in zip(found, rising(excess))
+        (float(nbytes), max(0.0, float(e))) for (nbytes, *_), e in zip(found, rising(smoothed))
     )
     return dataclasses.replace(calibration, streamed=points)
 
