@@ -35,7 +35,7 @@ much as one of a few milliseconds), in two stages.
    (about 1 ns a byte on this VM, a page fault per 4 KiB). So is a GEMM that streams its operands
    from memory: ``linear`` of 320 to 80 features at 2,048 to 32,768 rows, whose time per FLOP
    over the smallest's, per byte, gives ``streamed``, the extra seconds per byte at each size
-   (none in the caches; about 60 ps at 13 MiB and 110 ps past 25 MiB on a 2-core AMD EPYC),
+   (none in the caches; 40-100 ps at 13 MiB and 100-140 ps past 25 MiB on a 2-core AMD EPYC),
    interpolated between the sizes: a step at one size put GEMMs just below it a third under
    their time.
 
