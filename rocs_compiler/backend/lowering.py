@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import traceback
 import warnings
@@ -68,8 +69,13 @@ class Lowered(nn.Module):
 
     The graph is compiled lazily at the first call, dynamic in R and N. R and N are first marked
     *unbacked* so that neither dynamo's 0/1 specialization nor Inductor's size guards recompile for
-    R = 1 or N = 1 (one request per batch is the common serving case); if Inductor cannot compile
-    with unbacked sizes, the ordinary dynamic-shape compile is tried next. A graph whose request
+    R = 1 or N = 1 (one request per batch is the common serving case). Dynamo must trace the graph
+    whole with them: a check that an unbacked size cannot answer (a batch norm's or a reshape's
+    over the candidates' rows) would break the graph there and run it as two compiled frames, each
+    through dynamo's call (10-13 % of din's and hstu's door calls). Where Inductor cannot compile
+    the graph, or dynamo cannot trace it whole, with both unbacked, R alone is marked unbacked
+    (the request inputs' rows; N then specializes at one candidate), and then neither: the
+    ordinary dynamic-shape compile. A graph whose request
     values hold the batch elsewhere than dim 0 (``[L, R, D]``, heads merged into ``[R*H, L, d]``)
     is compiled dynamic only: with unbacked sizes Inductor computed wrong values for such graphs
     (an ``nn.TransformerEncoder`` over ``[L, B, D]``); so is a graph with an attention, whose
@@ -120,12 +126,12 @@ class Lowered(nn.Module):
         # the runtime has checked the index once for the call before the graph runs.
         self._portable = portable_graph_module(gm) if use_inductor else gm
         self._copy_layouts = functional  # a graph that writes to its inputs must get the originals
-        self._batched = [
-            n.meta.get(PLACEMENT, Role.CONST) != Role.CONST for n in gm.graph.nodes if n.op == "placeholder"
+        self._roles = [
+            n.meta.get(PLACEMENT, Role.CONST) for n in gm.graph.nodes if n.op == "placeholder"
         ]
-        self._strategies = ["unbacked", "dynamic"] if use_inductor else []
+        self._strategies = [*_UNBACKED, "dynamic"] if use_inductor else []
         if _batch_moves(gm) or _attends(gm):
-            self._strategies = self._strategies[1:]
+            self._strategies = self._strategies[-1:]
         self._compiled = {
             s: torch.compile(
                 self._portable, backend="inductor", dynamic=True, options=_compile_options()
@@ -156,7 +162,8 @@ class Lowered(nn.Module):
             out = frame(prepared) if frame is not None else MISS
             if out is MISS:
                 compiled = self._compiled[strategy]
-                out = compiled(*prepared)
+                with _whole_graph(strategy):
+                    out = compiled(*prepared)
                 if frame is None:
                     module = getattr(compiled, "_orig_mod", self._portable)
                     frame = self._frame = CompiledFrame(module)
@@ -167,6 +174,10 @@ class Lowered(nn.Module):
             self._frame = None  # the next strategy's compile makes its own
             self._errors.append(f"{strategy}: {describe_failure(err)}")
             self._strategies.pop(0)
+            if _broke(strategy, err) and self._strategies:
+                return out  # the next strategy, with fewer sizes unbacked, may trace it whole
+            # Any other failure (Inductor's) goes to the dynamic-shape compile, as it always has.
+            self._strategies = [s for s in self._strategies if s not in _UNBACKED]
             if self._succeeded or not self._strategies:
                 warnings.warn(
                     "rocs: Inductor failed on the rewritten graph; running it as an FX graph "
@@ -182,7 +193,8 @@ class Lowered(nn.Module):
     def _prepare(self, strategy: str, args: tuple) -> tuple:
         # Marks matter to the compile only: the compiled graph has no guard on an unbacked size.
         copy = self._copy_layouts
-        if strategy != "unbacked" or self._succeeded:
+        unbacked = _UNBACKED.get(strategy)
+        if unbacked is None or self._succeeded:
             return tuple([
                 _with_contiguous_strides(v, copy) if isinstance(v, torch.Tensor) else v
                 for v in args
@@ -190,14 +202,36 @@ class Lowered(nn.Module):
         from torch._dynamo.decorators import mark_unbacked
 
         out = []
-        for value, batched in zip(args, self._batched):
+        for value, role in zip(args, self._roles):
             if isinstance(value, torch.Tensor):
                 value = _with_contiguous_strides(value, copy)
-                if batched and value.dim():
+                if role in unbacked and value.dim():
                     value = value.detach()  # mark an alias, never the caller's tensor
                     mark_unbacked(value, 0)
             out.append(value)
         return tuple(out)
+
+
+# The strategies that mark batch sizes unbacked, each with the placements whose rows it marks.
+_UNBACKED = {"unbacked": (Role.REQUEST, Role.CANDIDATE), "unbacked requests": (Role.REQUEST,)}
+
+
+def _whole_graph(strategy: str):
+    """Where the strategy marks sizes unbacked, a context in which dynamo raises at a graph break
+    rather than compiling the graph in pieces (the class docstring says why); else, and on a torch
+    without the switch, no context."""
+    switch = getattr(torch._dynamo, "error_on_graph_break", None)
+    if strategy not in _UNBACKED or switch is None:
+        return contextlib.nullcontext()
+    return switch(True)
+
+
+def _broke(strategy: str, err: BaseException) -> bool:
+    """True when ``err`` is dynamo refusing a graph break under :func:`_whole_graph` (a guard an
+    unbacked size cannot answer is a ``UserError``, another break ``Unsupported``)."""
+    from torch._dynamo.exc import Unsupported, UserError
+
+    return strategy in _UNBACKED and isinstance(err, (Unsupported, UserError))
 
 
 def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:

@@ -25,7 +25,8 @@ order.
   which sum to at most ``(N - 1) / T < R``.
 
 Which case holds depends on the index's values, so a traced program (export, torch.compile) holds
-both as the branches of a ``torch.cond``; an eager call takes its branch in Python.
+both as the branches of a ``torch.cond``; an eager call, or a trace whose R is a number, takes its
+branch in Python.
 
 - **one request** (R = 1, the common serving call): every candidate attends ``k[0]``, ``v[0]``, so
   the candidates' queries are one sequence of ``N Lq`` rows against them, one attention with no
@@ -195,8 +196,9 @@ def per_request_attention(
 ) -> torch.Tensor:
     """``rocs::broadcast_attention`` (same arguments and value) with each request's keys and
     values read per request, in ops that export with dynamic R and N (module docstring)."""
-    if not torch.compiler.is_compiling():
-        if k.shape[0] == 1:
+    one_request = k.shape[0] == 1
+    if isinstance(one_request, bool):  # eager, or a trace whose R is a number: no cond to keep
+        if one_request:
             return _one_request_attention(q, k, v, key_mask, scale, key_bias)
         return _in_tiles(q, k, v, candidate_to_request, key_mask, scale, key_bias)
     # A cond's operands must not share storage, and keys and values often do (views of one
@@ -210,7 +212,7 @@ def per_request_attention(
         given = iter(masks)
         return (next(given) if has_mask else None), (next(given) if has_bias else None)
 
-    def one_request(q, k, v, candidate_to_request, *masks):
+    def one_request_branch(q, k, v, candidate_to_request, *masks):
         mask, bias = unpack(masks)
         return _one_request_attention(q, k, v, mask, scale, bias)
 
@@ -219,7 +221,7 @@ def per_request_attention(
         return _in_tiles(q, k, v, candidate_to_request, mask, scale, bias)
 
     operands = (q, k, v, candidate_to_request, *masks)
-    return torch.cond(k.shape[0] == 1, one_request, in_tiles, operands)
+    return torch.cond(one_request, one_request_branch, in_tiles, operands)
 
 
 def _in_tiles(q, k, v, candidate_to_request, key_mask, scale, key_bias) -> torch.Tensor:

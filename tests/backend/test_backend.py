@@ -126,8 +126,11 @@ def test_drop_in_and_shared_calls_are_exact(name):
     assert report.request_flops > 0, f"{name}: nothing runs per request"
 
 
-@pytest.mark.parametrize("name", ["dlrm", "din"])
-def test_inductor_lowering_is_exact(name):
+@pytest.mark.parametrize("name", ["dlrm", "din", "hstu", "target_attention"])
+def test_inductor_lowering_is_exact_and_runs_one_compiled_graph_per_call(name):
+    """Exact through Inductor, and a shared call runs one Inductor graph and never dynamo's call
+    (din's and hstu's lowered graphs broke in two with their batch unbacked: a batch norm's and a
+    reshape's check of the candidates' count)."""
     entry = get_entry(name)
     model = entry.build()
     backend, wrapped, _ = _compile(entry, inductor=True)
@@ -138,6 +141,30 @@ def test_inductor_lowering_is_exact(name):
     lowered = next(s.variants for s in backend.subgraphs if s.compiled_model is not None)
     runner = next(iter(lowered.values())).runner
     assert isinstance(runner.graph_module, Lowered) and runner.graph_module.uses_inductor
+    batch = entry.make_batch([5, 2, 7], seed=11, shuffle=True)
+    graphs, lookups = _compiled_regions(
+        lambda: rocs.shared_call(
+            compiled, **batch.kwargs, candidate_to_request=batch.candidate_to_request
+        )
+    )
+    assert (graphs, lookups) == (1, 0), f"{name}: {graphs} compiled graphs, {lookups} lookups"
+
+
+def _compiled_regions(call) -> tuple[int, int]:
+    """Per call of ``call`` (after two warm calls): the Inductor graphs it runs, and the calls
+    that went through dynamo's eval-frame hook (its cache lookup), as the profiler records them."""
+    with torch.no_grad():
+        for _ in range(2):
+            call()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            for _ in range(3):
+                call()
+    names = [event.name for event in prof.events()]
+    graphs = sum(n.startswith("## Call CompiledFxGraph") for n in names)
+    lookups = sum(
+        n == "TorchDynamo Cache Lookup" or n.startswith("Torch-Compiled Region") for n in names
+    )
+    return graphs // 3, lookups // 3
 
 
 # -- recompiles -----------------------------------------------------------------------------------
@@ -214,6 +241,23 @@ def test_every_subgraph_of_a_graph_break_is_compiled():
     assert (
         second.plain is not None and second.fallback_reason == "no request input reaches this graph"
     )
+
+
+def test_a_model_with_a_graph_break_of_its_own_runs_a_compiled_graph_on_each_side():
+    """The count the one-region test asserts sees more where the model breaks its own graph: the
+    frame that resumes after the break runs through dynamo's call."""
+    torch.manual_seed(0)
+    model = _BreakingModel().eval()
+    compiled = torch.compile(model, backend=rocs.backend(["user_dense"]), dynamic=True)
+    index = request_index([3, 1, 5])
+    user, item = torch.randn(3, 8), torch.randint(0, 50, (len(index),))
+    with torch.no_grad():
+        shared = rocs.shared_call(compiled, user, item, candidate_to_request=index)
+        _assert_close(shared, model(user[index], item), "shared through Inductor")
+    graphs, lookups = _compiled_regions(
+        lambda: rocs.shared_call(compiled, user, item, candidate_to_request=index)
+    )
+    assert graphs == 2 and lookups >= 1, (graphs, lookups)
 
 
 # -- state, errors, fallback ----------------------------------------------------------------------
@@ -307,9 +351,10 @@ def test_bad_inputs_do_not_switch_inductor_off():
         raise RuntimeError("shape mismatch")
 
     lowered._compiled = {s: failing for s in lowered._compiled}
+    strategies = list(lowered._strategies)
     with pytest.raises(RuntimeError):
         lowered(torch.randn(3, 5))  # wrong width: the FX graph fails as well
-    assert lowered.uses_inductor and len(lowered._strategies) == 2
+    assert lowered.uses_inductor and lowered._strategies == strategies
 
 
 # -- values dynamo passes as tensors --------------------------------------------------------------

@@ -4,6 +4,7 @@ exactly when one of the entry's guards accepts them (``backend/compiled_frame.py
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -13,6 +14,8 @@ from dynamo_frames import Scorer, scorer_inputs
 from dynamo_frames import fresh_dynamo  # noqa: F401 (the fixture every test uses)
 from rocs_compiler.backend.compiled_frame import MISS, CompiledFrame
 from rocs_compiler.backend.lowering import Lowered
+from rocs_compiler.ir.graph_meta import PLACEMENT
+from rocs_compiler.ir.roles import Role
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -191,3 +194,42 @@ def test_dynamos_disable_option_is_followed_as_dynamo_follows_it():
             gm.double()
             torch.testing.assert_close(lowered(x64, index)[0], gm(x64, index)[0])
     assert len(calls) == 2 and len(lowered._frame._entries) == 1
+
+
+class _NormedScorer(nn.Module):
+    """A batch norm in eval mode over candidate rows: its check of the rows' count cannot be
+    answered for an unbacked size, where dynamo would break the graph in two."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden, self.norm, self.head = nn.Linear(6, 16), nn.BatchNorm1d(16), nn.Linear(16, 1)
+
+    def forward(self, x, index):
+        return (self.head(self.norm(self.hidden(x.index_select(0, index)))),)
+
+
+def test_a_graph_that_breaks_with_unbacked_candidates_keeps_its_requests_unbacked():
+    torch.manual_seed(0)
+    model = _NormedScorer().eval()
+    with torch.no_grad():
+        model.norm.running_mean.uniform_(-1, 1)
+        model.norm.running_var.uniform_(0.5, 2)
+    gm = fx.symbolic_trace(model)
+    x_node, index_node = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    x_node.meta[PLACEMENT], index_node.meta[PLACEMENT] = Role.REQUEST, Role.CANDIDATE
+    lowered = Lowered(gm, use_inductor=True)
+    calls = _counted(lowered)
+    scores = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # a fall back to the FX graph would warn
+        with torch.no_grad():
+            for rows, candidates in [(3, 17), (4, 40), (2, 9), (1, 6)]:
+                x, index = scorer_inputs(rows, candidates, seed=rows)
+                (got,), (want,) = lowered(x, index), gm(x, index)
+                torch.testing.assert_close(got, want)
+                scores.append(want)
+    assert torch.cat(scores).std() > 100 * 1e-5
+    assert lowered._strategies[0] == "unbacked requests"
+    assert lowered._errors[0].startswith("unbacked:")  # the whole batch unbacked broke the graph
+    assert len(calls) == 2  # that refusal, then one compile for every R, one request included
+    assert len(lowered._frame._entries) == 1  # one whole graph, run without dynamo's call
