@@ -197,13 +197,14 @@ def per_request_attention(
     """``rocs::broadcast_attention`` (same arguments and value) with each request's keys and
     values read per request, in ops that export with dynamic R and N (module docstring)."""
     one_request = k.shape[0] == 1
-    if isinstance(one_request, bool):  # eager, or a trace whose R is a number: no cond to keep
+    if not torch.compiler.is_compiling():
         if one_request:
             return _one_request_attention(q, k, v, key_mask, scale, key_bias)
         return _in_tiles(q, k, v, candidate_to_request, key_mask, scale, key_bias)
     # A cond's operands must not share storage, and keys and values often do (views of one
     # packed projection, ``nn.MultiheadAttention``'s K/V): the request-side operands (R rows)
-    # are copied, which costs R rows, never N.
+    # are copied, which costs R rows, never N. The tiles' own cond on spills needs the copies
+    # too, where a trace fixed R (a number: no cond on R == 1 to keep).
     has_mask, has_bias = key_mask is not None, key_bias is not None
     masks = [t.clone() for t in (key_mask, key_bias) if t is not None]
     k, v = k.clone(), v.clone()
@@ -211,6 +212,12 @@ def per_request_attention(
     def unpack(masks):
         given = iter(masks)
         return (next(given) if has_mask else None), (next(given) if has_bias else None)
+
+    if isinstance(one_request, bool):
+        mask, bias = unpack(masks)
+        if one_request:
+            return _one_request_attention(q, k, v, mask, scale, bias)
+        return _in_tiles(q, k, v, candidate_to_request, mask, scale, bias)
 
     def one_request_branch(q, k, v, candidate_to_request, *masks):
         mask, bias = unpack(masks)

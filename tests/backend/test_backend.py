@@ -150,6 +150,39 @@ def test_inductor_lowering_is_exact_and_runs_one_compiled_graph_per_call(name):
     assert (graphs, lookups) == (1, 0), f"{name}: {graphs} compiled graphs, {lookups} lookups"
 
 
+def test_an_attention_over_packed_keys_and_values_stays_in_inductor_at_every_r():
+    """Keys and values as views of one projection (``nn.MultiheadAttention``'s), compiled first at
+    three requests, then at one and at four: every lowered graph runs through Inductor (a fall
+    back to its FX graph warns) and is exact. A trace that fixed R once skipped the copies that
+    the tiles' own ``torch.cond`` needs, and Inductor refused the aliased operands."""
+    from models_zoo.user_models import HistoryTransformerRanker
+
+    torch.manual_seed(0)
+    model = HistoryTransformerRanker(
+        num_items=200, layers=1, history_length=12, nested_tensor=False
+    ).eval()
+    backend = rocs.backend(["history"])
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    g = torch.Generator().manual_seed(3)
+    outputs = []
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.filterwarnings("error", message="rocs")  # the fall back to the FX graph
+        for counts in ([3, 1, 2], [2], [4, 4, 1, 2], [1, 6, 2], [40]):
+            index = request_index(counts, shuffle=True, generator=g)
+            history = torch.randint(1, 200, (len(counts), 12), generator=g)
+            history[:, 9:] = 0  # padding at the end
+            item = torch.randint(1, 200, (len(index),), generator=g)
+            want = model(history[index], item)
+            got = rocs.shared_call(compiled, history, item, candidate_to_request=index)
+            _assert_close(got, want, f"shared {counts}")
+            outputs.append(want)
+    assert torch.cat(outputs).std() > 100 * 1e-5
+    lowered = [
+        v.runner.graph_module for s in backend.subgraphs for v in s.variants.values()
+    ]
+    assert lowered and all(g.uses_inductor and not g._errors for g in lowered)
+
+
 def _compiled_regions(call) -> tuple[int, int]:
     """Per call of ``call`` (after two warm calls): the Inductor graphs it runs, and the calls
     that went through dynamo's eval-frame hook (its cache lookup), as the profiler records them."""
