@@ -78,8 +78,10 @@ class Lowered(nn.Module):
     ordinary dynamic-shape compile. A graph whose request
     values hold the batch elsewhere than dim 0 (``[L, R, D]``, heads merged into ``[R*H, L, d]``)
     is compiled dynamic only: with unbacked sizes Inductor computed wrong values for such graphs
-    (an ``nn.TransformerEncoder`` over ``[L, B, D]``); so is a graph with an attention, whose
-    mask's broadcast asks whether a size is 1, which an unbacked size cannot answer.
+    (an ``nn.TransformerEncoder`` over ``[L, B, D]``). A graph with an attention starts at R alone
+    unbacked, as its mask's broadcast asks whether a size is 1, which an unbacked size cannot
+    answer: bst's graph then compiles once for every R; where R is asked (target_attention:
+    ``Eq(R, 1)``), the dynamic compile follows, with a second entry the first time R = 1.
 
     Inductor's code is generated without its input asserts (``size_asserts``), which check each
     input's sizes and strides on every call (one Python call per input: 48 at glm_dcnv2, a tenth
@@ -130,8 +132,10 @@ class Lowered(nn.Module):
             n.meta.get(PLACEMENT, Role.CONST) for n in gm.graph.nodes if n.op == "placeholder"
         ]
         self._strategies = [*_UNBACKED, "dynamic"] if use_inductor else []
-        if _batch_moves(gm) or _attends(gm):
+        if _batch_moves(gm):
             self._strategies = self._strategies[-1:]
+        elif _attends(gm):
+            self._strategies = self._strategies[-2:]
         self._compiled = {
             s: torch.compile(
                 self._portable, backend="inductor", dynamic=True, options=_compile_options()
@@ -267,8 +271,7 @@ def _batch_moves(gm: fx.GraphModule) -> bool:
 
 def _attends(gm: fx.GraphModule) -> bool:
     """True when ``gm`` holds an attention: its mask's broadcast asks whether a size is 1, which
-    an unbacked size cannot answer (dynamo breaks the graph there and runs the attention
-    uncompiled between two compiled regions)."""
+    an unbacked size cannot answer (the class docstring says what follows)."""
     targets = {"broadcast_attention", "scaled_dot_product_attention"}
     return any(
         node.op == "call_function" and getattr(node.target, "_opname", None) in targets

@@ -183,6 +183,23 @@ def test_an_attention_over_packed_keys_and_values_stays_in_inductor_at_every_r()
     assert lowered and all(g.uses_inductor and not g._errors for g in lowered)
 
 
+def test_an_attention_graph_with_its_requests_unbacked_compiles_once_for_every_r():
+    """bst's lowered graph holds an attention and takes R unbacked: one compiled entry serves
+    three requests, one, four and one again (dynamo's 0/1 rule would compile R = 1 apart)."""
+    entry = get_entry("bst")
+    model = entry.build()
+    backend, wrapped, _ = _compile(entry, inductor=True)
+    compiled = torch.compile(model, backend=wrapped, dynamic=True)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="rocs")  # a fall back to the FX graph warns
+        batches = [([5, 2, 7], True), ([3], False), ([2, 9, 1, 1], True), ([6], True)]
+        _check_batches(model, compiled, entry, batches, "bst inductor")
+    (variant,) = [v for s in backend.subgraphs for v in s.variants.values()]
+    lowered = variant.runner.graph_module
+    assert lowered._strategies[0] == "unbacked requests", lowered._errors
+    assert len(lowered._frame._entries) == 1
+
+
 def _compiled_regions(call) -> tuple[int, int]:
     """Per call of ``call`` (after two warm calls): the Inductor graphs it runs, and the calls
     that went through dynamo's eval-frame hook (its cache lookup), as the profiler records them."""
